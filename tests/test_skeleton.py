@@ -5,17 +5,10 @@ import ast
 import pytest
 import torch
 
+from grader.parts import BY_ID
 from grader.skeleton import SkeletonError, make_skeleton
 from tests.test_reference import CONFIGS, PARTS, TOL, call_part
 from tests.worlds import REFERENCE, SKELETON, closed_form_step, load_module, run_world
-
-# The top-level names whose solutions make up each part.
-PART_SCOPES = {
-    "baseline": {"single_step"},
-    "grad_accumulation": {"single_step_with_grad_accumulation"},
-    "data_parallel": {"data_parallel_single_step"},
-    "tensor_parallel": {"FullColumnParallelLinear", "full_column_parallel_single_step"},
-}
 
 
 def test_committed_skeleton_is_generated_from_the_reference():
@@ -73,7 +66,7 @@ def test_untouched_skeleton_raises_not_implemented_in_every_part():
 @pytest.mark.parametrize("filled", PARTS)
 def test_filling_one_part_makes_that_part_pass_alone(filled, tmp_path):
     path = tmp_path / "assignment4.py"
-    path.write_text(make_skeleton(REFERENCE.read_text(), keep=PART_SCOPES[filled]))
+    path.write_text(make_skeleton(REFERENCE.read_text(), keep=BY_ID[filled].scopes))
     cfg = CONFIGS["odd"]
     expected = closed_form_step(cfg["seed"], cfg["global_batch_size"], cfg["input_dim"],
                                 cfg["output_dim"], cfg["learning_rate"])
