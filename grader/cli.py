@@ -1,5 +1,6 @@
 """Command line: parses arguments and calls the plain functions that do the work.
 
+    python -m grader grade PATH... --out DIR [--jobs N] [--rubric FILE] [--force] [--only ID ...]
     python -m grader skeleton [--check]
 """
 
@@ -7,6 +8,8 @@ import argparse
 import sys
 
 from grader import skeleton
+from grader.executor import EXECUTORS
+from grader.rubric import RubricError
 
 
 def _skeleton(args) -> int:
@@ -23,9 +26,41 @@ def _skeleton(args) -> int:
     return 0
 
 
+def _grade(args) -> int:
+    from grader.batch import grade_batch
+    try:
+        summary = grade_batch(args.paths, args.out, jobs=args.jobs, rubric_path=args.rubric, force=args.force,
+                              only=args.only, executor=args.executor, progress=not args.quiet)
+    except RubricError as e:
+        print(f"grader: {e}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
+    print(f"graded {summary.graded}, reused {summary.cached} from an earlier run ({counts}) in {summary.seconds:g} s")
+    print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md and a folder per student")
+    if summary.trouble:
+        print(f"{summary.trouble} hand-in(s) could not be graded (error or infra_error): see summary.md",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("grade", help="grade a folder of hand-in zips")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="hand-in zips, folders of zips, a zip of zips (LMS bulk download) or unpacked folders")
+    p.add_argument("--out", required=True, metavar="DIR", help="where grades.csv, summary.md and per-student folders go")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="hand-ins graded at once (default 1)")
+    p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
+    p.add_argument("--force", action="store_true", help="grade again even hand-ins already graded in DIR")
+    p.add_argument("--only", nargs="+", metavar="ID", help="grade only these student ids")
+    p.add_argument("--executor", choices=EXECUTORS, default="warm",
+                   help="warm: fork ranks from a process that imported torch once (default); "
+                        "torchrun: torchrun per world (slow, the baseline)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_grade)
 
     p = commands.add_parser("skeleton", help="generate assignment_4/assignment4.py from the reference")
     p.add_argument("--check", action="store_true", help="only check that the committed skeleton is current")

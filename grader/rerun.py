@@ -1,0 +1,161 @@
+"""Re-run a hand-in's parts at one check: worlds of real gloo ranks, restarted past a failed part.
+
+`run_check` runs every part of the hand-in's `assignment4.py` (beside the trusted `utils.py`) in
+a world of the check's size. When a part ends its world (a crash on some ranks, a hang, a dead
+rank), that part is recorded as such and a new world runs the parts after it, so one broken part
+costs only that part. The weights come back as tensors, checked for shape and type in
+grader.channel; judging them is grader.compare's job.
+"""
+
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from grader import channel
+from grader.parts import PART_IDS
+from grader.results import Status
+
+TRUSTED_UTILS = Path(__file__).resolve().parent.parent / "assignment_4" / "utils.py"
+
+
+@dataclass
+class RankRun:
+    rank: int
+    status: str                  # ok / not_implemented / crashed / oom / dist_error
+    weight: object = None        # float64 tensor, or None
+    dtype: str = ""
+    exception: str = ""
+    traceback: str = ""
+    comm: list = field(default_factory=list)
+    answer_key_calls: int = 0
+
+
+@dataclass
+class PartRun:
+    """One part at one check: what each rank did, or why the world ended at this part."""
+    part: str
+    status: Status               # PASSED here only means "every rank returned a weight"
+    ranks: dict = field(default_factory=dict)    # rank -> RankRun
+    detail: str = ""
+    output: str = ""             # what the ranks printed (head and tail), for crashes
+
+
+def prepare_code(assignment: Path, scratch: Path) -> Path:
+    """A folder with the hand-in's assignment4.py and the trusted utils.py, nothing else."""
+    code = Path(tempfile.mkdtemp(prefix="code-", dir=scratch))
+    shutil.copyfile(assignment, code / "assignment4.py")
+    shutil.copyfile(TRUSTED_UTILS, code / "utils.py")
+    return code
+
+
+def _rank_run(rank, message) -> RankRun:
+    run = RankRun(rank=int(rank), status=str(message.get("status")),
+                  comm=[c for c in message.get("comm", []) if isinstance(c, dict)][:1000],
+                  answer_key_calls=int(message.get("answer_key_calls") or 0))
+    error = message.get("error") or {}
+    run.exception = str(error.get("exception", ""))[:2000]
+    run.traceback = str(error.get("traceback", ""))[-6000:]
+    if run.status == "ok":
+        try:
+            run.weight = channel.decode_tensor(message.get("weight"))
+            run.dtype = str(message["weight"].get("dtype", ""))[:20]
+        except (channel.ChannelError, AttributeError) as e:
+            run.status, run.exception = "crashed", f"the returned weight could not be read back ({e})"
+    return run
+
+
+def _completed_part(part, results) -> PartRun:
+    ranks = {int(r): _rank_run(r, m) for r, m in results.items()}
+    statuses = {r.status for r in ranks.values()}
+    status = {"ok": Status.PASSED, "not_implemented": Status.NOT_IMPLEMENTED,
+              "oom": Status.OOM}.get(statuses.pop() if len(statuses) == 1 else "", Status.CRASHED)
+    return PartRun(part=part, status=status, ranks=ranks)
+
+
+def _output_text(report) -> str:
+    chunks = [f"--- rank {r} ---\n{text}" for r, text in sorted(report.get("output", {}).items(), key=lambda x: int(x[0]))
+              if text.strip()]
+    return "\n".join(chunks)[-12000:]
+
+
+def _failed_part(part, report) -> PartRun:
+    """The PartRun of the part at which a world had to end, with the likeliest cause first."""
+    abort = report["abort"]
+    ranks = {int(r): _rank_run(r, m) for r, m in report["results"].get(part, {}).items()}
+    reason, detail = abort["reason"], abort.get("detail", "")
+    crashed = [r for r in sorted(ranks.values(), key=lambda r: r.rank) if r.status == "crashed"]
+    waited = [r for r in ranks.values() if r.status == "dist_error"]
+    timed_out = any("timed out" in r.exception.lower() or "timeout" in r.exception.lower() for r in waited)
+    codes = {int(r): c for r, c in report.get("exit_codes", {}).items() if c not in (0, None)}
+    output = _output_text(report)
+    if reason == "timeout":
+        status = Status.TIMEOUT
+        detail = f"{part} did not finish: {detail} (a hang, or a rank waiting for a collective the others skipped)"
+    elif crashed:
+        status = Status.CRASHED
+        first = crashed[0]
+        detail = f"rank {first.rank} raised {first.exception}"
+        if waited:
+            detail += "; the other ranks then waited for it in a collective"
+    elif any(r.status == "oom" for r in ranks.values()):
+        status, detail = Status.OOM, "a rank ran out of memory"
+    elif waited and (timed_out or any(r.status == "ok" for r in ranks.values())):
+        status = Status.TIMEOUT
+        finished = sorted(r.rank for r in ranks.values() if r.status == "ok")
+        detail = ("a collective timed out: some rank never joined it" if not finished else
+                  f"the ranks fell out of step: rank{'s' if len(finished) > 1 else ''} "
+                  f"{', '.join(map(str, finished))} finished while the others waited in a collective")
+        detail += " (a rank that skips or adds a collective makes the others wait)"
+    elif reason == "rank_died" and any(c == -9 for c in codes.values()) and "memory" in output.lower():
+        status, detail = Status.OOM, f"{detail}; killed, out of memory"
+    else:
+        status = Status.CRASHED
+        if waited:
+            detail = f"a collective failed: {waited[0].exception}"
+        elif codes:
+            detail = f"{detail} (exit codes {codes})"
+    return PartRun(part=part, status=status, ranks=ranks, detail=detail, output=output)
+
+
+def run_check(executor, code: Path, check, rubric, scratch: Path, parts=PART_IDS) -> dict:
+    """Run `parts` of the code in `code` at `check`; return part id -> PartRun, for every part."""
+    remaining = list(parts)
+    runs = {}
+    while remaining:
+        work = Path(tempfile.mkdtemp(prefix="world-", dir=scratch))
+        job = {"type": "world", "work_dir": str(work), "code_dir": str(code), "store": str(work / "store"),
+               "world_size": check.world_size, "parts": remaining,
+               "check": {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight")},
+               "pg_timeout": rubric.timeouts.process_group,
+               "timeouts": {"world_start": rubric.timeouts.world_start, "part": rubric.timeouts.part}}
+        try:
+            report = executor.run_world(job)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for part in report["completed"]:
+            runs[part] = _completed_part(part, report["results"][part])
+        abort = report["abort"]
+        if abort is None:
+            break
+        left = [p for p in remaining if p not in runs]
+        if abort.get("part") in left:
+            runs[abort["part"]] = _failed_part(abort["part"], report)
+            remaining = left[left.index(abort["part"]) + 1:]
+            continue
+        if not left:
+            break
+        status = {"load_failed": Status.CRASHED, "start_timeout": Status.TIMEOUT,
+                  "infra_error": Status.INFRA_ERROR}.get(abort["reason"], Status.CRASHED)
+        detail = {"load_failed": f"assignment4.py could not be loaded: {abort.get('detail', '')}",
+                  "start_timeout": f"loading assignment4.py did not finish: {abort.get('detail', '')}",
+                  }.get(abort["reason"], abort.get("detail", ""))
+        error = abort.get("error") or {}
+        for part in left:
+            runs[part] = PartRun(part=part, status=status, detail=detail, output=_output_text(report),
+                                 ranks={0: RankRun(rank=0, status="crashed",
+                                                   exception=str(error.get("exception", ""))[:2000],
+                                                   traceback=str(error.get("traceback", ""))[-6000:])}
+                                 if error else {})
+        break
+    return runs

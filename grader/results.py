@@ -1,0 +1,106 @@
+"""What grading produces, as data: statuses and the results of checks, parts and hand-ins."""
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Status(str, Enum):
+    """The outcome of one part at one check, of one part overall, or of one hand-in."""
+    PASSED = "passed"
+    FAILED = "failed"                    # ran, but the weights (or the communication) are wrong
+    NOT_IMPLEMENTED = "not_implemented"  # a TODO still raises NotImplementedError
+    CRASHED = "crashed"                  # raised, or a rank died
+    TIMEOUT = "timeout"                  # ran past its wall clock, or a collective waited in vain
+    OOM = "oom"                          # ran out of memory
+    NOT_RUN = "not_run"                  # not attempted (e.g. no assignment4.py)
+    INFRA_ERROR = "infra_error"          # the grader's machinery failed: not the student's fault
+    INVALID = "invalid"                  # the hand-in cannot be graded as handed in (bad zip, no code)
+    ERROR = "error"                      # grading this hand-in crashed (a grader bug); see the message
+    GRADED = "graded"                    # a hand-in graded to the end
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _plain(value):
+    if isinstance(value, Enum):
+        return value.value
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class ToDict:
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+
+@dataclass
+class CheckOutcome(ToDict):
+    """One part re-run at one check (configuration and world size)."""
+    check: str
+    hidden: bool
+    world_size: int
+    status: Status
+    message: str                       # one sentence, first thing the student reads
+    diagnosis: str = ""                # what the difference looks like, when the weights differ
+    max_abs_diff: float = None
+    failing_ranks: list = field(default_factory=list)
+    collectives: dict = field(default_factory=dict)  # op -> calls, over all ranks
+    comm_ok: bool = True               # the part communicated as the assignment asks
+    comm_message: str = ""
+    error: str = ""                    # exception line or why the world ended
+    traceback: str = ""                # head of the traceback (public checks only)
+    flaky: bool = False                # a failure that passed when run again
+
+
+@dataclass
+class LogPart(ToDict):
+    """The .log's evidence for one part, as scored."""
+    passed: bool
+    points: float
+    message: str
+    excerpt: list = field(default_factory=list)
+
+
+@dataclass
+class PartResult(ToDict):
+    part: str
+    status: Status
+    score: float
+    max_score: float
+    rerun_points: float
+    log_points: float
+    message: str
+    rerun_max: float = 0.0
+    log_max: float = 0.0
+    checks: list = field(default_factory=list)   # CheckOutcome
+    log: LogPart = None
+
+
+@dataclass
+class HandinResult(ToDict):
+    student: str
+    source: str                        # the hand-in's file or folder name
+    sha256: str                        # of the hand-in as received (zip bytes, or its files)
+    status: Status
+    score: float = None                # None when no score may be written (infra_error, error)
+    max_score: float = 0.0
+    message: str = ""
+    parts: dict = field(default_factory=dict)    # part id -> PartResult
+    flags: list = field(default_factory=list)    # codes, e.g. "stale_log", "modified_utils", "flaky"
+    notes: list = field(default_factory=list)    # sentences for feedback: file problems, penalties
+    penalties: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)    # role -> name in the hand-in
+    log: dict = field(default_factory=dict)      # the log report
+    err: dict = field(default_factory=dict)      # the .err report
+    isolation: dict = field(default_factory=dict)
+    grader_version: str = ""
+    rubric_sha256: str = ""
+    seconds: float = 0.0
+    graded_at: str = ""

@@ -1,0 +1,195 @@
+"""The rubric: points, re-run configurations, tolerances, timeouts and penalties, from YAML.
+
+Every field below has a default, so a rubric file only states what it changes. Unknown keys,
+wrong types and impossible values are refused with a RubricError that names the key and, for
+unknown keys, lists the valid ones.
+"""
+
+import dataclasses
+import hashlib
+import json
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from grader.parts import PART_IDS
+
+DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")
+
+
+class RubricError(ValueError):
+    """The rubric file is not valid; the message names the file, the key and what to do."""
+
+
+@dataclass
+class PartPoints:
+    log: float = 0.0     # for the hand-in's .log showing the part matching on every rank
+    rerun: float = 0.0   # for the grader's own re-run matching the reference at every check
+
+
+@dataclass
+class Check:
+    """One configuration every part is re-run at, in a world of `world_size` ranks."""
+    name: str = "default"
+    world_size: int = 4
+    seed: int = 42
+    global_batch_size: int = 128
+    input_dim: int = 64
+    output_dim: int = 32
+    accumulation_steps: int = 4
+    hidden: bool = False   # named in feedback, its values never shown
+    weight: float = 1.0    # share of each part's re-run points
+
+    def label(self) -> str:
+        if self.hidden:
+            return f"hidden check '{self.name}'"
+        return (f"check '{self.name}' (world size {self.world_size}, seed {self.seed}, batch "
+                f"{self.global_batch_size}, W {self.input_dim}x{self.output_dim}, "
+                f"{self.accumulation_steps} micro-batches)")
+
+
+@dataclass
+class Tolerance:
+    rtol: float = 1e-4   # torch.allclose's rtol between a re-run weight and the reference
+    atol: float = 1e-5   # and its atol
+
+
+@dataclass
+class Timeouts:
+    part: float = 20.0           # wall clock of one part in one world (s)
+    process_group: float = 10.0  # how long a collective waits for a missing rank (s)
+    world_start: float = 60.0    # from starting a world to every rank having loaded the code (s)
+    handin: float = 600.0        # all re-runs of one hand-in (s)
+
+
+@dataclass
+class Files:
+    penalty_missing_utils: float = 0.0   # points off when utils.py is not in the hand-in
+    penalty_missing_log: float = 0.0     # points off when the .log is missing (its log points are lost anyway)
+    penalty_missing_err: float = 2.0     # points off when the .err is missing
+    penalty_modified_utils: float = 0.0  # points off when utils.py differs from the provided one
+    student_id_pattern: str = r"(?P<id>.+)"  # regex on the hand-in's file name without extension
+    max_member_mb: float = 20.0          # largest single file in a zip
+    max_total_mb: float = 100.0          # largest total unpacked size
+    max_members: int = 500               # most files in a zip
+
+
+@dataclass
+class Rubric:
+    parts: dict = field(default_factory=lambda: {p: PartPoints() for p in PART_IDS})
+    checks: list = field(default_factory=lambda: [Check()])
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    learning_rate: float = 0.5   # the handout fixes it at 0.5; checks do not vary it
+    log_world_size: int = 4      # the world size the cluster run in the .log must have
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    files: Files = field(default_factory=Files)
+
+    @property
+    def max_score(self) -> float:
+        return sum(p.log + p.rerun for p in self.parts.values())
+
+    def digest(self) -> str:
+        """sha256 of the rubric's content: part of every cached result's key."""
+        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def _build(cls, data, where: str):
+    """Build dataclass `cls` from the mapping `data`, refusing unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise RubricError(f"{where}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(cls))}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise RubricError(f"{where}: unknown key '{unknown[0]}'; valid keys: {', '.join(fields)}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in data.items():
+        values[name] = _convert(hints[name], value, f"{where}.{name}")
+    return cls(**values)
+
+
+def _convert(kind, value, where):
+    if dataclasses.is_dataclass(kind):
+        return _build(kind, value, where)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise RubricError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RubricError(f"{where}: expected a whole number, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RubricError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise RubricError(f"{where}: expected text, got {value!r}")
+        return value
+    return value
+
+
+def rubric_from_dict(data: dict, source: str = "rubric") -> Rubric:
+    data = dict(data or {})
+    parts_data = data.pop("parts", None)
+    checks_data = data.pop("checks", None)
+    rubric = _build(Rubric, data, source)
+    if parts_data is not None:
+        if not isinstance(parts_data, dict):
+            raise RubricError(f"{source}.parts: expected a mapping of part ids to points")
+        unknown = sorted(set(parts_data) - set(PART_IDS))
+        if unknown:
+            raise RubricError(f"{source}.parts: unknown part '{unknown[0]}'; valid parts: {', '.join(PART_IDS)}")
+        rubric.parts = {p: _build(PartPoints, parts_data.get(p, {}), f"{source}.parts.{p}") for p in PART_IDS}
+    if checks_data is not None:
+        if not isinstance(checks_data, list) or not checks_data:
+            raise RubricError(f"{source}.checks: expected a non-empty list of checks")
+        rubric.checks = [_build(Check, c, f"{source}.checks[{i}]") for i, c in enumerate(checks_data)]
+    _validate(rubric, source)
+    return rubric
+
+
+def _validate(rubric: Rubric, source: str) -> None:
+    names = [c.name for c in rubric.checks]
+    for i, check in enumerate(rubric.checks):
+        where = f"{source}.checks[{i}] ({check.name})"
+        if names.count(check.name) > 1:
+            raise RubricError(f"{where}: the check name '{check.name}' is used twice; names must be unique")
+        for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps"):
+            if getattr(check, key) < 1:
+                raise RubricError(f"{where}.{key}: must be at least 1")
+        for total, parts in (("global_batch_size", "world_size"), ("output_dim", "world_size"),
+                             ("global_batch_size", "accumulation_steps")):
+            if getattr(check, total) % getattr(check, parts):
+                raise RubricError(f"{where}: {total} ({getattr(check, total)}) is not divisible by "
+                                  f"{parts} ({getattr(check, parts)})")
+        if check.weight <= 0:
+            raise RubricError(f"{where}.weight: must be positive")
+    if not any(not c.hidden for c in rubric.checks):
+        raise RubricError(f"{source}.checks: at least one check must be public (hidden: false)")
+    for key, value in dataclasses.asdict(rubric.timeouts).items():
+        if value <= 0:
+            raise RubricError(f"{source}.timeouts.{key}: must be positive")
+    try:
+        pattern = re.compile(rubric.files.student_id_pattern)
+    except re.error as e:
+        raise RubricError(f"{source}.files.student_id_pattern: not a valid regular expression ({e})") from e
+    if "id" not in pattern.groupindex:
+        raise RubricError(f"{source}.files.student_id_pattern: needs a named group (?P<id>...)")
+
+
+def load_rubric(path=None) -> Rubric:
+    """Load and validate a rubric file (default: grader/rubric.yaml)."""
+    path = Path(path) if path else DEFAULT_RUBRIC
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise RubricError(f"{path}: cannot read the rubric ({e.strerror})") from e
+    except yaml.YAMLError as e:
+        raise RubricError(f"{path}: not valid YAML ({e})") from e
+    return rubric_from_dict(data, str(path))

@@ -1,0 +1,108 @@
+"""Score one hand-in by the rubric: re-run points per check, log points as corroborated evidence.
+
+Per part:
+- re-run points: the part's `rerun` points, split over the checks by weight, for each check the
+  re-run passed; none at all when the part skipped the communication the assignment asks for
+  (or used the answer key), at any check;
+- log points: the part's `log` points when the .log shows it matching on every rank of a run of
+  the right world size, written by the code handed in, and the grader's re-run at the first
+  public check agrees (a log is evidence, never the verdict).
+Penalties for missing or modified files come off the total, which never goes below zero.
+"""
+
+from grader.parts import PARTS
+from grader.results import LogPart, PartResult, Status
+
+FAILURE_ORDER = (Status.INFRA_ERROR, Status.CRASHED, Status.TIMEOUT, Status.OOM, Status.FAILED,
+                 Status.NOT_IMPLEMENTED)
+
+
+def log_validity(log, code_sha256: str, rubric) -> tuple:
+    """(usable, flags, notes) of a parsed .log as evidence for the code handed in."""
+    if log is None:
+        return False, [], ["no .log in the hand-in: no points for log evidence"]
+    flags, notes = [], []
+    usable = True
+    if log.fingerprints and code_sha256 not in log.fingerprints:
+        flags.append("stale_log")
+        notes.append("the .log was written by different code than the assignment4.py handed in "
+                     f"(the log's code sha256 {log.fingerprints[0][:12]}..., the file's {code_sha256[:12]}...): "
+                     "hand in the log of a run of this very file")
+        usable = False
+    if log.world_size is not None and log.world_size != rubric.log_world_size:
+        flags.append("log_world_size")
+        notes.append(f"the run in the .log had world size {log.world_size}; the assignment asks for "
+                     f"{rubric.log_world_size} (4 nodes)")
+        usable = False
+    for flag in log.flags:
+        flags.append(f"log_{flag.code}")
+        notes.append(f"log: {flag.message}")
+    return usable, flags, notes
+
+
+def score_part(part, outcomes: list, checks: list, points, evidence, log_usable: bool) -> PartResult:
+    """The PartResult of one part from its CheckOutcomes (in the order of `checks`)."""
+    weights = {c.name: c.weight for c in checks}
+    total_weight = sum(weights[o.check] for o in outcomes) or 1.0
+    passed_weight = sum(weights[o.check] for o in outcomes if o.status == Status.PASSED)
+    comm_failures = [o for o in outcomes if not o.comm_ok]
+    rerun = 0.0 if comm_failures else points.rerun * passed_weight / total_weight
+    failing = [o for o in outcomes if o.status != Status.PASSED]
+    if not failing:
+        status = Status.PASSED
+        message = f"passed all {len(outcomes)} checks"
+    else:
+        status = next((s for s in FAILURE_ORDER if any(o.status == s for o in failing)), failing[0].status)
+        if all(o.status == Status.NOT_IMPLEMENTED for o in outcomes):
+            message = "not implemented yet"
+        else:
+            first = failing[0]
+            where = f"hidden check '{first.check}'" if first.hidden else f"check '{first.check}'"
+            message = f"{where}: {first.message}"
+            if len(failing) > 1:
+                message += f" (and {len(failing) - 1} more of {len(outcomes)} checks)"
+    if comm_failures and not failing:
+        message = f"right weights, but {comm_failures[0].comm_message}; no re-run points"
+    elif comm_failures:
+        message += f"; also: {comm_failures[0].comm_message}"
+    log_part = None
+    log_points = 0.0
+    if evidence is not None:
+        public = next((o for o in outcomes if not o.hidden), None)
+        corroborated = public is not None and public.status == Status.PASSED
+        earned = evidence.passed and log_usable and corroborated
+        log_points = points.log if earned else 0.0
+        log_message = evidence.message
+        if evidence.passed and not log_usable:
+            log_message += " (not counted: see the notes on the .log)"
+        elif evidence.passed and not corroborated:
+            log_message += " (not counted: the grader's re-run of this code does not reproduce it)"
+        log_part = LogPart(passed=evidence.passed, points=log_points, message=log_message,
+                           excerpt=list(evidence.excerpt)[:8])
+    return PartResult(part=part.id, status=status, score=round(rerun + log_points, 4),
+                      max_score=points.rerun + points.log, rerun_points=round(rerun, 4),
+                      log_points=log_points, message=message, rerun_max=points.rerun, log_max=points.log,
+                      checks=outcomes, log=log_part)
+
+
+def score_handin(result, outcomes_by_part: dict, rubric, log, log_usable: bool) -> None:
+    """Fill `result` (a HandinResult) with the parts' results, the penalties and the total."""
+    for part in PARTS:
+        evidence = log.parts.get(part.id) if log is not None else None
+        result.parts[part.id] = score_part(part, outcomes_by_part[part.id], rubric.checks,
+                                           rubric.parts[part.id], evidence, log_usable)
+        if evidence is not None and evidence.passed and result.parts[part.id].status != Status.PASSED:
+            if "log_not_reproduced" not in result.flags:
+                result.flags.append("log_not_reproduced")
+    result.max_score = rubric.max_score
+    if any(p.status == Status.INFRA_ERROR for p in result.parts.values()):
+        result.status = Status.INFRA_ERROR
+        result.score = None
+        result.message = ("the grader's machinery failed while re-running this hand-in; no score is "
+                          "written, grade it again")
+        return
+    total = sum(p.score for p in result.parts.values()) - sum(result.penalties.values())
+    result.score = round(max(0.0, total), 4)
+    result.status = Status.GRADED
+    passed = sum(p.status == Status.PASSED for p in result.parts.values())
+    result.message = f"{passed} of {len(PARTS)} parts pass every re-run check"

@@ -1,0 +1,296 @@
+"""What runs inside one rank of a re-run world: load the hand-in's code, call its parts, report.
+
+The rank joins a gloo world over a file store, loads `assignment4.py` next to the trusted
+`utils.py`, and for each part sets the check's configuration on the module, calls the part's
+function with `seed=` and `device="cpu"`, and sends the returned weight, the collectives the
+part called, and any error over its result pipe (grader.channel). It never compares anything:
+the verdict is the grader's, in the grader's own process.
+
+Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
+- top-level script code (initialising, calling the parts, printing) is not executed; imports,
+  definitions and plain assignments are (grader.worker.load_assignment);
+- "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (CudaOnCpu).
+"""
+
+import ast
+import contextlib
+import datetime
+import inspect
+import os
+import sys
+import time
+import traceback
+import types
+
+import torch
+import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+
+from grader import channel
+from grader.parts import BY_ID
+
+# The collectives a part may call; each call is recorded with its element count.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
+               "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
+               "isend", "irecv", "barrier", "all_gather_object", "broadcast_object_list")
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """Every tensor that code asks to put on a GPU stays on the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu") + tuple(args[2:])
+        return func(*args, **kwargs)
+
+
+def warm_up() -> None:
+    """Take one tiny SGD step, so that the first step's lazy imports (hundreds of modules) are paid
+    once in the process ranks are forked from, not again in every rank. Single-threaded: a
+    process that forks must not have started a thread pool."""
+    import torch.nn as nn
+    import torch.optim as optim
+    torch.set_num_threads(1)
+    with CudaOnCpu():
+        layer = nn.Linear(3, 2, bias=False)
+        optimizer = optim.SGD(layer.parameters(), lr=0.5)
+        loss = nn.MSELoss(reduction="mean")(layer(torch.randn(4, 3)), torch.randn(4, 2))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def _disarm_cuda_calls() -> None:
+    """torch.cuda calls that set up a GPU are no-ops here (there is none)."""
+    for name in ("set_device", "synchronize", "empty_cache", "reset_peak_memory_stats"):
+        setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    torch.cuda.current_device = lambda: 0
+
+
+def _numel(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if isinstance(value, (list, tuple)):
+        return sum(_numel(v) for v in value)
+    return 0
+
+
+class CommRecorder:
+    """Records each torch.distributed collective called while a part runs: (op, elements, reduce op)."""
+
+    def __init__(self):
+        self.calls = None
+
+    def install(self) -> None:
+        import torch.distributed.distributed_c10d as c10d
+        for name in COLLECTIVES:
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue
+            wrapper = self._wrap(name, original)
+            for module in (dist, c10d):
+                if getattr(module, name, None) is original:
+                    setattr(module, name, wrapper)
+
+    def _wrap(self, name, original):
+        def recorded(*args, **kwargs):
+            if self.calls is not None and len(self.calls) < 1000:
+                op = kwargs.get("op", args[1] if name == "all_reduce" and len(args) > 1 else None)
+                self.calls.append({"op": name, "numel": _numel(list(args) + list(kwargs.values())),
+                                   "reduce_op": str(op).rsplit(".", 1)[-1] if op is not None else None})
+            return original(*args, **kwargs)
+        recorded.__name__ = name
+        recorded.__wrapped__ = original
+        return recorded
+
+    @contextlib.contextmanager
+    def recording(self, calls: list):
+        self.calls = calls
+        try:
+            yield calls
+        finally:
+            self.calls = None
+
+
+def _calls_local_function(node, local_names) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in local_names
+               for n in ast.walk(node))
+
+
+def script_statements_removed(tree: ast.Module) -> list:
+    """Drop the top-level statements that would run the script; return the line numbers dropped.
+
+    Kept: imports, function and class definitions, the docstring, and assignments that call no
+    function of the module itself (so `rank, local_rank, world_size = init_distributed()` and
+    `local_batch_size = global_batch_size // world_size` stay; `w = single_step()` goes).
+    """
+    local_names = {n.name for n in tree.body
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    kept, dropped = [], []
+    for i, node in enumerate(tree.body):
+        keep = isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                 ast.AsyncFunctionDef, ast.ClassDef))
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            keep = not _calls_local_function(node, local_names)
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            keep = True
+        if isinstance(node, ast.Try):
+            inner = node.body + [s for h in node.handlers for s in h.body]
+            keep = all(isinstance(s, (ast.Import, ast.ImportFrom, ast.Pass, ast.Assign)) for s in inner)
+        (kept if keep else dropped).append(node)
+    tree.body = kept
+    return [node.lineno for node in dropped]
+
+
+def load_assignment(path: str) -> tuple:
+    """Import the hand-in's assignment4.py without running its script; return (module, lines skipped)."""
+    with open(path, "rb") as f:
+        source = f.read()
+    tree = ast.parse(source, filename=path)
+    skipped = script_statements_removed(tree)
+    module = types.ModuleType("assignment4")
+    module.__file__ = path
+    sys.modules["assignment4"] = module
+    exec(compile(tree, path, "exec"), module.__dict__)
+    return module, skipped
+
+
+def configure(module, check: dict, rank: int, world_size: int) -> None:
+    """Set the check's configuration on the module, and the globals handout-style code reads."""
+    values = {k: check[k] for k in ("global_batch_size", "input_dim", "output_dim", "seed",
+                                    "accumulation_steps")}
+    values.update(world_size=world_size, rank=rank, local_rank=rank,
+                  local_batch_size=check["global_batch_size"] // world_size)
+    for name, value in values.items():
+        setattr(module, name, value)
+
+
+def _kwargs_for(function, wanted: dict) -> dict:
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return wanted
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return wanted
+    return {k: v for k, v in wanted.items() if k in params}
+
+
+def _returned_weight(value):
+    """The updated weight in what a part returned: a tensor, or the last tensor of a tuple."""
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        value = value[-1]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"returned {type(value).__name__}, not a tensor")
+    if not value.is_floating_point():
+        raise TypeError(f"returned a tensor of {value.dtype}, not a floating-point tensor")
+    return value
+
+
+def _error(exc: BaseException) -> dict:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    exception = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return {"exception": exception[:2000], "traceback": "".join(lines)[-6000:]}
+
+
+def _is_dist_failure(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, getattr(dist, "DistError", ())) or any(
+        s in text for s in ("gloo", "timed out", "connection closed", "connection reset"))
+
+
+def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: list) -> dict:
+    """Call one part; return the result message (status ok / not_implemented / crashed / dist_error / oom)."""
+    part = BY_ID[part_id]
+    function = getattr(module, part.function, None)
+    if not callable(function):
+        return {"status": "crashed", "error": {"exception": f"assignment4.py has no function {part.function}()",
+                                               "traceback": ""}}
+    wanted = {"seed": check["seed"], "device": "cpu"}
+    if part_id == "grad_accumulation":
+        wanted["accumulation_steps"] = check["accumulation_steps"]
+    answer_key.clear()
+    calls = []
+    started = time.monotonic()
+    message = {"status": "ok"}
+    try:
+        with CudaOnCpu(), comm.recording(calls):
+            returned = function(**_kwargs_for(function, wanted))
+        weight = _returned_weight(returned)
+        message["weight"] = channel.encode_tensor(weight)
+    except NotImplementedError as e:
+        message = {"status": "not_implemented", "error": _error(e)}
+    except MemoryError as e:
+        message = {"status": "oom", "error": _error(e)}
+    except BaseException as e:  # noqa: BLE001 - a hand-in may raise anything, SystemExit included
+        message = {"status": "dist_error" if _is_dist_failure(e) else "crashed", "error": _error(e)}
+    message["comm"] = calls
+    message["answer_key_calls"] = len(answer_key)
+    message["seconds"] = round(time.monotonic() - started, 4)
+    return message
+
+
+def rank_main(job: dict, rank: int, result_fd: int) -> None:
+    """The whole life of one rank. Never returns: the process ends with os._exit."""
+    world_size = job["world_size"]
+
+    def report(message):
+        message["rank"] = rank
+        channel.send(result_fd, message)
+
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                          A4_BACKEND="gloo", A4_TIMEOUT_S=str(job["pg_timeout"]))
+        try:
+            store = dist.FileStore(job["store"], world_size)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=job["pg_timeout"]))
+        except Exception as e:  # noqa: BLE001 - nothing of the hand-in has run yet
+            report({"type": "infra_error", "error": _error(e)})
+            os._exit(0)
+        comm = CommRecorder()
+        comm.install()
+        _disarm_cuda_calls()
+        sys.path.insert(0, job["code_dir"])
+        import utils  # the trusted copy, next to the hand-in's assignment4.py
+        answer_key = []
+        closed_form = utils.expected_weight
+
+        def expected_weight(*args, **kwargs):
+            answer_key.append(1)
+            return closed_form(*args, **kwargs)
+        utils.expected_weight = expected_weight
+        try:
+            with CudaOnCpu():
+                module, skipped = load_assignment(os.path.join(job["code_dir"], "assignment4.py"))
+        except BaseException as e:  # noqa: BLE001
+            report({"type": "load_failed", "error": _error(e)})
+            os._exit(0)
+        report({"type": "ready", "skipped_lines": skipped})
+        for part_id in job["parts"]:
+            report({"type": "start", "part": part_id})
+            configure(module, job["check"], rank, world_size)
+            result = run_part(module, part_id, job["check"], comm, answer_key)
+            report({"type": "result", "part": part_id, **result})
+            if result["status"] == "dist_error":
+                os._exit(0)
+        report({"type": "done"})
+    except BaseException:  # noqa: BLE001 - the pipe may be gone; the supervisor sees the exit
+        traceback.print_exc()
+        os._exit(3)
+    os._exit(0)

@@ -1,0 +1,148 @@
+"""A corpus of hand-ins made from the reference solution by small mutations, with what each must get.
+
+Each mutant is a list of exact text replacements on the reference (each must match exactly once,
+so a change to the reference that breaks a mutant fails loudly), the part it breaks, and the
+status and words of the diagnosis that part must get at the default check. `build_handin` writes
+a hand-in zip: the code, the provided utils.py, and a .log/.err pair.
+"""
+
+import hashlib
+import io
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grader.parts import BY_ID
+from grader.skeleton import make_skeleton
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "assignment_4" / "reference" / "assignment4.py"
+UTILS = ROOT / "assignment_4" / "utils.py"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@dataclass
+class Mutant:
+    part: str                 # the part it breaks ("" when it breaks none or all)
+    edits: list               # [(old, new)], applied in order, each matching exactly once
+    status: str = "failed"    # the part's status
+    diagnosis: str = ""       # words the part's message must contain
+    others: str = "passed"    # the status of every other part
+    slow: bool = False        # waits for a timeout
+
+
+MUTANTS = {
+    "dp_summed": Mutant("data_parallel", [("        param.grad.div_(world_size)\n", "")],
+                        diagnosis="summed over the 4 ranks, not averaged"),
+    "dp_no_allreduce": Mutant("data_parallel", [
+        ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n", "        pass\n"),
+        ("        param.grad.div_(world_size)\n", "")],
+        diagnosis="stepped on its own slice of the batch only"),
+    "dp_whole_batch_everywhere": Mutant("data_parallel", [
+        ('    local_batch_size = divide(global_batch_size, world_size, "global_batch_size", "world_size")\n',
+         "    local_batch_size = global_batch_size\n"),
+        ("    start_idx = rank * local_batch_size\n", "    start_idx = 0\n"),
+        ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n", "        pass\n"),
+        ("        param.grad.div_(world_size)\n", "")],
+        diagnosis="never all-reduced the gradients"),
+    "acc_unscaled": Mutant("grad_accumulation", [
+        ("        scaled_loss = micro_loss / accumulation_steps\n", "        scaled_loss = micro_loss\n")],
+        diagnosis="not divided by accumulation_steps = 4"),
+    "acc_zero_grad_in_loop": Mutant("grad_accumulation", [
+        ("    for i in range(accumulation_steps):\n",
+         "    for i in range(accumulation_steps):\n        optimizer.zero_grad()\n")],
+        diagnosis="only the last micro-batch's gradient"),
+    "baseline_sum": Mutant("baseline", [
+        ('    loss_fn = nn.MSELoss(reduction="mean")\n\n    # Create a synthetic batch',
+         '    loss_fn = nn.MSELoss(reduction="sum")\n\n    # Create a synthetic batch')],
+        diagnosis="a sum, not a mean"),
+    "baseline_wrong_sign": Mutant("baseline", [
+        ("    loss = loss_fn(outputs, targets)\n", "    loss = -loss_fn(outputs, targets)\n")],
+        diagnosis="wrong sign"),
+    "baseline_no_step": Mutant("baseline", [
+        ("    loss.backward()\n    optimizer.step()\n    # END SOLUTION\n\n    return initial_weight",
+         "    loss.backward()\n    # END SOLUTION\n\n    return initial_weight")],
+        diagnosis="did not change"),
+    "tp_returns_shard": Mutant("tensor_parallel", [
+        ("    return global_updated_weight\n", "    return local_updated_weight\n")],
+        diagnosis="one rank's shard of the columns"),
+    "tp_own_shard_only": Mutant("tensor_parallel", [
+        ("    dist.all_gather(weight_shards, local_updated_weight)\n",
+         "    weight_shards = [initial_weight[:, r * local_output_dim:(r + 1) * local_output_dim].to(device)\n"
+         "                     for r in range(world_size)]\n"
+         "    weight_shards[rank] = local_updated_weight\n")],
+        diagnosis="right on rank 0's shard only"),
+    "tp_without_communication": Mutant("tensor_parallel", [
+        ("    model = FullColumnParallelLinear(initial_weight, world_size, rank).to(device)\n",
+         "    model = CustomLinearLayer(initial_weight).to(device)\n"),
+        ("    local_updated_weight = model.W.detach().contiguous()\n",
+         "    return model.W.detach()\n    local_updated_weight = model.W.detach().contiguous()\n")],
+        diagnosis="never called an all-gather"),
+    "crash_on_one_rank": Mutant("data_parallel", [
+        ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n",
+         "        if dist.get_rank() == 1:\n            raise RuntimeError('rank 1 lost its way')\n"
+         "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n")],
+        status="crashed", diagnosis="rank 1 lost its way", slow=True),
+    "deadlock_skipped_collective": Mutant("data_parallel", [
+        ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n",
+         "        if dist.get_rank() != 0:\n            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n")],
+        status="timeout", diagnosis="timed out", slow=True),
+    "hang": Mutant("tensor_parallel", [
+        ("    local_output_dim = divide(output_dim, world_size, \"output_dim\", \"world_size\")\n",
+         "    __import__('time').sleep(10 ** 6)\n")],
+        status="timeout", diagnosis="did not finish", slow=True),
+    "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
+                             status="crashed", diagnosis="could not be loaded", others="crashed"),
+}
+
+
+def mutate(name: str) -> str:
+    text = REFERENCE.read_text()
+    for old, new in MUTANTS[name].edits:
+        count = text.count(old)
+        assert count == 1, f"mutant {name}: {old!r} occurs {count} times in the reference"
+        text = text.replace(old, new)
+    return text
+
+
+def skeleton(filled=()) -> str:
+    """The skeleton, with the parts in `filled` filled in from the reference."""
+    keep = [scope for part in filled for scope in BY_ID[part].scopes]
+    return make_skeleton(REFERENCE.read_text(), keep=keep)
+
+
+def refingerprint(log: str, code: str) -> str:
+    """A log whose init lines claim to come from `code` (what a forger would write)."""
+    digest = hashlib.sha256(code.encode()).hexdigest()
+    return re.sub(r"code sha256 [0-9a-f]{64}", f"code sha256 {digest}", log)
+
+
+@dataclass
+class Files:
+    """The content of one hand-in: name -> text (None leaves a file out)."""
+    code: str
+    log: str = None
+    err: str = ""
+    utils: str = field(default_factory=lambda: UTILS.read_text())
+    log_name: str = "assignment4-1234.log"
+    extra: dict = field(default_factory=dict)   # more members: name -> bytes
+
+
+def zip_bytes(files: Files, folder: str = "") -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        members = {"assignment4.py": files.code, "utils.py": files.utils, files.log_name: files.log,
+                   files.log_name[:-4] + ".err": files.err}
+        for name, text in members.items():
+            if text is not None:
+                z.writestr(folder + name, text)
+        for name, data in files.extra.items():
+            z.writestr(name, data)
+    return buffer.getvalue()
+
+
+def write_zip(path: Path, files: Files, folder: str = "") -> Path:
+    path.write_bytes(zip_bytes(files, folder))
+    return path
+
