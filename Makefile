@@ -20,9 +20,15 @@ $(STAMP): requirements.txt
 
 venv: $(STAMP)
 
+# The reference runs on 4 CPU ranks as the Slurm job would; its code, .log and .err are zipped as
+# a student's hand-in and graded.
 demo: $(STAMP)
-	@rm -rf $(DEMO) && mkdir -p $(DEMO)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" slurm/run-local.sh --nproc 4 --out $(DEMO) assignment_4/reference/assignment4.py
+	@rm -rf $(DEMO) && mkdir -p $(DEMO)/handin
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" slurm/run-local.sh --nproc 4 --out $(DEMO)/handin assignment_4/reference/assignment4.py
+	cp assignment_4/reference/assignment4.py assignment_4/utils.py $(DEMO)/handin/
+	$(PY) -m zipfile -c $(DEMO)/demo-student.zip $(DEMO)/handin/*
+	$(PY) -m grader grade $(DEMO)/demo-student.zip --out $(DEMO)/grades
+	@echo; cat $(DEMO)/grades/grades.csv; echo "feedback: $(DEMO)/grades/demo-student/feedback.md"
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slurm"

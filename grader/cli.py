@@ -1,6 +1,8 @@
 """Command line: parses arguments and calls the plain functions that do the work.
 
     python -m grader grade PATH... --out DIR [--jobs N] [--rubric FILE] [--force] [--only ID ...]
+    python -m grader gradescope [--submission DIR] [--results FILE]
+    python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]
     python -m grader skeleton [--check]
 """
 
@@ -34,13 +36,32 @@ def _grade(args) -> int:
     except RubricError as e:
         print(f"grader: {e}", file=sys.stderr)
         return 2
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
-    print(f"graded {summary.graded}, reused {summary.cached} from an earlier run ({counts}) in {summary.seconds:g} s")
+    counts = ", ".join(f"{s} {n}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
+    print(f"graded {summary.graded} hand-in(s) and reused {summary.cached} earlier result(s) "
+          f"in {summary.seconds:g} s; by status: {counts}")
     print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md and a folder per student")
     if summary.trouble:
         print(f"{summary.trouble} hand-in(s) could not be graded (error or infra_error): see summary.md",
               file=sys.stderr)
         return 1
+    return 0
+
+
+def _gradescope(args) -> int:
+    from grader.gradescope import grade_submission
+    doc = grade_submission(args.submission, args.results, args.metadata, args.rubric)
+    print(f"wrote {args.results}: {doc['extra_data']['status']}, score {doc.get('score', 'none')}")
+    return 0
+
+
+def _gradescope_bundle(args) -> int:
+    from grader.gradescope import build_bundle
+    try:
+        path = build_bundle(args.output, args.rubric)
+    except RubricError as e:
+        print(f"grader: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}: upload it as the autograder of a Gradescope programming assignment")
     return 0
 
 
@@ -61,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "torchrun: torchrun per world (slow, the baseline)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_grade)
+
+    p = commands.add_parser("gradescope", help="grade one submission inside Gradescope's autograder")
+    p.add_argument("--submission", default="/autograder/submission", metavar="DIR")
+    p.add_argument("--results", default="/autograder/results/results.json", metavar="FILE")
+    p.add_argument("--metadata", default="/autograder/submission_metadata.json", metavar="FILE")
+    p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
+    p.set_defaults(run=_gradescope)
+
+    p = commands.add_parser("gradescope-bundle", help="build the autograder zip for Gradescope")
+    p.add_argument("-o", "--output", default="autograder.zip", metavar="ZIP")
+    p.add_argument("--rubric", metavar="FILE", help="rubric YAML to bundle (default grader/rubric.yaml)")
+    p.set_defaults(run=_gradescope_bundle)
 
     p = commands.add_parser("skeleton", help="generate assignment_4/assignment4.py from the reference")
     p.add_argument("--check", action="store_true", help="only check that the committed skeleton is current")

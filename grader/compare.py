@@ -104,14 +104,13 @@ def diagnose(got: torch.Tensor, exp: Expected, part: str, check, rank: int, tol)
         cols = check.output_dim // check.world_size
         right = [r for r in range(check.world_size)
                  if _close(got[:, r * cols:(r + 1) * cols], want[:, r * cols:(r + 1) * cols], tol)]
+        blocks = [got[:, i * cols:(i + 1) * cols] for i in range(check.world_size)]
+        if all(any(_close(b, want[:, j * cols:(j + 1) * cols], tol) for j in range(check.world_size)) for b in blocks):
+            return "every shard is right but they were put together in the wrong order"
         if len(right) == 1:
             r = right[0]
             return (f"right on rank {r}'s shard only (columns {r * cols} to {(r + 1) * cols - 1}); "
                     f"the other columns are wrong")
-        if not right:
-            blocks = [got[:, i * cols:(i + 1) * cols] for i in range(check.world_size)]
-            if all(any(_close(b, want[:, j * cols:(j + 1) * cols], tol) for j in range(check.world_size)) for b in blocks):
-                return "every shard is right but they were put together in the wrong order"
     diff = (got - want).abs()
     return f"differs from the reference by up to {diff.max():.3e} (mean {diff.mean():.3e})"
 

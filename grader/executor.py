@@ -173,6 +173,7 @@ def _torchrun_rank(job_file: str) -> None:
         job = json.load(f)
     rank = int(os.environ["RANK"])
     fd = os.open(os.path.join(job["work_dir"], f"rank{rank}.fifo"), os.O_WRONLY)
+    worker.warm_up()  # on the start-up clock, as the zygote does, not on the first part's
     worker.rank_main(job, rank, fd)
 
 

@@ -1,0 +1,263 @@
+"""The grader on a corpus of real hand-in zips: the reference, the skeleton, a mutant per usual
+mistake, broken and hostile packaging, a hand-in written to the handout word for word. Graded
+in one batch (two jobs at once) with short timeouts; each test then reads the outputs."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grader.batch import grade_batch
+from grader.parts import PART_IDS
+from tests.corpus import DATA, MUTANTS, REFERENCE, ROOT, UTILS, Files, mutate, refingerprint, skeleton, write_zip, zip_bytes
+
+FAST = {"timeouts": {"part": 3, "process_group": 2, "world_start": 30, "handin": 300}}
+POINTS = {"baseline": (2, 8), "grad_accumulation": (4, 16), "data_parallel": (7, 28), "tensor_parallel": (7, 28)}
+
+
+def fast_rubric(tmp: Path, **changes) -> Path:
+    data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
+    data.update(FAST)
+    data.update(changes)
+    path = tmp / "rubric.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+    """A real run of the reference on 4 ranks, with its .log and .err."""
+    out = tmp_path_factory.mktemp("run")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run([str(ROOT / "slurm" / "run-local.sh"), "--nproc", "4", "--out", str(out), str(REFERENCE)],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=180)
+    log = next(out.glob("*.log"))
+    return log.read_text(), log.with_suffix(".err").read_text()
+
+
+def corpus(reference_run) -> dict:
+    log, err = reference_run
+    ref = REFERENCE.read_text()
+    handins = {"reference": Files(code=ref, log=log, err=err)}
+    for name in MUTANTS:
+        code = mutate(name)
+        handins[name] = Files(code=code, log=refingerprint(log, code), err=err)
+    skel = skeleton()
+    handins["skeleton_forged_log"] = Files(code=skel, log=refingerprint(log, skel), err=err)
+    three = skeleton(filled=["baseline", "grad_accumulation", "data_parallel"])
+    handins["tensor_parallel_todo"] = Files(code=three, log=refingerprint(log, three), err=err)
+    handins["stale_log"] = Files(code=ref + "\n# tidied up after the run\n", log=log, err=err)
+    handins["modified_utils"] = Files(code=ref, log=log, err=err,
+                                      utils=UTILS.read_text().replace("is_close = torch.allclose(a, b, rtol=tol, atol=tol)",
+                                                                      "is_close = True"))
+    handins["missing_err"] = Files(code=ref, log=log, err=None)
+    handins["no_code"] = Files(code=None, log=log, err=err)
+    literal = DATA / "handout_literal"
+    handins["handout_literal"] = Files(code=(literal / "assignment4.py").read_text(),
+                                       utils=(literal / "utils.py").read_text(),
+                                       log=(DATA / "logs" / "handout_cluster_4nodes.log").read_text(), err="")
+    return handins
+
+
+@pytest.fixture(scope="session")
+def graded(reference_run, tmp_path_factory):
+    """Grade the whole corpus once; return (out folder, {student: grading.json}, summary, input folder)."""
+    tmp = tmp_path_factory.mktemp("grading")
+    inbox = tmp / "inbox"
+    inbox.mkdir()
+    for name, files in corpus(reference_run).items():
+        write_zip(inbox / f"{name}.zip", files)
+    # The reference once more, zipped as a folder inside a zip inside a zip, with macOS junk.
+    log, err = reference_run
+    inner = zip_bytes(Files(code=REFERENCE.read_text(), log=log, err=err,
+                            extra={"hw4/__pycache__/utils.cpython-311.pyc": b"\0", "hw4/.DS_Store": b"\0"}), "hw4/")
+    write_zip(inbox / "nested_junk.zip", Files(code=None, utils=None, log=None, err=None,
+                                               extra={"handin.zip": inner, "__MACOSX/._handin.zip": b"\0"}))
+    out = tmp / "out"
+    summary = grade_batch([inbox], out, jobs=2, rubric_path=fast_rubric(tmp), progress=False)
+    results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+    return out, results, summary, inbox, tmp
+
+
+def parts_status(result):
+    return {p: result["parts"][p]["status"] for p in PART_IDS}
+
+
+@pytest.mark.timeout(600)
+def test_reference_scores_full_marks(graded):
+    _, results, summary, _, _ = graded
+    r = results["reference"]
+    assert (r["status"], r["score"], r["max_score"]) == ("graded", 100, 100), r["message"]
+    assert set(parts_status(r).values()) == {"passed"}
+    assert r["flags"] == []
+    assert summary.trouble == 0
+
+
+def test_nested_zip_with_junk_is_normalised_and_scores_full_marks(graded):
+    r = graded[1]["nested_junk"]
+    assert r["score"] == 100, r
+    assert any("inside another zip" in n for n in r["notes"])
+    assert any("inside a folder 'hw4/'" in n for n in r["notes"])
+
+
+def test_skeleton_scores_zero_and_its_forged_log_earns_nothing(graded):
+    r = graded[1]["skeleton_forged_log"]
+    assert r["score"] == 0
+    for part in r["parts"].values():
+        assert part["status"] == "not_implemented"
+        assert {o["status"] for o in part["checks"]} == {"not_implemented"}
+        assert part["log"]["passed"] is True and part["log"]["points"] == 0
+    assert "log_not_reproduced" in r["flags"]
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_each_mutant_fails_the_part_it_targets_with_its_diagnosis(graded, name):
+    mutant = MUTANTS[name]
+    r = graded[1][name]
+    assert r["status"] == "graded"
+    for part_id, part in r["parts"].items():
+        if part_id == mutant.part or not mutant.part:
+            assert part["status"] == mutant.status, part["message"]
+            assert mutant.diagnosis in part["message"], part["message"]
+            assert part["log_points"] == 0
+            passed = [o for o in part["checks"] if o["status"] == "passed"]
+            share = len(passed) / len(part["checks"])
+            if not all(o["comm_ok"] for o in part["checks"]):
+                share = 0  # skipping the required collective costs every re-run point of the part
+            assert part["rerun_points"] == pytest.approx(POINTS[part_id][1] * share)
+            assert "log_not_reproduced" in r["flags"]
+        else:
+            assert part["status"] == mutant.others, (part_id, part["message"])
+            if mutant.others == "passed":
+                assert part["score"] == sum(POINTS[part_id])
+
+
+def test_a_part_left_todo_costs_only_that_part(graded):
+    r = graded[1]["tensor_parallel_todo"]
+    assert parts_status(r) == {"baseline": "passed", "grad_accumulation": "passed", "data_parallel": "passed",
+                               "tensor_parallel": "not_implemented"}
+    assert r["score"] == 65
+
+
+def test_a_log_from_other_code_earns_no_log_points(graded):
+    r = graded[1]["stale_log"]
+    assert "stale_log" in r["flags"]
+    assert r["score"] == 80
+    assert any("written by different code" in n for n in r["notes"])
+
+
+def test_a_modified_utils_is_reported_and_the_provided_one_used(graded):
+    r = graded[1]["modified_utils"]
+    assert r["score"] == 100 and "modified_utils" in r["flags"]
+    assert any("is_close = True" in n for n in r["notes"])
+
+
+def test_a_missing_err_costs_its_penalty(graded):
+    r = graded[1]["missing_err"]
+    assert r["score"] == 98 and r["penalties"] == {"missing_err": 2.0} and "missing_err" in r["flags"]
+
+
+def test_a_handin_without_code_is_invalid_with_a_message(graded):
+    r = graded[1]["no_code"]
+    assert (r["status"], r["score"]) == ("invalid", 0)
+    assert "no assignment4.py in the hand-in" in r["message"]
+
+
+def test_a_handin_written_to_the_handout_word_for_word_gets_full_marks_on_cpu(graded):
+    r = graded[1]["handout_literal"]
+    assert set(parts_status(r).values()) == {"passed"}, r["parts"]
+    assert r["score"] == 100, (r["message"], r["notes"])
+    assert "modified_utils" in r["flags"]
+
+
+def test_grades_csv_has_a_row_per_handin_and_a_column_per_part(graded):
+    out, results, _, _, _ = graded
+    rows = list(csv.DictReader((out / "grades.csv").open()))
+    assert list(rows[0]) == ["student", "score", "max_score", "status", *PART_IDS, "flags"]
+    assert {row["student"] for row in rows} == set(results)
+    ref = next(row for row in rows if row["student"] == "reference")
+    assert (ref["score"], ref["baseline"], ref["tensor_parallel"], ref["status"]) == ("100", "10", "35", "graded")
+
+
+def test_results_json_follows_gradescope_schema(graded):
+    out = graded[0]
+    for path in out.glob("*/results.json"):
+        doc = json.loads(path.read_text())
+        assert doc["output_format"] == "md" and isinstance(doc["score"], (int, float))
+        assert set(doc["extra_data"]) >= {"sha256", "flags", "parts", "status"}
+        for test in doc["tests"]:
+            assert test["status"] in ("passed", "failed") and "max_score" in test
+        names = [t["name"] for t in doc["tests"]]
+        for part in PART_IDS:
+            assert any(n.startswith(part) and "re-run" in n for n in names)
+            assert any(n.startswith(part) and "log" in n for n in names)
+    doc = json.loads((out / "dp_summed" / "results.json").read_text())
+    dp = next(t for t in doc["tests"] if t["name"].startswith("data_parallel") and "re-run" in t["name"])
+    assert dp["status"] == "failed" and "summed over the 4 ranks" in dp["output"]
+
+
+def test_feedback_names_hidden_checks_but_never_their_values(graded):
+    out = graded[0]
+    text = (out / "crash_on_one_rank" / "feedback.md").read_text()
+    assert text.index("rank 1 raised RuntimeError") < text.index("Traceback")
+    for path in list(out.glob("*/feedback.md")) + list(out.glob("*/results.json")):
+        text = path.read_text()
+        for hidden in ("seed 7", "seed 1234", "seed 2027", "batch 96", "batch 52", "batch 80", "48x24", "13x12", "20x36"):
+            assert hidden not in text, (path, hidden)
+    assert "hidden check `two-ranks`" in (out / "dp_summed" / "feedback.md").read_text()
+
+
+def test_summary_has_pass_rates_common_failures_and_scores(graded):
+    text = (graded[0] / "summary.md").read_text()
+    assert "| Part 3: data parallel |" in text and "pass rate" in text
+    dp_row = next(line for line in text.splitlines() if line.startswith("| Part 3: data parallel |"))
+    assert "crashed (2)" in dp_row  # crash_on_one_rank and does_not_parse
+    assert "## Scores" in text and "mean " in text
+
+
+def test_a_second_run_only_grades_what_changed(graded):
+    out, results, _, inbox, tmp = graded
+    rubric = fast_rubric(tmp)
+    again = grade_batch([inbox], out, jobs=2, rubric_path=rubric, progress=False)
+    assert (again.graded, again.cached) == (0, len(results))
+    before = (out / "reference" / "grading.json").read_text()
+    forced = grade_batch([inbox / "reference.zip"], out, rubric_path=rubric, force=True, progress=False)
+    assert forced.graded == 1
+    after = json.loads((out / "reference" / "grading.json").read_text())
+    first = json.loads(before)
+    for volatile in ("graded_at", "seconds"):
+        first.pop(volatile), after.pop(volatile)
+    for part in PART_IDS:
+        for o in first["parts"][part]["checks"] + after["parts"][part]["checks"]:
+            o.pop("traceback", None)
+    assert first == after
+    only = grade_batch([inbox], out, rubric_path=rubric, force=True, only=["missing_err"], progress=False)
+    assert only.graded == 1
+
+
+def test_the_torchrun_executor_grades_like_the_warm_one(graded, tmp_path):
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}])
+    summary = grade_batch([graded[3] / "dp_summed.zip"], tmp_path / "out", rubric_path=rubric,
+                          executor="torchrun", progress=False)
+    r = json.loads((tmp_path / "out" / "dp_summed" / "grading.json").read_text())
+    assert summary.graded == 1
+    assert r["parts"]["data_parallel"]["status"] == "failed"
+    assert "summed over the 4 ranks" in r["parts"]["data_parallel"]["message"]
+    assert parts_status(r)["tensor_parallel"] == "passed"
+
+
+def test_when_gloo_cannot_start_every_result_is_infra_error_and_no_score_is_written(graded, tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}])
+    summary = grade_batch([graded[3] / "reference.zip", graded[3] / "skeleton_forged_log.zip"], tmp_path / "out",
+                          rubric_path=rubric, progress=False)
+    assert summary.statuses == {"infra_error": 2}
+    rows = list(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
+    assert [row["score"] for row in rows] == ["", ""]
+    doc = json.loads((tmp_path / "out" / "reference" / "results.json").read_text())
+    assert "score" not in doc and all("score" not in t for t in doc["tests"])

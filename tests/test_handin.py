@@ -1,0 +1,135 @@
+"""Unpacking hand-ins: junk dropped, folders stripped, nested zips opened, dangerous zips refused."""
+
+import io
+import stat
+import zipfile
+
+import pytest
+
+from grader.handin import Handin, HandinError, discover, student_id, unpack
+from grader.rubric import Files
+from tests.corpus import Files as HandinFiles, zip_bytes
+
+CODE = "print('code')\n"
+
+
+def make_zip(members: dict) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for name, data in members.items():
+            if isinstance(data, zipfile.ZipInfo):
+                z.writestr(data, b"target")
+            else:
+                z.writestr(name, data)
+    return buffer.getvalue()
+
+
+def unpack_bytes(data: bytes, tmp_path, limits=None):
+    return unpack(Handin(name="h.zip", student="h", sha256="x", zip_bytes=data), tmp_path / "out", limits or Files())
+
+
+def test_the_four_files_are_found_by_name_after_junk_and_a_leading_folder_are_dropped(tmp_path):
+    data = make_zip({"hw4/assignment4.py": CODE, "hw4/utils.py": "u", "hw4/assignment4-77.log": "l",
+                     "hw4/assignment4-77.err": "e", "__MACOSX/hw4/._assignment4.py": "junk",
+                     "hw4/.DS_Store": "junk", "hw4/__pycache__/utils.cpython-311.pyc": "junk"})
+    unpacked = unpack_bytes(data, tmp_path)
+    assert {r: p.name for r, p in unpacked.files.items()} == {
+        "assignment": "assignment4.py", "utils": "utils.py", "log": "assignment4-77.log", "err": "assignment4-77.err"}
+    assert unpacked.files["assignment"].parent == unpacked.root
+    assert any("left out 3 file(s)" in n for n in unpacked.notes)
+    assert any("inside a folder 'hw4/'" in n for n in unpacked.notes)
+
+
+def test_a_zip_inside_the_zip_is_opened_once(tmp_path):
+    inner = make_zip({"a4/assignment4.py": CODE, "a4/utils.py": "u"})
+    unpacked = unpack_bytes(make_zip({"handin.zip": inner, "__MACOSX/._handin.zip": "junk"}), tmp_path)
+    assert unpacked.files["assignment"].read_text() == CODE
+    assert any("inside another zip, handin.zip" in n for n in unpacked.notes)
+
+
+def test_of_several_runs_the_latest_log_and_its_err_are_used(tmp_path):
+    data = make_zip({"assignment4.py": CODE, "assignment4-100.log": "old", "assignment4-100.err": "",
+                     "assignment4-205.log": "new", "assignment4-205.err": ""})
+    unpacked = unpack_bytes(data, tmp_path)
+    assert unpacked.files["log"].name == "assignment4-205.log"
+    assert unpacked.files["err"].name == "assignment4-205.err"
+
+
+@pytest.mark.parametrize("name,message", [
+    ("../evil.py", "points outside the hand-in"),
+    ("a/../../evil.py", "points outside the hand-in"),
+    ("/etc/evil.py", "absolute path"),
+    ("C:/evil.py", "absolute path"),
+])
+def test_members_that_would_escape_are_refused(tmp_path, name, message):
+    with pytest.raises(HandinError, match=message):
+        unpack_bytes(make_zip({"assignment4.py": CODE, name: "x"}), tmp_path)
+    assert not (tmp_path / "evil.py").exists() and not (tmp_path.parent / "evil.py").exists()
+
+
+def test_symbolic_links_are_refused(tmp_path):
+    link = zipfile.ZipInfo("utils.py")
+    link.external_attr = (stat.S_IFLNK | 0o777) << 16
+    with pytest.raises(HandinError, match="is a symbolic link"):
+        unpack_bytes(make_zip({"assignment4.py": CODE, "utils.py": link}), tmp_path)
+
+
+def test_a_zip_bomb_is_refused_while_extracting(tmp_path):
+    data = make_zip({"assignment4.py": CODE, "big.log": b"\0" * (3 << 20)})
+    with pytest.raises(HandinError, match="over the 1 MB limit|more than the limits allow"):
+        unpack_bytes(data, tmp_path, Files(max_member_mb=1, max_total_mb=2))
+
+
+def test_lying_sizes_do_not_get_past_the_limit(tmp_path):
+    data = bytearray(make_zip({"assignment4.py": CODE, "big.log": b"\0" * (3 << 20)}))
+    # Declare big.log as 10 bytes in the central directory; the real size is found while extracting.
+    entry = data.rfind(b"PK\x01\x02")
+    data[entry + 24:entry + 28] = (10).to_bytes(4, "little")
+    with pytest.raises(HandinError):
+        unpack_bytes(bytes(data), tmp_path, Files(max_member_mb=1, max_total_mb=2))
+
+
+def test_too_many_members_are_refused(tmp_path):
+    data = make_zip({"assignment4.py": CODE, **{f"f{i}.txt": "" for i in range(30)}})
+    with pytest.raises(HandinError, match="31 members, more than the 20 allowed"):
+        unpack_bytes(data, tmp_path, Files(max_members=20))
+
+
+def test_member_names_that_are_not_utf8_are_refused(tmp_path):
+    data = bytearray(make_zip({"assignment4.py": CODE, "xx.txt": ""}))
+    data = bytes(data).replace(b"xx.txt", b"\xff\xfe.txt")
+    with pytest.raises(HandinError, match="not valid UTF-8"):
+        unpack_bytes(data, tmp_path)
+
+
+def test_no_assignment_file_says_what_to_hand_in(tmp_path):
+    with pytest.raises(HandinError, match=r"no assignment4.py in the hand-in \(found: utils.py\)"):
+        unpack_bytes(make_zip({"utils.py": "u"}), tmp_path)
+
+
+def test_a_corrupt_zip_is_refused_with_its_name(tmp_path):
+    with pytest.raises(HandinError, match="h.zip: not a readable zip file"):
+        unpack_bytes(b"PK\x03\x04 this is not a zip", tmp_path)
+
+
+def test_discover_finds_zips_folders_and_bulk_downloads(tmp_path):
+    one = zip_bytes(HandinFiles(code=CODE))
+    (tmp_path / "alice.zip").write_bytes(one)
+    (tmp_path / "bulk.zip").write_bytes(make_zip({"Bob Smith_1001_assignsubmission_file/hw4.zip": one,
+                                                  "Eve Ray_1002_assignsubmission_file/hw4.zip": one}))
+    folder = tmp_path / "carol"
+    folder.mkdir()
+    (folder / "assignment4.py").write_text(CODE)
+    (tmp_path / "notes.txt").write_text("not a hand-in")
+    (tmp_path / "broken.zip").write_bytes(b"not a zip")
+    found, problems = discover([tmp_path], r"_(?P<id>\d+)_")
+    assert problems == [("broken.zip", "broken.zip: not a readable zip file; ask for the hand-in again")]
+    assert sorted(h.student for h in found) == ["1001", "1002", "alice", "carol"]
+    assert sorted(h.name for h in found if h.zip_bytes is not None)[0] == "alice.zip"
+
+
+def test_student_ids_come_from_the_pattern_or_the_name():
+    assert student_id("alice.zip", r"(?P<id>.+)") == "alice"
+    assert student_id("Jane Doe_12345_assignsubmission_file_hw4.zip", r"^[^_]+_(?P<id>\d+)_") == "12345"
+    assert student_id("no digits here.zip", r"_(?P<id>\d+)_") == "no_digits_here"
+    assert student_id("../../etc/passwd.zip", r"(?P<id>.+)") == "etc_passwd"
