@@ -103,7 +103,7 @@ class Progress:
 
 
 def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False, only=None,
-                executor: str = "warm", progress: bool = True) -> BatchSummary:
+                executor: str = "warm", sandbox: str = "auto", progress: bool = True) -> BatchSummary:
     started = time.monotonic()
     rubric = load_rubric(rubric_path)
     out = Path(out)
@@ -133,7 +133,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
             todo.append(h)
     scratch = Path(tempfile.mkdtemp(prefix="a4-grade-"))
     bar = Progress(len(todo), progress)
-    executors = [make_executor(executor) for _ in range(max(1, min(jobs, len(todo))))]
+    executors = [make_executor(executor, sandbox) for _ in range(max(1, min(jobs, len(todo))))]
     idle = queue.Queue()
     for ex in executors:
         idle.put(ex)

@@ -30,6 +30,29 @@ def send(fd: int, message: dict) -> None:
         view = view[written:]
 
 
+def read_message(fd: int) -> dict:
+    """Read exactly one message from `fd` (blocking) and not a byte more; None at end of file."""
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+    head = exactly(4)
+    if head is None:
+        return None
+    (length,) = struct.unpack(">I", head)
+    if length > MAX_MESSAGE_BYTES:
+        raise ChannelError(f"message of {length} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+    body = exactly(length)
+    if body is None:
+        return None
+    messages = Reader().feed(head + body)
+    return messages[0]
+
+
 class Reader:
     """Turns the bytes read from one pipe into messages."""
 

@@ -32,7 +32,8 @@ def _grade(args) -> int:
     from grader.batch import grade_batch
     try:
         summary = grade_batch(args.paths, args.out, jobs=args.jobs, rubric_path=args.rubric, force=args.force,
-                              only=args.only, executor=args.executor, progress=not args.quiet)
+                              only=args.only, executor=args.executor, sandbox=args.sandbox,
+                              progress=not args.quiet)
     except RubricError as e:
         print(f"grader: {e}", file=sys.stderr)
         return 2
@@ -80,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=EXECUTORS, default="warm",
                    help="warm: fork ranks from a process that imported torch once (default); "
                         "torchrun: torchrun per world (slow, the baseline)")
+    p.add_argument("--sandbox", choices=("auto", "strict", "off"), default="auto",
+                   help="auto: every isolation layer this machine allows (default); strict: all of them "
+                        "or infra_error; off: resource limits only")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_grade)
 

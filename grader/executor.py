@@ -21,16 +21,10 @@ import time
 from pathlib import Path
 
 from grader import channel
+from grader.world import infra_report
 
 ROOT = Path(__file__).resolve().parent.parent
 EXECUTORS = ("warm", "torchrun")
-
-
-def infra_report(job: dict, detail: str) -> dict:
-    """The report of a world the machinery could not run: no part of the hand-in is to blame."""
-    return {"type": "world_report", "completed": [], "results": {p: {} for p in job["parts"]},
-            "abort": {"reason": "infra_error", "part": None, "detail": detail},
-            "exit_codes": {}, "output": {}, "skipped_lines": [], "seconds": 0.0}
 
 
 def world_budget(job: dict) -> float:
@@ -48,16 +42,43 @@ def _child_env() -> dict:
 class WarmExecutor:
     name = "warm"
 
-    def __init__(self):
+    def __init__(self, sandbox: str = "auto"):
+        self.sandbox = sandbox
+        self.isolation = {}
         self._proc = None
         self._reader = None
 
     def _start(self):
-        self._proc = subprocess.Popen([sys.executable, "-m", "grader.executor", "--zygote"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "grader.executor", "--zygote", self.sandbox],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, env=_child_env(), cwd=str(ROOT),
                                       start_new_session=True)
         self._reader = channel.Reader()
+        hello = self._receive(time.monotonic() + 120)
+        if hello is None or hello.get("type") != "hello":
+            self._kill()
+            raise RuntimeError("the re-run helper process did not start")
+        self.isolation = hello.get("isolation", {})
+
+    def _receive(self, deadline):
+        """The next message from the zygote, or None (it exited, sent garbage or took too long)."""
+        out = self._proc.stdout.fileno()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            readable, _, _ = select.select([out], [], [], left)
+            if not readable:
+                continue
+            data = os.read(out, 1 << 20)
+            if not data:
+                return None
+            try:
+                messages = self._reader.feed(data)
+            except channel.ChannelError:
+                return None
+            if messages:
+                return messages[0]
 
     def _kill(self):
         if self._proc is not None:
@@ -70,33 +91,22 @@ class WarmExecutor:
 
     def run_world(self, job: dict) -> dict:
         if self._proc is None or self._proc.poll() is not None:
-            self._start()
+            try:
+                self._start()
+            except (OSError, RuntimeError) as e:
+                return infra_report(job, f"the re-run helper process could not start ({e})")
         try:
+            # Two messages: the zygote forks on the first and only the world's own process reads the job.
+            channel.send(self._proc.stdin.fileno(), {"type": "world"})
             channel.send(self._proc.stdin.fileno(), job)
         except OSError as e:
             self._kill()
             return infra_report(job, f"the re-run helper process is gone ({e})")
-        deadline = time.monotonic() + world_budget(job)
-        out = self._proc.stdout.fileno()
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._kill()
-                return infra_report(job, "the re-run helper process stopped answering")
-            readable, _, _ = select.select([out], [], [], left)
-            if not readable:
-                continue
-            data = os.read(out, 1 << 20)
-            if not data:
-                self._kill()
-                return infra_report(job, "the re-run helper process exited")
-            try:
-                messages = self._reader.feed(data)
-            except channel.ChannelError as e:
-                self._kill()
-                return infra_report(job, f"the re-run helper process sent a malformed report ({e})")
-            if messages:
-                return messages[0]
+        report = self._receive(time.monotonic() + world_budget(job))
+        if report is None or report.get("type") != "world_report":
+            self._kill()
+            return infra_report(job, "the re-run helper process stopped answering")
+        return report
 
     def close(self):
         if self._proc is not None and self._proc.poll() is None:
@@ -109,7 +119,14 @@ class WarmExecutor:
 
 
 class TorchrunExecutor:
+    """No namespaces: each rank is its own torchrun child. Only the per-rank limits apply."""
     name = "torchrun"
+    isolation = {"mode": "torchrun", "processes": "process group", "network": "NOT isolated",
+                 "files": "NOT isolated", "user": "the grader's own user",
+                 "limits": "address space, processes, file size, CPU time, 1 thread per rank", "problems": []}
+
+    def __init__(self, sandbox: str = "auto"):
+        self.sandbox = sandbox
 
     def run_world(self, job: dict) -> dict:
         from grader import world
@@ -141,45 +158,61 @@ class TorchrunExecutor:
         pass
 
 
-def make_executor(name: str):
+def make_executor(name: str, sandbox: str = "auto"):
     if name == "warm":
-        return WarmExecutor()
+        return WarmExecutor(sandbox)
     if name == "torchrun":
-        return TorchrunExecutor()
+        return TorchrunExecutor(sandbox)
     raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
 
 
-def _zygote() -> None:
-    """The warm helper: read world jobs on stdin, run each, answer with its report on stdout."""
-    from grader import world, worker  # torch is imported once here, inherited by every forked rank
+def _zygote(mode: str) -> None:
+    """The warm helper: for each world, fork a leader that reads the job, runs it and reports.
+
+    The zygote itself never reads a job: no check's values are ever in its memory, and so none in
+    the memory of the ranks forked after it.
+    """
+    from grader import sandbox, world, worker  # torch is imported once here, inherited by every rank
     worker.warm_up()
     control_out = os.dup(1)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stray prints must not reach the control pipe
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    reader = channel.Reader()
+    sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+    sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)
+    isolation = sandbox.probe(mode)
+    channel.send(control_out, {"type": "hello", "isolation": isolation.summary()})
     while True:
-        data = os.read(0, 1 << 20)
-        if not data:
+        request = channel.read_message(0)
+        if request is None or request["type"] != "world":
             return
-        for job in reader.feed(data):
-            if job["type"] == "exit":
-                return
-            channel.send(control_out, world.run_world(job))
+        pid = os.fork()
+        if pid == 0:
+            job = channel.read_message(0)
+            if isolation.mode == "strict" and isolation.problems:
+                channel.send(control_out, world.infra_report(
+                    job, "strict sandbox: " + "; ".join(isolation.problems)))
+                os._exit(0)
+            world.lead_world(job, isolation, control_out)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code != 0:
+            # The leader was killed before it could report: say so, so the grader need not wait.
+            channel.send(control_out, world.lost_report(None, f"the world's leader was killed ({code})"))
 
 
 def _torchrun_rank(job_file: str) -> None:
-    from grader import worker
+    from grader import sandbox, worker
     with open(job_file) as f:
         job = json.load(f)
     rank = int(os.environ["RANK"])
     fd = os.open(os.path.join(job["work_dir"], f"rank{rank}.fifo"), os.O_WRONLY)
     worker.warm_up()  # on the start-up clock, as the zygote does, not on the first part's
+    os.chdir(job["work_dir"])
+    sandbox.limit_rank(sandbox.Limits(**job["limits"]), os.getuid())
     worker.rank_main(job, rank, fd)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--zygote"]:
-        _zygote()
+        _zygote(sys.argv[2] if len(sys.argv) > 2 else "auto")
     elif sys.argv[1:2] == ["--torchrun-rank"]:
         _torchrun_rank(sys.argv[2])
     else:

@@ -110,6 +110,7 @@ def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
         result.flags += flags
         result.notes += notes
 
+        result.isolation = dict(getattr(executor, "isolation", {}))
         code = rerun.prepare_code(files["assignment"], work)
         outcomes = {p: [] for p in PART_IDS}
         deadline = started + rubric.timeouts.handin

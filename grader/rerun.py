@@ -107,8 +107,8 @@ def _failed_part(part, report) -> PartRun:
                   f"the ranks fell out of step: rank{'s' if len(finished) > 1 else ''} "
                   f"{', '.join(map(str, finished))} finished while the others waited in a collective")
         detail += " (a rank that skips or adds a collective makes the others wait)"
-    elif reason == "rank_died" and any(c == -9 for c in codes.values()) and "memory" in output.lower():
-        status, detail = Status.OOM, f"{detail}; killed, out of memory"
+    elif reason == "rank_died" and any(s in output for s in ("MemoryError", "bad_alloc", "allocate memory")):
+        status, detail = Status.OOM, f"{detail}: out of memory"
     else:
         status = Status.CRASHED
         if waited:
@@ -127,7 +127,7 @@ def run_check(executor, code: Path, check, rubric, scratch: Path, parts=PART_IDS
         job = {"type": "world", "work_dir": str(work), "code_dir": str(code), "store": str(work / "store"),
                "world_size": check.world_size, "parts": remaining,
                "check": {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight")},
-               "pg_timeout": rubric.timeouts.process_group,
+               "pg_timeout": rubric.timeouts.process_group, "limits": asdict(rubric.limits),
                "timeouts": {"world_start": rubric.timeouts.world_start, "part": rubric.timeouts.part}}
         try:
             report = executor.run_world(job)

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from grader.parts import PART_IDS
+from grader.sandbox import Limits
 
 DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")
 
@@ -85,6 +86,7 @@ class Rubric:
     learning_rate: float = 0.5   # the handout fixes it at 0.5; checks do not vary it
     log_world_size: int = 4      # the world size the cluster run in the .log must have
     timeouts: Timeouts = field(default_factory=Timeouts)
+    limits: Limits = field(default_factory=Limits)
     files: Files = field(default_factory=Files)
 
     @property
@@ -172,9 +174,10 @@ def _validate(rubric: Rubric, source: str) -> None:
             raise RubricError(f"{where}.weight: must be positive")
     if not any(not c.hidden for c in rubric.checks):
         raise RubricError(f"{source}.checks: at least one check must be public (hidden: false)")
-    for key, value in dataclasses.asdict(rubric.timeouts).items():
-        if value <= 0:
-            raise RubricError(f"{source}.timeouts.{key}: must be positive")
+    for section in ("timeouts", "limits"):
+        for key, value in dataclasses.asdict(getattr(rubric, section)).items():
+            if value <= 0:
+                raise RubricError(f"{source}.{section}.{key}: must be positive")
     try:
         pattern = re.compile(rubric.files.student_id_pattern)
     except re.error as e:

@@ -235,6 +235,10 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: 
         message = {"status": "not_implemented", "error": _error(e)}
     except MemoryError as e:
         message = {"status": "oom", "error": _error(e)}
+    except RuntimeError as e:
+        out_of_memory = "can't allocate memory" in str(e) or "Cannot allocate memory" in str(e)
+        message = {"status": "oom" if out_of_memory else "dist_error" if _is_dist_failure(e) else "crashed",
+                   "error": _error(e)}
     except BaseException as e:  # noqa: BLE001 - a hand-in may raise anything, SystemExit included
         message = {"status": "dist_error" if _is_dist_failure(e) else "crashed", "error": _error(e)}
     message["comm"] = calls
@@ -253,8 +257,13 @@ def rank_main(job: dict, rank: int, result_fd: int) -> None:
 
     try:
         torch.set_num_threads(1)
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+        # Nothing of the grader's environment (a TA's tokens, say) reaches the hand-in, but the
+        # interface gloo is told to use (loopback unless the grader was told otherwise).
+        interface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.clear()
+        os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME="/tmp", TMPDIR="/tmp", LANG="C.UTF-8",
+                          OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=interface, RANK=str(rank), LOCAL_RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                           A4_BACKEND="gloo", A4_TIMEOUT_S=str(job["pg_timeout"]))
         try:
             store = dist.FileStore(job["store"], world_size)
@@ -284,6 +293,7 @@ def rank_main(job: dict, rank: int, result_fd: int) -> None:
         report({"type": "ready", "skipped_lines": skipped})
         for part_id in job["parts"]:
             report({"type": "start", "part": part_id})
+            torch.set_num_threads(1)  # one compute thread per rank, whatever the last part set
             configure(module, job["check"], rank, world_size)
             result = run_part(module, part_id, job["check"], comm, answer_key)
             report({"type": "result", "part": part_id, **result})

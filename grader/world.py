@@ -1,8 +1,9 @@
-"""One re-run world: fork its ranks, watch their result pipes and clocks, end it, report.
+"""One re-run world: sandbox it, fork its ranks, watch their result pipes and clocks, end it, report.
 
-`run_world(job)` forks `world_size` ranks from the current process (which has imported torch and
-nothing of any hand-in), each in the world's own process group with stdout and stderr going to a
-file of its own. `supervise` reads every rank's messages and decides when the world ends:
+`lead_world(job, ...)` runs in a process forked for this world alone (from a parent that has
+imported torch and nothing of any hand-in): it enters the world's namespaces (grader.sandbox),
+forks `world_size` ranks, each with its limits, stdout and stderr going to a file of its own, and
+supervises them. `supervise` reads every rank's messages and decides when the world ends:
 
 - all ranks reported every part: the world is complete;
 - a part's results disagree across ranks (ok on some, an error on others) or a collective failed:
@@ -19,13 +20,13 @@ import selectors
 import signal
 import time
 
-from grader import channel
+from grader import channel, sandbox
 
 OUTPUT_HEAD = 4096
 OUTPUT_TAIL = 8192
 
 
-def fork_rank(job: dict, rank: int, pgid: int) -> tuple:
+def fork_rank(job: dict, rank: int, pgid: int, uid: int, limits) -> tuple:
     """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its pipe)."""
     from grader import worker
     read_fd, write_fd = os.pipe()
@@ -37,12 +38,16 @@ def fork_rank(job: dict, rank: int, pgid: int) -> tuple:
                 signal.signal(sig, signal.SIG_DFL)
             out = os.open(os.path.join(job["work_dir"], f"rank{rank}.out"),
                           os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            if uid != os.getuid():
+                os.fchown(out, uid, uid)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)
             os.dup2(write_fd, 3)  # the result pipe is fd 3; every other descriptor is closed
             os.closerange(4, 1 << 16)
+            os.chdir(job.get("cwd", job["work_dir"]))
+            sandbox.limit_rank(limits, uid)
             worker.rank_main(job, rank, 3)
         finally:
             os._exit(4)
@@ -54,16 +59,80 @@ def fork_rank(job: dict, rank: int, pgid: int) -> tuple:
     return pid, read_fd
 
 
-def run_world(job: dict) -> dict:
+def run_world(job: dict, uid: int, limits) -> dict:
     """Fork the world's ranks, supervise them to the end, and return the world's report."""
     pids, fds = [], {}
     pgid = 0
     for rank in range(job["world_size"]):
-        pid, fd = fork_rank(job, rank, pgid)
+        pid, fd = fork_rank(job, rank, pgid, uid, limits)
         pgid = pgid or pid
         pids.append(pid)
         fds[rank] = fd
     return supervise(job, fds, pids, pgid)
+
+
+def _readable(path: str) -> None:
+    """Let the world's user read the hand-in's code (and nothing else of ours)."""
+    for folder, dirs, files in os.walk(path):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+
+
+def lead_world(job: dict, isolation, control_out: int) -> None:
+    """The life of a world's leader: sandbox, ranks, supervision, report. Never returns."""
+    report = None
+    try:
+        sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+        limits = sandbox.Limits(**job["limits"])
+        uid = sandbox.world_uid(isolation)
+        _readable(job["code_dir"])
+        if uid != os.getuid():
+            os.chown(job["work_dir"], uid, uid)
+        sandbox.unshare_world(isolation)
+        if isolation.pid:
+            # The first child of a new PID namespace is its init: when it ends, all of the world ends.
+            pid = os.fork()
+            if pid:
+                status = os.waitpid(pid, 0)[1]
+                if os.waitstatus_to_exitcode(status) != 0:
+                    report = lost_report(job, f"the world's supervisor ended with {os.waitstatus_to_exitcode(status)}")
+                else:
+                    os._exit(0)
+                raise SystemExit
+            sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+        paths = sandbox.private_root(isolation, limits, job["code_dir"], job["work_dir"])
+        job = {**job, **paths, "cwd": "/tmp" if isolation.mount else paths["work_dir"]}
+        sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
+        report = run_world(job, uid, limits)
+    except SystemExit:
+        pass
+    except sandbox.SandboxError as e:
+        report = infra_report(job, f"the sandbox could not be set up: {e}")
+    except BaseException as e:  # noqa: BLE001 - the grader must always get a report
+        report = infra_report(job, f"the world's leader failed: {type(e).__name__}: {e}")
+    finally:
+        try:
+            if report is not None:
+                report["isolation"] = isolation.summary()
+                channel.send(control_out, report)
+        finally:
+            os._exit(0)
+
+
+def lost_report(job, detail: str) -> dict:
+    """The report of a world whose supervisor was killed (a hand-in that signals its parent, or the
+    kernel's out-of-memory killer): the parts not yet reported crashed."""
+    return {"type": "world_report", "completed": [], "results": {p: {} for p in job["parts"]} if job else {},
+            "abort": {"reason": "rank_died", "part": None, "detail": detail},
+            "exit_codes": {}, "output": {}, "skipped_lines": [], "seconds": 0.0}
+
+
+def infra_report(job: dict, detail: str) -> dict:
+    """The report of a world the machinery could not run: no part of the hand-in is to blame."""
+    return {"type": "world_report", "completed": [], "results": {p: {} for p in job["parts"]},
+            "abort": {"reason": "infra_error", "part": None, "detail": detail},
+            "exit_codes": {}, "output": {}, "skipped_lines": [], "seconds": 0.0}
 
 
 def _output(work_dir: str, world_size: int) -> dict:
@@ -109,6 +178,28 @@ def _end(pgid: int, pids: list, grace: float = 0.0) -> dict:
     return codes
 
 
+def _in_order(expecting: dict, rank: int, message: dict, parts: list) -> bool:
+    """Whether `message` is the one rank `rank` may send now: ready, then start/result for each part
+    in the job's order, then done. Advances the rank's expectation."""
+    kind, part = message["type"], message.get("part")
+    want = expecting[rank]
+    if want == "ready":
+        ok = kind == "ready"
+        nxt = ("start", parts[0]) if parts else "done"
+    elif isinstance(want, tuple) and want[0] == "start":
+        ok = kind == "start" and part == want[1]
+        nxt = ("result", want[1])
+    elif isinstance(want, tuple) and want[0] == "result":
+        ok = kind == "result" and part == want[1]
+        i = parts.index(want[1]) + 1
+        nxt = ("start", parts[i]) if i < len(parts) else "done"
+    else:
+        ok, nxt = kind == "done", "nothing"
+    if ok:
+        expecting[rank] = nxt
+    return ok
+
+
 def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
               launcher_exited=None) -> dict:
     """Watch the ranks of one world until it is complete or must end; see the module docstring.
@@ -126,6 +217,7 @@ def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
         selector.register(fd, selectors.EVENT_READ, rank)
     ready, done, closed = set(), set(), set()
     gave_up = set()   # ranks that reported a failed collective and then ended on purpose
+    expecting = {rank: "ready" for rank in fds}   # the only message each rank may send next
     results = {p: {} for p in parts}
     part_started = {}
     skipped = []
@@ -187,6 +279,10 @@ def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
             for message in messages:
                 kind = message["type"]
                 message["rank"] = rank  # the pipe, not the message, says which rank it is
+                if kind not in ("load_failed", "infra_error") and not _in_order(expecting, rank, message, parts):
+                    stop("protocol", current, f"rank {rank} sent {kind!r} out of order (a second result, "
+                                              f"or a message written by the hand-in itself)")
+                    break
                 if kind == "ready":
                     ready.add(rank)
                     skipped = message.get("skipped_lines", skipped)
