@@ -140,7 +140,9 @@ def run_check(executor, code: Path, check, rubric, scratch: Path, parts=PART_IDS
             break
         left = [p for p in remaining if p not in runs]
         if abort.get("part") in left:
-            runs[abort["part"]] = _failed_part(abort["part"], report)
+            # The part that ended the world, and any before it the world did not settle, failed.
+            for part in left[:left.index(abort["part"]) + 1]:
+                runs[part] = _failed_part(part, report)
             remaining = left[left.index(abort["part"]) + 1:]
             continue
         if not left:

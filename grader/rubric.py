@@ -1,8 +1,9 @@
 """The rubric: points, re-run configurations, tolerances, timeouts and penalties, from YAML.
 
-Every field below has a default, so a rubric file only states what it changes. Unknown keys,
-wrong types and impossible values are refused with a RubricError that names the key and, for
-unknown keys, lists the valid ones.
+`grader/rubric.yaml` is the course's rubric. A rubric file given with `--rubric` is read on top of
+it and states only what it changes: its mappings are merged key by key, its lists (the checks)
+replace the whole list. Unknown keys, wrong types and impossible values are refused with a
+RubricError that names the file and the key and, for unknown keys, lists the valid ones.
 """
 
 import dataclasses
@@ -186,13 +187,29 @@ def _validate(rubric: Rubric, source: str) -> None:
         raise RubricError(f"{source}.files.student_id_pattern: needs a named group (?P<id>...)")
 
 
-def load_rubric(path=None) -> Rubric:
-    """Load and validate a rubric file (default: grader/rubric.yaml)."""
-    path = Path(path) if path else DEFAULT_RUBRIC
+def _read(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
         raise RubricError(f"{path}: cannot read the rubric ({e.strerror})") from e
     except yaml.YAMLError as e:
         raise RubricError(f"{path}: not valid YAML ({e})") from e
+    if data is not None and not isinstance(data, dict):
+        raise RubricError(f"{path}: a rubric is a mapping of keys (parts, checks, tolerance, ...)")
+    return data or {}
+
+
+def _merge(base: dict, changes: dict) -> dict:
+    merged = dict(base)
+    for key, value in changes.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def load_rubric(path=None) -> Rubric:
+    """The course's rubric (grader/rubric.yaml), with the changes in `path` read on top of it."""
+    data = _read(DEFAULT_RUBRIC)
+    path = Path(path) if path else DEFAULT_RUBRIC
+    if path.resolve() != DEFAULT_RUBRIC.resolve():
+        data = _merge(data, _read(path))
     return rubric_from_dict(data, str(path))

@@ -57,7 +57,7 @@ def prctl(option, value):
 
 @dataclass
 class Limits:
-    memory_mb: int = 3072      # address space of one rank (a rank needs about 1 GB)
+    memory_mb: int = 2048      # address space of one rank (a rank needs about 1 GB)
     processes: int = 128       # processes and threads of one world's user
     file_mb: int = 64          # largest file a rank may write (its output included)
     tmp_mb: int = 64           # size of the world's /tmp

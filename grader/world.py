@@ -218,6 +218,7 @@ def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
     ready, done, closed = set(), set(), set()
     gave_up = set()   # ranks that reported a failed collective and then ended on purpose
     expecting = {rank: "ready" for rank in fds}   # the only message each rank may send next
+    in_part = {}      # rank -> the part it last started
     results = {p: {} for p in parts}
     part_started = {}
     skipped = []
@@ -280,14 +281,21 @@ def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
                 kind = message["type"]
                 message["rank"] = rank  # the pipe, not the message, says which rank it is
                 if kind not in ("load_failed", "infra_error") and not _in_order(expecting, rank, message, parts):
-                    stop("protocol", current, f"rank {rank} sent {kind!r} out of order (a second result, "
-                                              f"or a message written by the hand-in itself)")
+                    # Blame the earliest part not yet settled: the rank's own, even if a forged result
+                    # had completed it, or an earlier one that processes of this rank ran ahead of.
+                    blamed = in_part.get(rank, current)
+                    if blamed in parts:
+                        judged = min(judged, parts.index(blamed))
+                    stop("protocol", parts[judged] if judged < len(parts) else None,
+                         f"rank {rank} sent {kind!r} out of order (a second result, or a message "
+                         f"written by the hand-in itself)")
                     break
                 if kind == "ready":
                     ready.add(rank)
                     skipped = message.get("skipped_lines", skipped)
                 elif kind == "start" and message.get("part") in results:
                     part_started.setdefault(message["part"], time.monotonic())
+                    in_part[rank] = message["part"]
                 elif kind == "result" and message.get("part") in results:
                     results[message["part"]].setdefault(rank, message)
                     if message.get("status") == "dist_error":

