@@ -231,8 +231,9 @@ def probe(mode: str = "auto") -> Isolation:
             setattr(isolation, layer, layer not in disabled and _try_layer(isolation, layer, scratch))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    missing = [layer for layer in ("pid", "net", "mount") if not getattr(isolation, layer)]
+    names = {"pid": "PID namespace", "net": "network namespace", "mount": "mount namespace"}
+    missing = [names[layer] for layer in names if not getattr(isolation, layer)]
     if missing:
-        isolation.problems.append(f"not available on this machine: {', '.join(missing)} namespace(s)"
+        isolation.problems.append(f"not available on this machine: {', '.join(missing)}"
                                   + ("" if root else " (without root they need unprivileged user namespaces)"))
     return isolation

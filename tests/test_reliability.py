@@ -1,0 +1,140 @@
+"""Reliability: a grader killed mid-batch loses nothing; a missing sandbox layer under --sandbox strict
+is infra_error; a failure that passes when run again is flagged flaky; rubric files layer."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grader.executor import WarmExecutor
+from grader.grade import judge_check
+from grader.rerun import prepare_code
+from grader.results import Status
+from grader.rubric import load_rubric
+from tests.corpus import REFERENCE, ROOT, Files, mutate, refingerprint, skeleton, write_zip
+from tests.test_sandbox import leftover_processes
+
+FAST = {"checks": [{"name": "default"},
+                   {"name": "two-ranks", "hidden": True, "world_size": 2, "seed": 1234,
+                    "global_batch_size": 52, "input_dim": 13, "output_dim": 12, "accumulation_steps": 2}],
+        "timeouts": {"part": 5, "process_group": 3, "world_start": 30}}
+
+
+def grade_cmd(inbox, out, rubric, *extra):
+    return [sys.executable, "-m", "grader", "grade", str(inbox), "--out", str(out), "--rubric", str(rubric),
+            "--quiet", *extra]
+
+
+@pytest.fixture(scope="module")
+def inbox(reference_run, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reliability")
+    box = tmp / "inbox"
+    box.mkdir()
+    log, err = reference_run
+    codes = {"reference": REFERENCE.read_text(), "skeleton": skeleton(),
+             **{name: mutate(name) for name in ("dp_summed", "acc_unscaled", "baseline_wrong_sign",
+                                                "tp_own_shard_only", "baseline_no_step", "dp_no_allreduce")}}
+    for name, code in codes.items():
+        write_zip(box / f"{name}.zip", Files(code=code, log=refingerprint(log, code), err=err))
+    rubric = tmp / "rubric.yaml"
+    rubric.write_text(yaml.safe_dump(FAST))
+    return box, rubric, tmp
+
+
+def without_times(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    data.pop("graded_at"), data.pop("seconds")
+    return data
+
+
+@pytest.mark.timeout(600)
+def test_a_grader_killed_mid_batch_loses_nothing_and_grades_nothing_twice(inbox):
+    box, rubric, tmp = inbox
+    whole, cut = tmp / "whole", tmp / "cut"
+    done = subprocess.run(grade_cmd(box, whole, rubric), cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr
+    proc = subprocess.Popen(grade_cmd(box, cut, rubric), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(list(cut.glob("*/grading.json"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = len(list(cut.glob("*/grading.json")))
+    assert 2 <= first < 8, "the batch was not cut in the middle"
+    time.sleep(1)
+    assert leftover_processes() == []
+    assert [p.name for p in cut.rglob(".*")] == []  # no half-written file left behind
+    resumed = subprocess.run(grade_cmd(box, cut, rubric), cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"graded {8 - first} hand-in(s) and reused {first} earlier result(s)" in resumed.stdout
+    assert (whole / "grades.csv").read_text() == (cut / "grades.csv").read_text()
+    for path in whole.glob("*/grading.json"):
+        assert without_times(path) == without_times(cut / path.parent.name / "grading.json"), path.parent.name
+    rows = {row["student"]: row for row in csv.DictReader((cut / "grades.csv").open())}
+    assert rows["reference"]["score"] == "100" and rows["skeleton"]["score"] == "0"
+
+
+@pytest.mark.timeout(300)
+def test_a_missing_sandbox_layer_under_strict_is_infra_error_with_no_score(inbox, tmp_path):
+    box, rubric, _ = inbox
+    env = dict(os.environ, A4_SANDBOX_DISABLE="net")
+    proc = subprocess.run(grade_cmd(box / "reference.zip", tmp_path / "out", rubric, "--sandbox", "strict"),
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 1
+    r = json.loads((tmp_path / "out" / "reference" / "grading.json").read_text())
+    assert (r["status"], r["score"]) == ("infra_error", None)
+    assert "network namespace" in r["message"]
+    row = next(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
+    assert row["score"] == ""
+
+
+class FailsFirstWorld(WarmExecutor):
+    """A real executor whose first world runs broken code: a failure the grading machine caused."""
+
+    def __init__(self, broken_code):
+        super().__init__()
+        self.broken_code = str(broken_code)
+        self.worlds = 0
+
+    def run_world(self, job):
+        self.worlds += 1
+        if self.worlds == 1:
+            job = {**job, "code_dir": self.broken_code}
+        return super().run_world(job)
+
+
+@pytest.mark.timeout(300)
+def test_a_failure_that_passes_when_run_again_is_flagged_flaky():
+    rubric = load_rubric()
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        broken = scratch / "broken.py"
+        broken.write_text(mutate("dp_summed"))
+        executor = FailsFirstWorld(prepare_code(broken, scratch))
+        try:
+            judged = judge_check(executor, prepare_code(REFERENCE, scratch), rubric.checks[0], rubric, scratch)
+        finally:
+            executor.close()
+    assert judged["data_parallel"].status == Status.FAILED and judged["data_parallel"].flaky
+    assert executor.worlds == 2
+    assert all(judged[p].status == Status.PASSED and not judged[p].flaky
+               for p in ("baseline", "grad_accumulation", "tensor_parallel"))
+
+
+def test_a_rubric_file_states_only_what_it_changes(tmp_path):
+    path = tmp_path / "changes.yaml"
+    path.write_text("timeouts: {part: 30}\nparts: {baseline: {log: 0}}\n")
+    rubric, default = load_rubric(path), load_rubric()
+    assert rubric.timeouts.part == 30 and rubric.timeouts.process_group == default.timeouts.process_group
+    assert rubric.parts["baseline"].log == 0 and rubric.parts["baseline"].rerun == default.parts["baseline"].rerun
+    assert [c.name for c in rubric.checks] == [c.name for c in default.checks]
+    assert rubric.max_score == default.max_score - default.parts["baseline"].log
