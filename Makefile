@@ -2,6 +2,7 @@
 #   make demo        run the reference on 4 CPU ranks as the Slurm job would
 #   make test        the test suite (real gloo worlds, real torchrun)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
+#   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -11,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO := build/demo
 
-.PHONY: venv demo test skeleton clean
+.PHONY: venv demo test bench skeleton clean
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +33,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slurm"
+
+bench: $(STAMP)
+	$(PY) benchmarks/grading_throughput.py
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton

@@ -39,6 +39,8 @@ class BatchSummary:
     statuses: dict = field(default_factory=dict)
     out: str = ""
     seconds: float = 0.0
+    worlds: int = 0               # re-run worlds started, the canary's included
+    world_seconds: float = 0.0    # their time, summed over the executors
 
     @property
     def trouble(self) -> int:
@@ -165,6 +167,8 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     finally:
         for ex in executors:
             ex.close()
+            summary.worlds += ex.worlds
+            summary.world_seconds += ex.world_seconds
         shutil.rmtree(scratch, ignore_errors=True)
     all_results = list(results.values())
     report.write_gradebook(all_results, out, rubric.max_score)

@@ -44,7 +44,21 @@ def _child_env() -> dict:
     return env
 
 
-class WarmExecutor:
+class Counted:
+    """Counts the worlds an executor ran and the seconds they took, as seen from the grader."""
+    worlds = 0
+    world_seconds = 0.0
+
+    def run_world(self, job: dict) -> dict:
+        started = time.monotonic()
+        try:
+            return self._run_world(job)
+        finally:
+            self.worlds += 1
+            self.world_seconds += time.monotonic() - started
+
+
+class WarmExecutor(Counted):
     name = "warm"
 
     def __init__(self, sandbox: str = "auto"):
@@ -94,7 +108,7 @@ class WarmExecutor:
             self._proc.wait()
             self._proc = None
 
-    def run_world(self, job: dict) -> dict:
+    def _run_world(self, job: dict) -> dict:
         if self._proc is None or self._proc.poll() is not None:
             try:
                 self._start()
@@ -123,7 +137,7 @@ class WarmExecutor:
         self._kill()
 
 
-class TorchrunExecutor:
+class TorchrunExecutor(Counted):
     """No namespaces: each rank is its own torchrun child. Only the per-rank limits apply."""
     name = "torchrun"
     isolation = {"mode": "torchrun", "processes": "process group", "network": "NOT isolated",
@@ -133,7 +147,7 @@ class TorchrunExecutor:
     def __init__(self, sandbox: str = "auto"):
         self.sandbox = sandbox
 
-    def run_world(self, job: dict) -> dict:
+    def _run_world(self, job: dict) -> dict:
         from grader import world
         work = job["work_dir"]
         world_size = job["world_size"]
@@ -177,8 +191,13 @@ def _zygote(mode: str) -> None:
     The zygote itself never reads a job: no check's values are ever in its memory, and so none in
     the memory of the ranks forked after it.
     """
+    import gc
     from grader import sandbox, world, worker  # torch is imported once here, inherited by every rank
     worker.warm_up()
+    # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
+    # (and so copies) it.
+    gc.collect()
+    gc.freeze()
     control_out = os.dup(1)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stray prints must not reach the control pipe
     sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -8,7 +8,7 @@ the verdict is the grader's, in the grader's own process.
 
 Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
 - top-level script code (initialising, calling the parts, printing) is not executed; imports,
-  definitions and plain assignments are (grader.worker.load_assignment);
+  definitions and plain assignments are (grader.worker.compile_assignment);
 - "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (CudaOnCpu).
 """
 
@@ -156,17 +156,36 @@ def script_statements_removed(tree: ast.Module) -> list:
     return [node.lineno for node in dropped]
 
 
-def load_assignment(path: str) -> tuple:
-    """Import the hand-in's assignment4.py without running its script; return (module, lines skipped)."""
+def compile_assignment(path: str) -> tuple:
+    """The hand-in's assignment4.py compiled without its script statements: (code, lines skipped)."""
     with open(path, "rb") as f:
         source = f.read()
     tree = ast.parse(source, filename=path)
     skipped = script_statements_removed(tree)
+    return compile(tree, path, "exec"), skipped
+
+
+def run_assignment(code, path: str):
+    """Execute compiled assignment code as the module `assignment4`; return the module."""
     module = types.ModuleType("assignment4")
     module.__file__ = path
     sys.modules["assignment4"] = module
-    exec(compile(tree, path, "exec"), module.__dict__)
-    return module, skipped
+    exec(code, module.__dict__)
+    return module
+
+
+def prepare(job: dict) -> dict:
+    """What every rank of a world needs and may share, done once before the ranks are forked: the
+    trusted utils imported, the hand-in's code compiled (never run: that is for the ranks)."""
+    if job["code_dir"] not in sys.path:
+        sys.path.insert(0, job["code_dir"])
+    import utils  # noqa: F401 - the trusted copy, next to the hand-in's assignment4.py
+    path = os.path.join(job["code_dir"], "assignment4.py")
+    try:
+        code, skipped = compile_assignment(path)
+        return {"path": path, "code": code, "skipped": skipped, "error": None}
+    except BaseException as e:  # noqa: BLE001 - a syntax error is the hand-in's, reported by every rank
+        return {"path": path, "code": None, "skipped": [], "error": _error(e)}
 
 
 def configure(module, check: dict, rank: int, world_size: int) -> None:
@@ -247,7 +266,7 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: 
     return message
 
 
-def rank_main(job: dict, rank: int, result_fd: int) -> None:
+def rank_main(job: dict, rank: int, result_fd: int, prepared: dict = None) -> None:
     """The whole life of one rank. Never returns: the process ends with os._exit."""
     world_size = job["world_size"]
 
@@ -275,7 +294,7 @@ def rank_main(job: dict, rank: int, result_fd: int) -> None:
         comm = CommRecorder()
         comm.install()
         _disarm_cuda_calls()
-        sys.path.insert(0, job["code_dir"])
+        prepared = prepared or prepare(job)
         import utils  # the trusted copy, next to the hand-in's assignment4.py
         answer_key = []
         closed_form = utils.expected_weight
@@ -285,12 +304,15 @@ def rank_main(job: dict, rank: int, result_fd: int) -> None:
             return closed_form(*args, **kwargs)
         utils.expected_weight = expected_weight
         try:
+            if prepared["error"]:
+                report({"type": "load_failed", "error": prepared["error"]})
+                os._exit(0)
             with CudaOnCpu():
-                module, skipped = load_assignment(os.path.join(job["code_dir"], "assignment4.py"))
+                module = run_assignment(prepared["code"], prepared["path"])
         except BaseException as e:  # noqa: BLE001
             report({"type": "load_failed", "error": _error(e)})
             os._exit(0)
-        report({"type": "ready", "skipped_lines": skipped})
+        report({"type": "ready", "skipped_lines": prepared["skipped"]})
         for part_id in job["parts"]:
             report({"type": "start", "part": part_id})
             torch.set_num_threads(1)  # one compute thread per rank, whatever the last part set

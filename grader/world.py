@@ -26,7 +26,17 @@ OUTPUT_HEAD = 4096
 OUTPUT_TAIL = 8192
 
 
-def fork_rank(job: dict, rank: int, pgid: int, uid: int, limits) -> tuple:
+def _close_inherited(keep: int) -> None:
+    """Close every descriptor above `keep` (listing them is far quicker than closing all possible)."""
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        if int(name) > keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+
+
+def fork_rank(job: dict, rank: int, pgid: int, uid: int, limits, prepared: dict) -> tuple:
     """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its pipe)."""
     from grader import worker
     read_fd, write_fd = os.pipe()
@@ -45,10 +55,10 @@ def fork_rank(job: dict, rank: int, pgid: int, uid: int, limits) -> tuple:
             os.dup2(out, 1)
             os.dup2(out, 2)
             os.dup2(write_fd, 3)  # the result pipe is fd 3; every other descriptor is closed
-            os.closerange(4, 1 << 16)
+            _close_inherited(3)
             os.chdir(job.get("cwd", job["work_dir"]))
             sandbox.limit_rank(limits, uid)
-            worker.rank_main(job, rank, 3)
+            worker.rank_main(job, rank, 3, prepared)
         finally:
             os._exit(4)
     os.close(write_fd)
@@ -61,10 +71,12 @@ def fork_rank(job: dict, rank: int, pgid: int, uid: int, limits) -> tuple:
 
 def run_world(job: dict, uid: int, limits) -> dict:
     """Fork the world's ranks, supervise them to the end, and return the world's report."""
+    from grader import worker
+    prepared = worker.prepare(job)
     pids, fds = [], {}
     pgid = 0
     for rank in range(job["world_size"]):
-        pid, fd = fork_rank(job, rank, pgid, uid, limits)
+        pid, fd = fork_rank(job, rank, pgid, uid, limits, prepared)
         pgid = pgid or pid
         pids.append(pid)
         fds[rank] = fd
@@ -210,6 +222,7 @@ def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
     parts, world_size = job["parts"], job["world_size"]
     timeouts = job["timeouts"]
     started = time.monotonic()
+    timeline = {}     # when (s after the ranks were forked) every rank was ready, was done, ...
     start_deadline = started + timeouts["world_start"]
     readers = {rank: channel.Reader() for rank in fds}
     selector = selectors.DefaultSelector()
@@ -292,6 +305,8 @@ def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
                     break
                 if kind == "ready":
                     ready.add(rank)
+                    if len(ready) == world_size:
+                        timeline["ready"] = round(time.monotonic() - started, 4)
                     skipped = message.get("skipped_lines", skipped)
                 elif kind == "start" and message.get("part") in results:
                     part_started.setdefault(message["part"], time.monotonic())
@@ -302,6 +317,8 @@ def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
                         gave_up.add(rank)
                 elif kind == "done":
                     done.add(rank)
+                    if len(done) == world_size:
+                        timeline["done"] = round(time.monotonic() - started, 4)
                 elif kind == "load_failed":
                     stop("load_failed", None, message.get("error", {}).get("exception", ""))
                     abort["error"] = message.get("error")
@@ -313,7 +330,8 @@ def supervise(job: dict, fds: dict, pids: list, pgid: int, collect_output=None,
     for fd in fds.values():
         os.close(fd)
     selector.close()
+    timeline["ended"] = round(time.monotonic() - started, 4)
     output = collect_output() if collect_output else _output(job["work_dir"], world_size)
     return {"type": "world_report", "completed": parts[:judged], "results": results, "abort": abort,
             "exit_codes": exit_codes, "output": output, "skipped_lines": skipped,
-            "seconds": round(time.monotonic() - started, 3)}
+            "seconds": round(time.monotonic() - started, 3), "timeline": timeline}

@@ -1,0 +1,196 @@
+"""Grading throughput: the warm executor against the torchrun baseline, side by side in one run.
+
+    make bench
+    python benchmarks/grading_throughput.py [--handins 100] [--baseline-handins 6] [--jobs 2]
+
+Builds synthetic hand-ins from the test corpus (the reference, the skeleton and fast-failing
+mutants, each with a real run's log), grades them all with the warm executor and a few with the
+torchrun baseline (each re-run at the rubric's default plus 3 hidden checks), and prints:
+hand-ins per minute for both and their ratio; the time per world against the fork-and-gloo floor
+measured on the spot; the grader's memory at the start, its peak and its end, and the helpers'
+peak; and the log parser's speed on a 100 MB log. Not a test: the figures depend on the machine
+and on what else runs on it.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from grader import logs, worker  # noqa: E402
+from grader.batch import grade_batch  # noqa: E402
+from tests.corpus import REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
+
+MUTANTS = ["dp_summed", "acc_unscaled", "baseline_wrong_sign", "tp_own_shard_only", "baseline_no_step",
+           "dp_no_allreduce", "tp_returns_shard", "acc_zero_grad_in_loop"]
+
+
+def memory_mb(pid="self", field="Rss") -> float:
+    """A process's resident memory (Rss), or its proportional share of pages shared with others (Pss)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class MemorySampler:
+    """Samples the grader's memory and that of the processes re-running hand-ins (the zygotes and
+    every rank forked from them, counted by proportional share since they share most pages)."""
+
+    def __init__(self):
+        self.grader, self.helpers = [], []
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _helpers(self) -> float:
+        total = 0.0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if b"grader.executor" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    total += memory_mb(pid, "Pss")
+            except OSError:
+                pass
+        return total
+
+    def _run(self):
+        while self.running:
+            self.grader.append(memory_mb())
+            self.helpers.append(self._helpers())
+            time.sleep(0.2)
+
+    def stop(self):
+        self.running = False
+        self.thread.join()
+
+
+def reference_log(tmp: Path) -> tuple:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run([str(ROOT / "slurm" / "run-local.sh"), "--nproc", "4", "--out", str(tmp), str(REFERENCE)],
+                   cwd=ROOT, env=env, check=True, capture_output=True)
+    log = next(tmp.glob("*.log"))
+    return log.read_text(), log.with_suffix(".err").read_text()
+
+
+def build_handins(inbox: Path, n: int, log: str, err: str) -> None:
+    """n hand-ins: half the reference, a tenth the skeleton, the rest mutants that fail fast."""
+    inbox.mkdir(parents=True)
+    codes = {"reference": REFERENCE.read_text(), "skeleton": skeleton(), **{m: mutate(m) for m in MUTANTS}}
+    kinds = ["reference"] * 5 + ["skeleton"] + MUTANTS[:4]
+    for i in range(n):
+        kind = kinds[i % len(kinds)] if i % 20 else MUTANTS[(i // 20) % len(MUTANTS)]
+        code = codes[kind]
+        # Each hand-in is a different file (a comment with its number), as in a real batch.
+        code = f"{code}\n# hand-in {i}\n"
+        write_zip(inbox / f"student{i:03d}_{kind}.zip", Files(code=code, log=refingerprint(log, code), err=err))
+
+
+def fork_gloo_floor(repeats: int = 20, world_size: int = 4) -> float:
+    """Median seconds to fork `world_size` ranks from a warm process, join gloo, all-reduce once, exit."""
+    worker.warm_up()
+    times = []
+    for _ in range(repeats):
+        store = tempfile.mkdtemp(prefix="a4-floor-")
+        started = time.perf_counter()
+        pids = []
+        for rank in range(world_size):
+            pid = os.fork()
+            if pid == 0:
+                dist.init_process_group("gloo", store=dist.FileStore(f"{store}/s", world_size), rank=rank,
+                                        world_size=world_size, timeout=datetime.timedelta(seconds=30))
+                dist.all_reduce(torch.ones(4))
+                os._exit(0)
+            pids.append(pid)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        times.append(time.perf_counter() - started)
+        shutil.rmtree(store, ignore_errors=True)
+    return statistics.median(times)
+
+
+def log_speed(log: str) -> float:
+    """MB/s of grader.logs.parse_log on a 100 MB log: a real log repeated, with noise between."""
+    noise = "".join(f"NCCL INFO channel {i} ring 0 1 2 3\x1b[0m\r\n" for i in range(20))
+    unit = (log + noise).encode()
+    data = unit * (100 * (1 << 20) // len(unit) + 1)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        logs.parse_log(data, expected_world_size=4)
+        best = min(best, time.perf_counter() - started)
+    return len(data) / (1 << 20) / best
+
+
+def grade(inbox, out, jobs, executor, files=None):
+    paths = [inbox / f for f in files] if files else [inbox]
+    started = time.monotonic()
+    summary = grade_batch(paths, out, jobs=jobs, executor=executor, progress=False)
+    return summary, time.monotonic() - started
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--handins", type=int, default=100)
+    parser.add_argument("--baseline-handins", type=int, default=6, help="graded with torchrun (slow)")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="a4-bench-"))
+    try:
+        print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+              f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / (1 << 30):.0f} GiB, "
+              f"Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
+              f"load average before: {os.getloadavg()[0]:.1f}")
+        log, err = reference_log(tmp / "run")
+        build_handins(tmp / "inbox", args.handins, log, err)
+        floor = fork_gloo_floor()
+        memory = MemorySampler()
+        warm, warm_s = grade(tmp / "inbox", tmp / "warm", args.jobs, "warm")
+        memory.stop()
+        files = sorted(p.name for p in (tmp / "inbox").iterdir())[: args.baseline_handins]
+        cold, cold_s = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", files)
+        mb_s = log_speed(log)
+        warm_rate = warm.graded / warm_s * 60
+        cold_rate = cold.graded / cold_s * 60
+        per_world = warm_s / max(warm.worlds, 1)      # the batch's wall time over its worlds
+        latency = warm.world_seconds / max(warm.worlds, 1)   # one world, start to report, jobs sharing the CPUs
+        cold_world = cold.world_seconds / max(cold.worlds, 1)
+        grader_mb, helper_mb = memory.grader, memory.helpers
+        tenth = max(len(grader_mb) // 10, 1)
+        print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), "
+              f"each re-run at 4 checks; --jobs {args.jobs}")
+        print(f"warm executor:     {warm.graded} hand-ins in {warm_s:.1f} s = {warm_rate:.0f} hand-ins/min "
+              f"({warm.worlds} worlds, {latency:.3f} s each from start to report, {args.jobs} at a time)")
+        print(f"torchrun baseline: {cold.graded} hand-ins in {cold_s:.1f} s = {cold_rate:.1f} hand-ins/min "
+              f"({cold.worlds} worlds, {cold_world:.3f} s each)")
+        print(f"throughput ratio:  {warm_rate / cold_rate:.1f}x")
+        print(f"time per world:    {per_world:.3f} s (wall time / worlds) against a fork-and-gloo floor of "
+              f"{floor:.3f} s (4 ranks, one all-reduce) = {per_world / floor:.2f}x the floor")
+        print(f"grader memory:     {grader_mb[0]:.0f} MB at the start, {statistics.mean(grader_mb[:tenth]):.0f} MB "
+              f"over the first tenth of the batch, {statistics.mean(grader_mb[-tenth:]):.0f} MB over the last, "
+              f"peak {max(grader_mb):.0f} MB; re-run processes peak {max(helper_mb):.0f} MB (proportional share)")
+        print(f"log parsing:       {mb_s:.0f} MB/s on a 100 MB log")
+        print(f"statuses:          {dict(sorted(warm.statuses.items()))}")
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
