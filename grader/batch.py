@@ -104,8 +104,67 @@ class Progress:
             sys.stderr.flush()
 
 
+def infra_result(h, rubric, message: str):
+    result = new_result(h, rubric)
+    result.status, result.score = Status.INFRA_ERROR, None
+    result.message = f"not graded: {message}; grade it again"
+    mark_not_run(result, rubric, "not run: infrastructure failure")
+    return result
+
+
+def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = "warm", sandbox: str = "auto",
+                  progress: bool = True) -> tuple:
+    """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
+    it is graded. Returns ({student: result dict}, worlds run, their seconds)."""
+    results, worlds, world_seconds = {}, 0, 0.0
+    if not todo:
+        return results, worlds, world_seconds
+    scratch = Path(tempfile.mkdtemp(prefix="a4-grade-"))
+    bar = Progress(len(todo), progress)
+    executors = [make_executor(executor, sandbox) for _ in range(max(1, min(jobs, len(todo))))]
+    idle = queue.Queue()
+    for ex in executors:
+        idle.put(ex)
+    try:
+        broken = canary(executors[0], rubric, scratch)
+        if broken:
+            broken += "; the grading machine is not working"
+
+        def grade_one(h):
+            if broken:
+                result = infra_result(h, rubric, broken)
+            else:
+                ex = idle.get()
+                try:
+                    result = grade_handin(h, rubric, ex, scratch)
+                finally:
+                    idle.put(ex)
+            report.write_handin(result, out)
+            score = "no score" if result.score is None else f"{result.score:g}/{result.max_score:g}"
+            bar.step(h.student, f"{result.status}, {score}")
+            return result
+
+        with ThreadPoolExecutor(max_workers=len(executors)) as pool:
+            for future in as_completed([pool.submit(grade_one, h) for h in todo]):
+                result = future.result()
+                results[result.student] = result.to_dict()
+    finally:
+        for ex in executors:
+            ex.close()
+            worlds += ex.worlds
+            world_seconds += ex.world_seconds
+        shutil.rmtree(scratch, ignore_errors=True)
+    return results, worlds, world_seconds
+
+
 def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False, only=None,
-                executor: str = "warm", sandbox: str = "auto", progress: bool = True) -> BatchSummary:
+                executor: str = "warm", sandbox: str = "auto", progress: bool = True,
+                slurm: dict = None) -> BatchSummary:
+    """Grade every hand-in under `paths` into `out`; see the module docstring.
+
+    With executor="slurm", the hand-ins are graded by the tasks of a Slurm job array (grader.scale;
+    `slurm` holds its options), each task with the warm executor on its node.
+    """
     started = time.monotonic()
     rubric = load_rubric(rubric_path)
     out = Path(out)
@@ -133,47 +192,18 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
             summary.cached += 1
         else:
             todo.append(h)
-    scratch = Path(tempfile.mkdtemp(prefix="a4-grade-"))
-    bar = Progress(len(todo), progress)
-    executors = [make_executor(executor, sandbox) for _ in range(max(1, min(jobs, len(todo))))]
-    idle = queue.Queue()
-    for ex in executors:
-        idle.put(ex)
-    try:
-        broken = canary(executors[0], rubric, scratch) if todo else ""
-
-        def grade_one(h):
-            if broken:
-                result = new_result(h, rubric)
-                result.status, result.score = Status.INFRA_ERROR, None
-                result.message = f"not graded: {broken}; the grading machine is not working, grade again"
-                mark_not_run(result, rubric, "not run: infrastructure failure")
-            else:
-                ex = idle.get()
-                try:
-                    result = grade_handin(h, rubric, ex, scratch)
-                finally:
-                    idle.put(ex)
-            report.write_handin(result, out)
-            score = "no score" if result.score is None else f"{result.score:g}/{result.max_score:g}"
-            bar.step(h.student, f"{result.status}, {score}")
-            return result
-
-        with ThreadPoolExecutor(max_workers=len(executors)) as pool:
-            for future in as_completed([pool.submit(grade_one, h) for h in todo]):
-                result = future.result()
-                results[result.student] = result.to_dict()
-                summary.graded += 1
-    finally:
-        for ex in executors:
-            ex.close()
-            summary.worlds += ex.worlds
-            summary.world_seconds += ex.world_seconds
-        shutil.rmtree(scratch, ignore_errors=True)
+    if executor == "slurm":
+        from grader.scale import grade_on_slurm
+        graded = grade_on_slurm(todo, out, rubric_path, rubric, sandbox=sandbox, jobs=jobs,
+                                progress=progress, **(slurm or {}))
+    else:
+        graded, summary.worlds, summary.world_seconds = grade_handins(todo, out, rubric, jobs, executor,
+                                                                      sandbox, progress)
+    results.update(graded)
+    summary.graded = len(graded)
     all_results = list(results.values())
     report.write_gradebook(all_results, out, rubric.max_score)
     for r in all_results:
         summary.statuses[r["status"]] = summary.statuses.get(r["status"], 0) + 1
     summary.seconds = round(time.monotonic() - started, 2)
     return summary
-

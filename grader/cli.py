@@ -33,7 +33,10 @@ def _grade(args) -> int:
     try:
         summary = grade_batch(args.paths, args.out, jobs=args.jobs, rubric_path=args.rubric, force=args.force,
                               only=args.only, executor=args.executor, sandbox=args.sandbox,
-                              progress=not args.quiet)
+                              progress=not args.quiet,
+                              slurm={"partition": args.partition, "array_parallelism": args.array_parallelism,
+                                     "chunk": args.chunk, "time_min": args.slurm_time,
+                                     "cluster": None if args.slurm_cluster == "auto" else args.slurm_cluster})
     except RubricError as e:
         print(f"grader: {e}", file=sys.stderr)
         return 2
@@ -78,9 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
     p.add_argument("--force", action="store_true", help="grade again even hand-ins already graded in DIR")
     p.add_argument("--only", nargs="+", metavar="ID", help="grade only these student ids")
-    p.add_argument("--executor", choices=EXECUTORS, default="warm",
+    p.add_argument("--executor", choices=EXECUTORS + ("slurm",), default="warm",
                    help="warm: fork ranks from a process that imported torch once (default); "
-                        "torchrun: torchrun per world (slow, the baseline)")
+                        "torchrun: torchrun per world (slow, the baseline); slurm: a job array, each "
+                        "task grading a chunk of hand-ins on its node (DIR on a shared file system)")
+    slurm = p.add_argument_group("with --executor slurm")
+    slurm.add_argument("--partition", help="Slurm partition of the array tasks")
+    slurm.add_argument("--array-parallelism", type=int, default=16, metavar="K", help="tasks running at once (16)")
+    slurm.add_argument("--chunk", type=int, default=10, metavar="N", help="hand-ins per task (10)")
+    slurm.add_argument("--slurm-time", type=int, metavar="MIN", help="time limit of a task (default from --chunk)")
+    slurm.add_argument("--slurm-cluster", choices=("auto", "slurm", "local"), default="auto",
+                       help="local: run the array on this machine through submitit's local executor")
     p.add_argument("--sandbox", choices=("auto", "strict", "off"), default="auto",
                    help="auto: every isolation layer this machine allows (default); strict: all of them "
                         "or infra_error; off: resource limits only")
