@@ -17,7 +17,8 @@ import yaml
 
 from grader.parts import PART_IDS
 
-DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")
+DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")          # the graders': public and hidden checks
+PUBLIC_RUBRIC = Path(__file__).with_name("rubric-public.yaml")    # the students': public checks only
 
 
 class RubricError(ValueError):

@@ -4,40 +4,15 @@ in one batch (two jobs at once) with short timeouts; each test then reads the ou
 
 import csv
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
 from grader.batch import grade_batch
 from grader.parts import PART_IDS
-from tests.corpus import DATA, MUTANTS, REFERENCE, ROOT, UTILS, Files, mutate, refingerprint, skeleton, write_zip, zip_bytes
+from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, skeleton,
+                          write_zip, zip_bytes)
 
-FAST = {"timeouts": {"part": 3, "process_group": 2, "world_start": 30, "handin": 300}}
 POINTS = {"baseline": (2, 8), "grad_accumulation": (4, 16), "data_parallel": (7, 28), "tensor_parallel": (7, 28)}
-
-
-def fast_rubric(tmp: Path, **changes) -> Path:
-    data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
-    data.update(FAST)
-    data.update(changes)
-    path = tmp / "rubric.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-@pytest.fixture(scope="session")
-def reference_run(tmp_path_factory):
-    """A real run of the reference on 4 ranks, with its .log and .err."""
-    out = tmp_path_factory.mktemp("run")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    subprocess.run([str(ROOT / "slurm" / "run-local.sh"), "--nproc", "4", "--out", str(out), str(REFERENCE)],
-                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=180)
-    log = next(out.glob("*.log"))
-    return log.read_text(), log.with_suffix(".err").read_text()
 
 
 def corpus(reference_run) -> dict:
