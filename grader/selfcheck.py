@@ -83,6 +83,11 @@ def _row(part) -> CheckRow:
 
 
 def _problems(result, rows) -> list:
+    if result.status == Status.INFRA_ERROR:
+        return [f"the re-runs could not run on this machine, which says nothing about your code ({result.message}); "
+                f"try again, or on another machine"]
+    if result.status == Status.ERROR:
+        return [f"checking crashed, which says nothing about your code ({result.message}); tell the course staff"]
     if result.status != Status.GRADED:
         return [result.message or f"the hand-in could not be graded ({result.status})"]
     problems = []

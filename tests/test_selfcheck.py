@@ -90,3 +90,14 @@ def test_check_of_nothing_says_what_to_give(tmp_path, monkeypatch, capsys):
     (tmp_path / "broken.zip").write_bytes(b"not a zip")
     assert student_cli.main(["check", "broken.zip"]) == 2
     assert "not a readable zip file; build it again with python -m grader package" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_when_gloo_cannot_start_check_says_it_is_not_the_students_code(public_rubric, reference_run, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")
+    log, err = reference_run
+    handin = write_zip(tmp_path / "solution.zip", Files(code=REFERENCE.read_text(), log=log, err=err))
+    report = check(handin, rubric_path=public_rubric)   # its own executor, started with the broken setting
+    assert report.status == Status.INFRA_ERROR and not report.passed and report.rows == []
+    assert "could not run on this machine, which says nothing about your code" in report.problems[0]
