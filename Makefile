@@ -1,9 +1,10 @@
 # a4: the Assignment 4 kit, its Slurm jobs and its grader.
-#   make demo        run the reference on 4 CPU ranks as the Slurm job would
+#   make demo        run the reference on 4 CPU ranks as the Slurm job would, check it, package it, grade it
 #   make test        the test suite (real gloo worlds, real torchrun)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
+#   make release     write the tree students receive into build/release
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,8 +12,9 @@ PY := $(VENV)/bin/python
 # The venv is (re)installed when requirements.txt changes, and only then.
 STAMP := $(VENV)/.installed
 DEMO := build/demo
+RELEASE := build/release
 
-.PHONY: venv demo test bench skeleton clean
+.PHONY: venv demo test bench skeleton release clean
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,13 +23,14 @@ $(STAMP): requirements.txt
 
 venv: $(STAMP)
 
-# The reference runs on 4 CPU ranks as the Slurm job would; its code, .log and .err are zipped as
-# a student's hand-in and graded.
+# A student's story, told with the reference solution: run it on 4 CPU ranks as the Slurm job
+# would (leaving assignment4-<id>.log and .err), check it, package it into the hand-in zip (which
+# checks the zip again), and grade that zip as a TA would.
 demo: $(STAMP)
-	@rm -rf $(DEMO) && mkdir -p $(DEMO)/handin
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" slurm/run-local.sh --nproc 4 --out $(DEMO)/handin assignment_4/reference/assignment4.py
-	cp assignment_4/reference/assignment4.py assignment_4/utils.py $(DEMO)/handin/
-	$(PY) -m zipfile -c $(DEMO)/demo-student.zip $(DEMO)/handin/*
+	@rm -rf $(DEMO) && mkdir -p $(DEMO)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" slurm/run-local.sh --nproc 4 --out $(DEMO) assignment_4/reference/assignment4.py
+	$(PY) -m grader check assignment_4/reference --log $(DEMO)/assignment4-*.log
+	$(PY) -m grader package assignment_4/reference --log $(DEMO)/assignment4-*.log -o $(DEMO)/demo-student.zip
 	$(PY) -m grader grade $(DEMO)/demo-student.zip --out $(DEMO)/grades
 	@echo; cat $(DEMO)/grades/grades.csv; echo "feedback: $(DEMO)/grades/demo-student/feedback.md"
 
@@ -39,6 +42,11 @@ bench: $(STAMP)
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton
+
+# The tree students receive: skeleton, utils, handout, Slurm jobs, check and package; no solution.
+release: $(STAMP)
+	@rm -rf $(RELEASE)
+	$(PY) -m grader release --out $(RELEASE)
 
 clean:
 	rm -rf build .pytest_cache

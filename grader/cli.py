@@ -4,12 +4,15 @@
     python -m grader gradescope [--submission DIR] [--results FILE]
     python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]
     python -m grader skeleton [--check]
+    python -m grader release --out DIR
+    python -m grader check [PATH] [--log FILE] [--err FILE]            (the student tools: see
+    python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]  grader/student_cli.py)
 """
 
 import argparse
 import sys
 
-from grader import skeleton
+from grader import skeleton, student_cli
 from grader.executor import EXECUTORS
 from grader.rubric import RubricError
 
@@ -69,6 +72,18 @@ def _gradescope_bundle(args) -> int:
     return 0
 
 
+def _release(args) -> int:
+    from grader.release import ReleaseError, build_release
+    try:
+        summary = build_release(args.out)
+    except (ReleaseError, RubricError) as e:
+        print(f"release: refused: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote the student release to {summary.out}: {len(summary.files)} files "
+          f"(grader modules: {', '.join(summary.modules)})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -113,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("skeleton", help="generate assignment_4/assignment4.py from the reference")
     p.add_argument("--check", action="store_true", help="only check that the committed skeleton is current")
     p.set_defaults(run=_skeleton)
+
+    p = commands.add_parser("release", help="write the tree students receive: skeleton, utils, handout, "
+                                            "Slurm jobs, check and package")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
+    p.set_defaults(run=_release)
+
+    student_cli.add_commands(commands)
     return parser
 
 

@@ -19,7 +19,8 @@ import yaml
 from grader.parts import PART_IDS
 from grader.sandbox import Limits
 
-DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")
+DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")          # the graders': public and hidden checks
+PUBLIC_RUBRIC = Path(__file__).with_name("rubric-public.yaml")    # the students': public checks only
 
 
 class RubricError(ValueError):
@@ -208,7 +209,8 @@ def _merge(base: dict, changes: dict) -> dict:
 
 def load_rubric(path=None) -> Rubric:
     """The course's rubric (grader/rubric.yaml), with the changes in `path` read on top of it."""
-    data = _read(DEFAULT_RUBRIC)
+    # The student release ships only the public rubric, complete in itself.
+    data = _read(DEFAULT_RUBRIC) if DEFAULT_RUBRIC.exists() else {}
     path = Path(path) if path else DEFAULT_RUBRIC
     if path.resolve() != DEFAULT_RUBRIC.resolve():
         data = _merge(data, _read(path))

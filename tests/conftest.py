@@ -1,4 +1,4 @@
-"""Fixtures shared by the grader's test modules."""
+"""Fixtures shared by the test modules: one real run of the reference per session."""
 
 import os
 import subprocess
@@ -11,11 +11,18 @@ from tests.corpus import REFERENCE, ROOT
 
 
 @pytest.fixture(scope="session")
-def reference_run(tmp_path_factory):
-    """(log, err) of a real run of the reference on 4 ranks, as slurm/run-local.sh leaves them."""
+def reference_run_files(tmp_path_factory):
+    """A real run of the reference on 4 ranks by slurm/run-local.sh: the paths of its .log and .err."""
     out = tmp_path_factory.mktemp("run")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     subprocess.run([str(ROOT / "slurm" / "run-local.sh"), "--nproc", "4", "--out", str(out), str(REFERENCE)],
                    cwd=ROOT, env=env, check=True, capture_output=True, timeout=180)
     log = next(out.glob("*.log"))
-    return log.read_text(), log.with_suffix(".err").read_text()
+    return log, log.with_suffix(".err")
+
+
+@pytest.fixture(scope="session")
+def reference_run(reference_run_files):
+    """The same run's .log and .err, as text."""
+    log, err = reference_run_files
+    return log.read_text(), err.read_text()

@@ -13,6 +13,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from grader.parts import BY_ID
 from grader.skeleton import make_skeleton
 
@@ -20,6 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "assignment_4" / "reference" / "assignment4.py"
 UTILS = ROOT / "assignment_4" / "utils.py"
 DATA = Path(__file__).resolve().parent / "data"
+# Short timeouts, so that a hand-in that hangs costs seconds, not minutes.
+FAST = {"timeouts": {"part": 3, "process_group": 2, "world_start": 30, "handin": 300}}
+
+
+def fast_rubric(tmp: Path, source: Path = ROOT / "grader" / "rubric.yaml", **changes) -> Path:
+    """A copy of the rubric `source` with FAST timeouts and `changes`, written into `tmp`."""
+    data = yaml.safe_load(source.read_text())
+    data.update(FAST)
+    data.update(changes)
+    path = tmp / f"fast-{source.name}"
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 @dataclass

@@ -4,26 +4,15 @@ in one batch (two jobs at once) with short timeouts; each test then reads the ou
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
 from grader.batch import grade_batch
 from grader.parts import PART_IDS
-from tests.corpus import DATA, MUTANTS, REFERENCE, ROOT, UTILS, Files, mutate, refingerprint, skeleton, write_zip, zip_bytes
+from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, skeleton,
+                          write_zip, zip_bytes)
 
-FAST = {"timeouts": {"part": 3, "process_group": 2, "world_start": 30, "handin": 300}}
 POINTS = {"baseline": (2, 8), "grad_accumulation": (4, 16), "data_parallel": (7, 28), "tensor_parallel": (7, 28)}
-
-
-def fast_rubric(tmp: Path, **changes) -> Path:
-    data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
-    data.update(FAST)
-    data.update(changes)
-    path = tmp / "rubric.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def corpus(reference_run) -> dict:

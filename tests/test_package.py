@@ -1,0 +1,122 @@
+"""Packaging a hand-in: the four files at the top of a real zip, the newest run, and every refusal
+with a message that says what to do. A kit-shaped working folder per test, holding the reference
+and the session's real run of it (made by slurm/run-local.sh) where Slurm leaves runs: the top folder."""
+
+import os
+import shutil
+import zipfile
+
+import pytest
+
+from grader import student_cli
+from grader.handin import Handin, unpack
+from grader.package import DEFAULT_ZIP, PackageError, collect, package, runs
+from grader.rubric import Files as Limits
+from tests.corpus import REFERENCE, UTILS
+
+RUN_AGAIN = "run the job again with this code (sbatch slurm/assignment4.sbatch)"
+
+
+@pytest.fixture
+def kit(tmp_path, monkeypatch, reference_run_files):
+    """The kit's top folder, as the current folder: assignment_4/ with the reference and utils.py,
+    and the run's .log and .err beside it."""
+    (tmp_path / "assignment_4").mkdir()
+    shutil.copyfile(REFERENCE, tmp_path / "assignment_4" / "assignment4.py")
+    shutil.copyfile(UTILS, tmp_path / "assignment_4" / "utils.py")
+    for path in reference_run_files:
+        shutil.copyfile(path, tmp_path / path.name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def refused(capsys, *args) -> str:
+    """Run `python -m grader package ARGS`; assert it refused, wrote no zip, and return its message."""
+    assert student_cli.main(["package", *args]) == 2
+    assert not DEFAULT_ZIP.exists()
+    err = capsys.readouterr().err
+    assert err.startswith("package: refused: ")
+    return err
+
+
+def test_the_zip_holds_exactly_the_four_files_at_its_top_level_as_the_grader_expects(kit, reference_run_files):
+    log, err = reference_run_files
+    done = package()
+    assert done.zip == DEFAULT_ZIP and done.world_size == 4
+    with zipfile.ZipFile(DEFAULT_ZIP) as z:
+        assert z.namelist() == ["assignment4.py", "utils.py", log.name, err.name]
+        assert z.read("assignment4.py") == REFERENCE.read_bytes()
+        assert z.read(log.name) == log.read_bytes()
+    unpacked = unpack(Handin(name="h.zip", student="h", sha256="", zip_bytes=DEFAULT_ZIP.read_bytes()),
+                      kit / "unpacked", Limits())
+    assert {role: p.name for role, p in unpacked.files.items()} == {
+        "assignment": "assignment4.py", "utils": "utils.py", "log": log.name, "err": err.name}
+    assert unpacked.notes == []
+
+
+def test_the_newest_run_is_taken_from_the_code_folder_or_the_current_folder(kit, reference_run_files):
+    log, _ = reference_run_files
+    older = kit / "assignment4-100.log"
+    newer = kit / "assignment_4" / "assignment4-205.log"
+    for path, when in ((older, 1_000), (newer, 2_000), (kit / log.name, 500)):
+        shutil.copyfile(log, path)
+        path.with_suffix(".err").write_text("")
+        os.utime(path, (when, when))
+    (kit / "pip.log").write_text("Collecting torch\n")   # newest of all, but not a run's log
+    assert runs([kit / "assignment_4", kit])[:2] == [newer, older]
+    sources = collect()
+    assert (sources.log.resolve(), sources.err.resolve()) == (newer, newer.with_suffix(".err"))
+    assert collect(log=older).err == older.with_suffix(".err")
+
+
+def test_a_log_without_its_err_is_refused(kit, capsys, reference_run_files):
+    log, err = reference_run_files
+    (kit / err.name).unlink()
+    message = refused(capsys)
+    assert f"{log.name} has no .err beside it ({err.name})" in message
+    assert "--err FILE" in message and RUN_AGAIN in message
+
+
+def test_a_run_that_did_not_finish_is_refused(kit, capsys, reference_run):
+    text, _ = reference_run
+    # Killed at its time limit: rank 3 never printed "done" and the job footer was never written.
+    cut = "".join(line for line in text.splitlines(keepends=True)
+                  if line.strip() != "[Rank 3] done" and not line.startswith("[Job] finished"))
+    (kit / "assignment4-999.log").write_text(cut)
+    (kit / "assignment4-999.err").write_text("slurmstepd: error: *** JOB 999 CANCELLED DUE TO TIME LIMIT ***\n")
+    os.utime(kit / "assignment4-999.log", (4e9, 4e9))
+    message = refused(capsys)
+    assert "assignment4-999.log: the run did not finish" in message
+    assert "rank 3 never printed 'done'" in message and "footer is missing" in message
+    assert "Fix what assignment4-999.err reports" in message and RUN_AGAIN in message
+
+
+def test_a_log_of_other_code_than_the_file_being_zipped_is_refused(kit, capsys, reference_run_files):
+    code = kit / "assignment_4" / "assignment4.py"
+    code.write_text(code.read_text() + "\n# tidied up after the run\n")
+    message = refused(capsys)
+    assert f"{reference_run_files[0].name} was written by other code than assignment_4/assignment4.py" in message
+    assert "the file changed after that run" in message and RUN_AGAIN in message
+
+
+def test_a_folder_without_assignment4_py_is_refused(kit, capsys):
+    (kit / "assignment_4" / "assignment4.py").unlink()
+    message = refused(capsys)
+    assert "assignment_4/ has no assignment4.py in it" in message
+    assert "give the folder that holds your assignment4.py" in message
+    assert "no such file or folder" in refused(capsys, "hw4")
+
+
+def test_no_run_at_all_and_no_utils_are_refused_with_what_to_do(kit, capsys, reference_run_files):
+    for path in reference_run_files:
+        (kit / path.name).unlink()
+    message = refused(capsys)
+    assert "no .log of a run in assignment_4/ or ./" in message
+    assert "run the job first (sbatch slurm/assignment4.sbatch" in message and "--log FILE" in message
+    (kit / "assignment_4" / "utils.py").unlink()
+    assert "no utils.py beside assignment_4/assignment4.py" in refused(capsys)
+
+
+def test_only_a_zip_is_written(kit):
+    with pytest.raises(PackageError, match="a hand-in is a .zip file"):
+        package(out="handin.tar")

@@ -1,0 +1,190 @@
+"""The student release: what it holds, that nothing in it gives the answer away, and that it works
+on its own from a fresh copy, with nothing of this repository on the Python path: a student's
+whole path from the untouched skeleton (run, check, package) to a pasted-in solution (package),
+and the graders' batch grading both zips it built."""
+
+import ast
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grader.batch import grade_batch
+from grader.release import ReleaseError, build_release, find_leaks, public_rubric_drift
+from grader.rubric import load_rubric
+from tests.corpus import REFERENCE, ROOT, fast_rubric
+
+SKELETON = ROOT / "assignment_4" / "assignment4.py"
+SHIPPED_THIRD_PARTY = {"torch", "yaml", "numpy"}
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release") / "a4"
+    build_release(out)
+    return out
+
+
+def files_of(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes().decode("utf-8", "replace")
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_release_holds_the_kit_and_the_student_tools(release):
+    names = set(files_of(release))
+    assert {"README.md", "requirements.txt", "assignment_4/assignment4.py", "assignment_4/utils.py",
+            "assignment_4/README.md", "slurm/run-local.sh", "slurm/common.sh", "grader/__main__.py",
+            "grader/student_cli.py", "grader/selfcheck.py", "grader/package.py", "grader/grade.py",
+            "grader/rubric-public.yaml"} <= names
+    assert (release / "assignment_4" / "assignment4.py").read_bytes() == SKELETON.read_bytes()
+    assert not any(n.startswith(("slurm/dev/", "tests/", "student/")) for n in names)
+    for graders_only in ("rubric.yaml", "skeleton.py", "batch.py", "report.py", "gradescope.py", "cli.py", "release.py"):
+        assert f"grader/{graders_only}" not in names
+    assert os.access(release / "slurm" / "run-local.sh", os.X_OK)
+    assert [c.hidden for c in load_rubric(release / "grader" / "rubric-public.yaml").checks] == [False] * 3
+
+
+def test_no_file_of_the_release_holds_the_solution_or_a_hidden_check(release):
+    reference = REFERENCE.read_text()
+    blocks = re.findall(r"# BEGIN SOLUTION[^\n]*\n(.*?)# END SOLUTION", reference, re.S)
+    given = {line.strip() for line in SKELETON.read_text().splitlines()}
+    solution = {line.strip() for block in blocks for line in block.splitlines()} - given - {""}
+    assert len(solution) >= 10
+    hidden = [c for c in yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())["checks"] if c.get("hidden")]
+    assert hidden
+    for name, text in files_of(release).items():
+        assert "reference" not in name.split("/")
+        for marker in ("BEGIN SOLUTION", "END SOLUTION", "REFERENCE ONLY"):
+            assert marker not in text, (name, marker)
+        for line in solution:
+            assert line not in text, (name, line)
+        for check in hidden:
+            assert check["name"] not in text, (name, check["name"])
+            assert not re.search(rf"\bseed\W{{0,3}}{check['seed']}\b", text), (name, check["seed"])
+            assert f"{check['input_dim']}x{check['output_dim']}" not in text, (name, check)
+    assert find_leaks(release) == []
+
+
+def test_a_leak_is_found_and_refused(release, tmp_path):
+    leaky = tmp_path / "leaky"
+    shutil.copytree(release, leaky)
+    (leaky / "notes.md").write_text("    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n")
+    (leaky / "grader" / "extra.yaml").write_text("- {name: two-ranks, hidden: true}\n")
+    shutil.copytree(ROOT / "assignment_4" / "reference", leaky / "assignment_4" / "reference")
+    leaks = find_leaks(leaky)
+    assert "notes.md: has the solution line 'dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)'" in leaks
+    assert "grader/extra.yaml: names hidden check 'two-ranks' or its values" in leaks
+    assert "assignment_4/reference/assignment4.py: must not be in a release" in leaks
+    with pytest.raises(ReleaseError, match="is not an empty folder"):
+        build_release(leaky)
+
+
+def test_the_public_rubric_is_the_graders_without_hidden_checks(tmp_path):
+    assert public_rubric_drift() == []
+    data = yaml.safe_load((ROOT / "grader" / "rubric-public.yaml").read_text())
+    data["tolerance"]["atol"] = 1e-3
+    data["checks"][2]["hidden"] = True
+    data["checks"][1]["seed"] = 7
+    drifted = tmp_path / "public.yaml"
+    drifted.write_text(yaml.safe_dump(data))
+    drift = public_rubric_drift(public_path=drifted)
+    assert drift[0] == "tolerance differs"
+    assert "check 'default-2-ranks' is hidden" in drift
+    assert any(d.startswith("checks (world_size, seed,") for d in drift)
+
+
+def test_the_student_tools_import_only_what_the_release_holds(release):
+    shipped = {p.stem for p in (release / "grader").glob("*.py")}
+    for path in list((release / "grader").glob("*.py")) + list((release / "assignment_4").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module] + ([f"grader.{a.name}" for a in node.names] if node.module == "grader" else [])
+            else:
+                continue
+            for name in names:
+                top, _, sub = name.partition(".")
+                if top == "grader":
+                    assert not sub or sub.split(".")[0] in shipped or sub == "__version__", (path.name, name)
+                else:
+                    assert top in sys.stdlib_module_names or top in SHIPPED_THIRD_PARTY | {"utils"}, (path.name, name)
+
+
+def test_the_student_requirements_pin_what_the_kit_pins():
+    def pins(path):
+        return dict(re.findall(r"^([A-Za-z][\w.-]*)==(\S+)", path.read_text(), re.M))
+    ours, theirs = pins(ROOT / "requirements.txt"), pins(ROOT / "student" / "requirements.txt")
+    assert {"torch", "numpy", "PyYAML"} <= set(theirs)
+    assert {name: ours.get(name) for name in theirs} == theirs
+
+
+@pytest.fixture(scope="module")
+def student(release, reference_run_files, tmp_path_factory):
+    """A student's path through a fresh copy of the release, as subprocesses run from its top folder
+    with only the copy on PYTHONPATH; returns the copy and each command's completed process."""
+    kit = tmp_path_factory.mktemp("student") / "a4"
+    shutil.copytree(release, kit)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "A4_"))}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", PYTHONPATH=str(kit))
+
+    def run(*args):
+        return subprocess.run(list(args), cwd=kit, env=env, capture_output=True, text=True, timeout=300)
+
+    steps = {"where": run(sys.executable, "-c", "import grader; print(grader.__file__)")}
+    # The untouched skeleton: run it as the job would, check, package (the zip is written anyway).
+    steps["run"] = run("slurm/run-local.sh")
+    steps["check skeleton"] = run(sys.executable, "-m", "grader", "check")
+    steps["package skeleton"] = run(sys.executable, "-m", "grader", "package", "-o", "skeleton-handin.zip")
+    # The solution pasted in, and its run (the session's run of the very same bytes) left where
+    # Slurm leaves it, newer than the skeleton's.
+    shutil.copyfile(REFERENCE, kit / "assignment_4" / "assignment4.py")
+    for path in reference_run_files:
+        shutil.copyfile(path, kit / path.name)
+    steps["package solution"] = run(sys.executable, "-m", "grader", "package")
+    return kit, steps
+
+
+@pytest.mark.timeout(600)
+def test_from_a_fresh_copy_check_fails_on_the_skeleton_and_passes_with_the_solution(student, reference_run_files):
+    kit, steps = student
+    assert Path(steps["where"].stdout.strip()).resolve() == (kit / "grader" / "__init__.py").resolve()
+    assert steps["run"].returncode == 0, steps["run"].stderr
+
+    skeleton = steps["check skeleton"]
+    assert skeleton.returncode == 1, skeleton.stderr
+    assert "Public checks of assignment_4/" in skeleton.stdout
+    assert "4 parts fail public checks: baseline, grad_accumulation, data_parallel, tensor_parallel" in skeleton.stdout
+    assert skeleton.stdout.count("not_implemented") == 4
+
+    packaged = steps["package skeleton"]
+    assert packaged.returncode == 1 and "is written, but it does not pass every public check" in packaged.stdout
+
+    solution = steps["package solution"]
+    assert solution.returncode == 0, solution.stdout + solution.stderr
+    assert f"run:   {reference_run_files[0].name}" in solution.stdout
+    assert "Public checks of assignment4-handin.zip" in solution.stdout
+    assert "All public checks passed." in solution.stdout and "assignment4-handin.zip is ready to hand in" in solution.stdout
+    with zipfile.ZipFile(kit / "assignment4-handin.zip") as z:
+        assert sorted(z.namelist()) == sorted(["assignment4.py", "utils.py", *(p.name for p in reference_run_files)])
+
+
+@pytest.mark.timeout(600)
+def test_the_graders_give_the_zips_package_built_full_marks_and_zero(student, tmp_path):
+    kit, _ = student
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    shutil.copyfile(kit / "assignment4-handin.zip", inbox / "solution.zip")
+    shutil.copyfile(kit / "skeleton-handin.zip", inbox / "skeleton.zip")
+    summary = grade_batch([inbox], tmp_path / "out", rubric_path=fast_rubric(tmp_path), progress=False)
+    assert summary.statuses == {"graded": 2}
+    rows = {row["student"]: row for row in csv.DictReader((tmp_path / "out" / "grades.csv").open())}
+    assert (rows["solution"]["score"], rows["solution"]["flags"]) == ("100", "")
+    assert rows["skeleton"]["score"] == "0"

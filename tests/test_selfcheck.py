@@ -1,0 +1,103 @@
+"""The students' check on the grader's corpus: every mutant's failing part is named, with its
+diagnosis, through the graders' own grade_handin at the public checks (4, 1 and 2 ranks). One warm
+executor serves every check; the public rubric gets short timeouts so that a hang costs seconds."""
+
+import shutil
+
+import pytest
+
+from grader import student_cli
+from grader.executor import make_executor
+from grader.parts import BY_ID, PART_IDS
+from grader.results import Status
+from grader.rubric import PUBLIC_RUBRIC, load_rubric
+from grader.selfcheck import check, format_report
+from tests.corpus import MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, write_zip
+
+# "hang" sleeps in the tensor-parallel part: it waits out the part's wall clock at all three
+# public checks, twice each (a failing check is run again), about 20 s that show nothing the
+# deadlock mutant (a timeout, named and diagnosed) does not show already.
+CHECKED = [name for name in sorted(MUTANTS) if name != "hang"]
+
+
+@pytest.fixture(scope="module")
+def executor():
+    ex = make_executor("warm")
+    yield ex
+    ex.close()
+
+
+@pytest.fixture(scope="module")
+def public_rubric(tmp_path_factory):
+    return fast_rubric(tmp_path_factory.mktemp("rubric"), source=PUBLIC_RUBRIC)
+
+
+def test_the_public_rubric_has_only_public_checks_at_1_2_and_4_ranks():
+    rubric = load_rubric(PUBLIC_RUBRIC)
+    assert [c.hidden for c in rubric.checks] == [False] * 3
+    assert [c.world_size for c in rubric.checks] == [4, 1, 2]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", CHECKED)
+def test_check_names_the_part_each_mutant_breaks(name, executor, public_rubric, reference_run, tmp_path):
+    mutant = MUTANTS[name]
+    log, err = reference_run
+    code = mutate(name)
+    handin = write_zip(tmp_path / f"{name}.zip", Files(code=code, log=refingerprint(log, code), err=err))
+    report = check(handin, rubric_path=public_rubric, executor=executor)
+    assert not report.passed and report.status == Status.GRADED
+    rows = {row.part: row for row in report.rows}
+    assert list(rows) == list(PART_IDS)
+    for part, row in rows.items():
+        if part == mutant.part or not mutant.part:
+            assert row.rerun == Status(mutant.status), row
+            assert mutant.diagnosis in row.message, row.message
+            assert row.log == Status.FAILED   # the log claims a match the re-run does not reproduce
+        else:
+            assert row.rerun == Status(mutant.others), (part, row.message)
+    text = format_report(report)
+    assert "public checks" in text and "Not ready to hand in:" in text
+    for part in ([mutant.part] if mutant.part else PART_IDS):
+        line = next(line for line in text.splitlines() if line.startswith(BY_ID[part].title))
+        assert f" {mutant.status} " in line and mutant.diagnosis in line, line
+        assert f"public checks: {', '.join(p for p in PART_IDS if p == part or not mutant.part)}" in text
+
+
+@pytest.mark.timeout(120)
+def test_check_of_a_folder_reads_the_newest_log_beside_it_and_flags_a_stale_one(
+        executor, public_rubric, reference_run_files, tmp_path, monkeypatch):
+    folder = tmp_path / "assignment_4"
+    folder.mkdir()
+    (folder / "assignment4.py").write_text(REFERENCE.read_text() + "\n# tidied up after the run\n")
+    shutil.copyfile(UTILS, folder / "utils.py")
+    for path in reference_run_files:
+        shutil.copyfile(path, tmp_path / path.name)
+    monkeypatch.chdir(tmp_path)
+    report = check(rubric_path=public_rubric, executor=executor)
+    assert report.files["log"] == reference_run_files[0].name
+    assert all(row.rerun == Status.PASSED and row.log == Status.FAILED for row in report.rows)
+    assert any("written by different code" in note for note in report.notes)
+    assert not report.passed and any("the .log does not count" in p for p in report.problems)
+
+
+def test_check_of_nothing_says_what_to_give(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert student_cli.main(["check"]) == 2
+    assert "has no assignment4.py in it" in capsys.readouterr().err
+    assert student_cli.main(["check", "handin.zip"]) == 2
+    assert "handin.zip: no such file; build the zip with python -m grader package" in capsys.readouterr().err
+    (tmp_path / "broken.zip").write_bytes(b"not a zip")
+    assert student_cli.main(["check", "broken.zip"]) == 2
+    assert "not a readable zip file; build it again with python -m grader package" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_when_gloo_cannot_start_check_says_it_is_not_the_students_code(public_rubric, reference_run, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")
+    log, err = reference_run
+    handin = write_zip(tmp_path / "solution.zip", Files(code=REFERENCE.read_text(), log=log, err=err))
+    report = check(handin, rubric_path=public_rubric)   # its own executor, started with the broken setting
+    assert report.status == Status.INFRA_ERROR and not report.passed and report.rows == []
+    assert "could not run on this machine, which says nothing about your code" in report.problems[0]
