@@ -115,7 +115,7 @@ def infra_result(h, rubric, message: str):
 def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = "warm", sandbox: str = "auto",
                   progress: bool = True) -> tuple:
     """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
-    it is graded. Returns ({student: result dict}, worlds run, their seconds)."""
+    it is graded. Returns ({student: its gradebook view}, worlds run, their seconds)."""
     results, worlds, world_seconds = {}, 0, 0.0
     if not todo:
         return results, worlds, world_seconds
@@ -142,12 +142,12 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = 
             report.write_handin(result, out)
             score = "no score" if result.score is None else f"{result.score:g}/{result.max_score:g}"
             bar.step(h.student, f"{result.status}, {score}")
-            return result
+            return result.student, report.gradebook_view(result.to_dict())
 
         with ThreadPoolExecutor(max_workers=len(executors)) as pool:
             for future in as_completed([pool.submit(grade_one, h) for h in todo]):
-                result = future.result()
-                results[result.student] = result.to_dict()
+                student, view = future.result()
+                results[student] = view
     finally:
         for ex in executors:
             ex.close()
@@ -183,12 +183,12 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
         result.status, result.score, result.message = Status.INVALID, 0.0, message
         mark_not_run(result, rubric, "not run: the hand-in could not be read")
         report.write_handin(result, out)
-        results[h.student] = result.to_dict()
+        results[h.student] = report.gradebook_view(result.to_dict())
     todo = []
     for h in found:
         cached = None if force else _cached(out, h, rubric)
         if cached is not None:
-            results[h.student] = cached
+            results[h.student] = report.gradebook_view(cached)
             summary.cached += 1
         else:
             todo.append(h)

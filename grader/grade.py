@@ -50,16 +50,21 @@ def _utils_notes(student_utils: Path) -> list:
 
 
 def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS) -> dict:
-    """Re-run `parts` at `check` and judge them; a failure is run once more and a flip flagged flaky."""
+    """Re-run `parts` at `check` and judge them. A failure is run once more: a flip to passed is
+    flagged flaky (the failure stands, for a person to look at); when the machinery failed, the
+    second run decides, since the first said nothing about the code."""
     exp = compare.expected(check, rubric.learning_rate)
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
     judged = {p: compare.judge(runs[p], exp, p, check, rubric.tolerance) for p in parts}
-    again = [p for p, o in judged.items() if o.status in RETRIED]
+    again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)]
     if again:
         reruns = rerun.run_check(executor, code, check, rubric, scratch, again)
         for p in again:
             second = compare.judge(reruns[p], exp, p, check, rubric.tolerance)
-            judged[p].flaky = second.status == Status.PASSED
+            if judged[p].status == Status.INFRA_ERROR:
+                judged[p] = second
+            else:
+                judged[p].flaky = second.status == Status.PASSED
     return judged
 
 

@@ -132,6 +132,16 @@ def write_handin(result, out: Path) -> Path:
     return folder
 
 
+def gradebook_view(result: dict) -> dict:
+    """What grades.csv and summary.md need of a result: the batch keeps only this in memory."""
+    keep_check = ("check", "hidden", "status", "message", "diagnosis", "flaky")
+    parts = {p: {**{k: v for k, v in part.items() if k not in ("checks", "log")},
+                 "checks": [{k: o.get(k) for k in keep_check} for o in part.get("checks", [])]}
+             for p, part in result.get("parts", {}).items()}
+    return {k: result.get(k) for k in ("student", "source", "status", "score", "max_score", "message", "flags")} | \
+        {"parts": parts}
+
+
 def grades_csv(results: list) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")

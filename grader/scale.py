@@ -94,5 +94,5 @@ def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "a
                 result = infra_result(h, rubric, failure or f"array task {job.job_id} left no result for it")
                 report.write_handin(result, out)
                 fresh = result.to_dict()
-            results[h.student] = fresh
+            results[h.student] = report.gradebook_view(fresh)
     return results
