@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO := build/demo
 
-.PHONY: venv demo test skeleton clean
+.PHONY: venv demo test test-slurm skeleton clean
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slurm"
+
+# Starts a local 4-node Slurm (installing Debian's packages if needed; root), runs the tests marked
+# slurm against it, and stops it again, also when a test fails.
+test-slurm: $(STAMP)
+	PYTHON=$(PY) slurm/dev/test-slurm.sh
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton
