@@ -31,7 +31,8 @@ trap 'rc=$?; [ $rc -eq 1 ] && echo "start-local-cluster: failed; logs in $A4_SLU
 
 [ "$(id -u)" -eq 0 ] || cannot "it needs root (to install packages, run the daemons, edit /etc/hosts)"
 command -v apt-get >/dev/null || cannot "it needs apt-get (Debian or Ubuntu)"
-command -v unshare >/dev/null || cannot "it needs unshare (util-linux)"
+unshare --uts true 2>/dev/null \
+  || cannot "it needs unshare --uts (util-linux, CAP_SYS_ADMIN) to give each emulated node its hostname"
 
 # --- packages -------------------------------------------------------------------------------
 packages=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
