@@ -200,13 +200,26 @@ def wait(job, local: bool, progress=None, poll_s=POLL_S, lost_s=LOST_S) -> str:
 
 
 def _node_statuses(job_dir: Path, nodes: int) -> list:
-    """(torchrun's exit status, host) for each node; None for a node that never got to write it."""
+    """(torchrun's exit status, host, end time) for each node; None for a node that never got to
+    write it (killed with the job)."""
     out = []
     for k in range(nodes):
         f = job_dir / f"node{k}.status"
-        status, _, host = f.read_text().strip().partition(" ") if f.is_file() else (None, "", "")
-        out.append((int(status), host) if status is not None else None)
+        if f.is_file():
+            status, host, ended = f.read_text().split()
+            out.append((int(status), host, float(ended)))
+        else:
+            out.append(None)
     return out
+
+
+def first_failure(statuses):
+    """(node, (status, host, end time)) of the node whose torchrun failed first by itself, or None.
+
+    A torchrun killed by a signal (srun stopping the others once one failed) comes after any that
+    exited with a status of its own."""
+    failed = [(k, s) for k, s in enumerate(statuses) if s is not None and s[0] != 0]
+    return min(failed, key=lambda ks: (ks[1][0] < 0, ks[1][2]), default=None)
 
 
 def collect_logs(job, p: Plan, rid: str, statuses, finished: bool):
@@ -222,8 +235,8 @@ def collect_logs(job, p: Plan, rid: str, statuses, finished: bool):
                 text = part.read_text()
                 f.write(text if not text or text.endswith("\n") else text + "\n")
         if finished:
-            failed = [s[0] for s in statuses if s is not None and s[0] != 0]
-            status = failed[0] if failed else (0 if None not in statuses else 1)
+            failed = first_failure(statuses)
+            status = failed[1][0] if failed else (0 if None not in statuses else 1)
             f.write(f"[Job] finished status={status} at={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
     with open(err, "w") as f:
         for k in range(p.nodes):
@@ -236,14 +249,14 @@ def collect_logs(job, p: Plan, rid: str, statuses, finished: bool):
 def outcome(job_id: str, state: str, statuses, timed_out_locally: bool) -> tuple:
     """(JobStatus, message) for a job that ended in `state` with these per-node statuses."""
     word = state.split()[0]
-    crashed = [(k, s) for k, s in enumerate(statuses) if s is not None and s[0] != 0]
+    crashed = first_failure(statuses)
     if word == "TIMEOUT" or (timed_out_locally and None in statuses):
         return JobStatus.TIMED_OUT, (f"job {job_id} timed out: it reached its time limit ({state}); "
                                      "raise `time` in the profile if the run needs longer")
     if word == "CANCELLED":
         return JobStatus.CANCELLED, f"job {job_id} was cancelled ({state})"
     if crashed:
-        k, (s, host) = crashed[0]
+        k, (s, host, _) = crashed
         how = f"was killed by signal {-s}" if s < 0 else f"exited with status {s}"
         return JobStatus.RANK_CRASHED, (f"job {job_id} failed: a rank crashed; torchrun on node {k} ({host}) {how} "
                                         f"(Slurm state {state})")

@@ -10,7 +10,7 @@ rank, while here torchrun starts them.)
 The task leaves, in the job's submitit folder:
     rendezvous       host:port of the rendezvous, chosen by node 0 (a free port there)
     node<k>.out      stdout of node k's torchrun; node 0's begins with the [Job] header
-    node<k>.status   "<exit status> <host>" of torchrun on node k, once it has ended
+    node<k>.status   "<exit status> <host> <end time>" of torchrun on node k, once it has ended
     time-limit       present when Slurm warned the job that its time limit is near
 Its stderr is submitit's per-task error file. slurm/launch.py turns these into the
 <name>-<jobid>.log and .err that the sbatch job leaves.
@@ -136,7 +136,7 @@ class NodeTask:
                         proc.wait(timeout=15)
                     except subprocess.TimeoutExpired:
                         proc.kill()
-        (job_dir / f"node{node}.status").write_text(f"{status} {this_host}\n")
+        (job_dir / f"node{node}.status").write_text(f"{status} {this_host} {time.time():.3f}\n")
         if status != 0:
             how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
             raise TorchrunFailed(f"torchrun on node {node} ({this_host}) {how}")

@@ -188,13 +188,15 @@ def test_a_crashing_rank_fails_the_job_and_says_so(workdir):
     assert log.footer_status not in (None, 0), text
     assert "crashing on purpose" in text
     assert re.search(r"exitcode\s*: 3", err), err
-    # The launcher: exit status 1 and a message that says a rank crashed.
+    # The launcher: exit status 1 and a message that says a rank crashed, and on which node.
     assert proc.returncode == 1, proc.stderr
-    m = re.search(r"submit: job (\d+) failed: a rank crashed; torchrun on node \d \(node\d\) exited with "
-                  r"status \d+ \(Slurm state FAILED\)", proc.stderr)
+    m = re.search(r"submit: job (\d+) failed: a rank crashed; torchrun on node \d \((node\d)\) exited with "
+                  r"status 1 \(Slurm state FAILED\)", proc.stderr)
     assert m, proc.stderr
     sub_text, sub_err = job_files(workdir, m[1])
-    assert joblog.parse(sub_text).footer_status not in (None, 0), sub_text
+    sub_log = joblog.parse(sub_text)
+    assert m[2] == sub_log.hosts[3], sub_text          # the node that ran the crashing rank 3
+    assert sub_log.footer_status == 1, sub_text
     assert re.search(r"exitcode\s*: 3", sub_err), sub_err
 
 

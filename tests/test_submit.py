@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from slurm.profile import ClusterProfile, ProfileError, load_profile, profile_from_dict, profile_keys
+from slurm.profile import ProfileError, load_profile, profile_from_dict, profile_keys
 from tests import joblog
 from tests.worlds import REFERENCE, ROOT
 
