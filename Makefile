@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 DEMO := build/demo
 RELEASE := build/release
 
-.PHONY: venv demo test bench skeleton release clean
+.PHONY: venv demo test test-slurm bench skeleton release clean
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slurm"
+
+# Starts a local 4-node Slurm (installing Debian's packages if needed; root), runs the tests marked
+# slurm against it, and stops it again, also when a test fails.
+test-slurm: $(STAMP)
+	PYTHON=$(PY) slurm/dev/test-slurm.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/grading_throughput.py

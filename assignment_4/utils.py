@@ -18,7 +18,9 @@ Environment knobs: A4_BACKEND=gloo forces CPU even where GPUs exist; A4_TIMEOUT_
 how long a collective may wait for a missing rank before the run fails instead of hanging.
 """
 
+import atexit
 import datetime
+import gc
 import hashlib
 import os
 import socket
@@ -95,6 +97,12 @@ def init_distributed():
         # No launcher: a world of one rank needs no rendezvous, an in-memory store will do.
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout, device_id=device_id)
+
+    # Tensors left in reference cycles (autograd graphs of the parts) can keep gloo's worker threads
+    # alive until the interpreter is torn down, and tearing them down then aborts the process
+    # ("terminate called without an active exception") after a run that went well. Collect such
+    # cycles at exit, while the interpreter still works.
+    atexit.register(gc.collect)
 
     device = get_device()
     log(f"[Distributed Init] Rank {rank} initialized on node {node} ({socket.gethostname()}) on "

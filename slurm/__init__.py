@@ -1,0 +1,5 @@
+"""The Slurm side of the kit: cluster profiles and the submitit launcher (`python -m slurm.submit`).
+
+The shell side lives next to it: assignment4.sbatch (and its CPU variant), common.sh (the log
+header every run writes), run-local.sh, and dev/ (a local test cluster).
+"""

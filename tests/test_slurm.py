@@ -1,0 +1,248 @@
+"""The Slurm kit on a real Slurm cluster: real sbatch, real srun, real torchrun, real submitit.
+
+`make test-slurm` starts a local cluster of 4 emulated nodes (slurm/dev/start-local-cluster.sh),
+runs these tests and stops it. Without a cluster that answers, every test here skips and says
+why. Each test works in build/test-slurm/<test>/, where the jobs' .log and .err stay for a look.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import joblog
+from tests.worlds import REFERENCE, ROOT
+
+pytestmark = pytest.mark.slurm
+
+SBATCH_GPU = ROOT / "slurm" / "assignment4.sbatch"
+SBATCH_CPU = ROOT / "slurm" / "assignment4-cpu.sbatch"
+JOBS = ROOT / "tests" / "slurm_jobs"
+LOCAL_PROFILE = ROOT / "slurm" / "clusters" / "local.yaml"
+NODES = [f"node{i}" for i in range(1, 5)]
+HANG_GUARD_S = 240   # no job here should take this long; only a hang would
+UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+
+
+def _cluster_problem():
+    if os.environ.get("A4_SLURM_SKIP_REASON"):
+        return os.environ["A4_SLURM_SKIP_REASON"]
+    if shutil.which("sbatch") is None:
+        return "no Slurm here (sbatch not found); `make test-slurm` starts a local cluster (root, Debian)"
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    if "UP" not in ping.stdout:
+        return "no Slurm controller answers (scontrol ping); `make test-slurm` starts a local one"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        idle = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True,
+                              text=True, timeout=30).stdout.split()
+        if set(NODES) <= set(idle):
+            return None
+        time.sleep(0.5)
+    return f"the cluster does not have {', '.join(NODES)} idle (sinfo); is it the local test cluster?"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    problem = _cluster_problem()
+    if problem:
+        pytest.skip(problem)
+
+
+@pytest.fixture
+def workdir(request, cluster):
+    path = ROOT / "build" / "test-slurm" / request.node.name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def job_env(**extra):
+    """The environment sbatch passes to the job: the kit, this Python first on PATH."""
+    env = dict(os.environ, A4_KIT=str(ROOT), A4_TIMEOUT_S="60",
+               A4_SETUP=f'export PATH="{Path(sys.executable).parent}:$PATH"')
+    env.update(extra)
+    return env
+
+
+def sbatch(script, args, cwd, **env):
+    proc = subprocess.run(["sbatch", "--parsable", *args, str(script)], cwd=cwd, env=job_env(**env),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def job_state(job_id):
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                         text=True, timeout=30).stdout.split("\n")[0].strip()
+    return out or "UNKNOWN"
+
+
+def wait_for_job(job_id, guard_s=HANG_GUARD_S):
+    """Poll sacct every half second (sbatch --wait backs off to long intervals) until the job ends."""
+    deadline = time.monotonic() + guard_s
+    while True:
+        state = job_state(job_id)
+        if state != "UNKNOWN" and state.split()[0] not in UNFINISHED:
+            return state
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id])
+            pytest.fail(f"job {job_id} still {state} after {guard_s} s (hang guard); cancelled it")
+        time.sleep(0.5)
+
+
+def job_files(workdir, job_id, name="assignment4"):
+    log, err = workdir / f"{name}-{job_id}.log", workdir / f"{name}-{job_id}.err"
+    assert log.is_file() and err.is_file(), sorted(p.name for p in workdir.iterdir())
+    return log.read_text(), err.read_text()
+
+
+def submit_cli(*args, cwd):
+    return [sys.executable, "-m", "slurm.submit", "--out", str(cwd), "--folder", str(cwd / "jobs" / "%j"),
+            *args]
+
+
+def assert_complete_run(text, nnodes, nproc, hosts):
+    """Header, init lines, every part on every rank, done and footer, as the grader will read them."""
+    log = joblog.parse(text)
+    world = nnodes * nproc
+    assert log.header_keys == joblog.HEADER_KEYS, text
+    assert log.header["nodes"] == ",".join(hosts), text
+    assert (log.header["nnodes"], log.header["nproc_per_node"], log.header["world_size"]) == (
+        str(nnodes), str(nproc), str(world)), text
+    assert log.header["backend"] == "gloo" and log.backends == {"gloo"}, text
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", log.header["torch"]), text
+    assert log.world_sizes == {world}, text
+    assert sorted(log.hosts) == list(range(world)), text
+    assert sorted(set(log.hosts.values())) == sorted(hosts), text   # every node ran ranks
+    assert log.all_parts_match(world), text
+    assert log.done == set(range(world)), text
+    assert log.footer_status == 0, text
+    return log
+
+
+@pytest.mark.timeout(300)
+def test_sbatch_cpu_job_on_4_nodes_matches_every_part_on_every_rank(workdir):
+    job_id = sbatch(SBATCH_CPU, [], workdir, A4_SCRIPT=str(REFERENCE))
+    assert wait_for_job(job_id) == "COMPLETED"
+    text, err = job_files(workdir, job_id)
+    log = assert_complete_run(text, nnodes=4, nproc=1, hosts=NODES)
+    assert log.header["id"] == job_id
+    assert "rendezvous at node1:" in err
+
+
+@pytest.mark.timeout(300)
+def test_sbatch_cpu_job_on_1_node_with_4_ranks(workdir):
+    job_id = sbatch(SBATCH_CPU, ["--nodes=1", "--cpus-per-task=4"], workdir,
+                    A4_SCRIPT=str(REFERENCE), A4_NPROC_PER_NODE="4")
+    assert wait_for_job(job_id) == "COMPLETED"
+    text, _ = job_files(workdir, job_id)
+    assert_complete_run(text, nnodes=1, nproc=4, hosts=["node1"])
+
+
+@pytest.mark.timeout(300)
+def test_gpu_sbatch_starts_one_rank_per_allocated_gpu(workdir):
+    # The local nodes have 2 count-only GPUs each: Slurm allocates them, torch stays on the CPU.
+    job_id = sbatch(SBATCH_GPU, ["--nodes=2", "--gpus-per-node=2", "--cpus-per-task=2"], workdir,
+                    A4_SCRIPT=str(REFERENCE), A4_BACKEND="gloo")
+    assert wait_for_job(job_id) == "COMPLETED"
+    text, _ = job_files(workdir, job_id)
+    assert_complete_run(text, nnodes=2, nproc=2, hosts=["node1", "node2"])
+
+
+@pytest.mark.timeout(300)
+def test_submitit_launcher_on_the_cluster_leaves_the_sbatch_jobs_log(workdir):
+    proc = subprocess.run(submit_cli("--profile", str(LOCAL_PROFILE), "--script", str(REFERENCE), cwd=workdir),
+                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr
+    job_id = re.search(r"job (\d+) completed", proc.stdout)[1]
+    assert f"[submit] job {job_id}: RUNNING" in proc.stderr      # the progress line
+    assert job_state(job_id) == "COMPLETED"
+    text, err = job_files(workdir, job_id)
+    log = assert_complete_run(text, nnodes=4, nproc=1, hosts=NODES)
+    assert log.header["id"] == job_id
+    assert "rendezvous at node1:" in err
+    # What submitit submitted is what --dry-run prints.
+    dry = subprocess.run(submit_cli("--profile", str(LOCAL_PROFILE), "--script", str(REFERENCE), "--dry-run",
+                                    cwd=workdir), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    submitted = (workdir / "jobs" / job_id / f"{job_id}_submission.sh").read_text()
+    assert submitted.strip() == dry.stdout.strip()
+
+
+@pytest.mark.timeout(300)
+def test_a_crashing_rank_fails_the_job_and_says_so(workdir):
+    crash = str(JOBS / "crash_one_rank.py")
+    job_id = sbatch(SBATCH_CPU, [], workdir, A4_SCRIPT=crash)
+    proc = subprocess.run(submit_cli("--profile", str(LOCAL_PROFILE), "--script", crash, cwd=workdir),
+                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    # sbatch: Slurm's state, a footer with torchrun's status, the rank's exit code in the .err.
+    assert wait_for_job(job_id) == "FAILED"
+    text, err = job_files(workdir, job_id)
+    log = joblog.parse(text)
+    assert log.footer_status not in (None, 0), text
+    assert "crashing on purpose" in text
+    assert re.search(r"exitcode\s*: 3", err), err
+    # The launcher: exit status 1 and a message that says a rank crashed, and on which node.
+    assert proc.returncode == 1, proc.stderr
+    m = re.search(r"submit: job (\d+) failed: a rank crashed; torchrun on node \d \((node\d)\) exited with "
+                  r"status 1 \(Slurm state FAILED\)", proc.stderr)
+    assert m, proc.stderr
+    sub_text, sub_err = job_files(workdir, m[1])
+    sub_log = joblog.parse(sub_text)
+    assert m[2] == sub_log.hosts[3], sub_text          # the node that ran the crashing rank 3
+    assert sub_log.footer_status == 1, sub_text
+    assert re.search(r"exitcode\s*: 3", sub_err), sub_err
+
+
+@pytest.mark.timeout(400)
+def test_a_job_past_its_time_limit_ends_timed_out_and_says_so(workdir):
+    # Slurm counts time limits in whole minutes and checks them every half minute or so: each
+    # job here takes 1 to 2 minutes, so the two run side by side, on one CPU of one node each.
+    hang = str(JOBS / "sleep_past_time_limit.py")
+    profile = workdir / "one-minute.yaml"
+    profile.write_text("partition: debug\naccount: a4course\ngpus_per_node: 0\ncpus_per_task: 1\ntime: 1\n")
+    job_id = sbatch(SBATCH_CPU, ["--nodes=1", "--cpus-per-task=1", "--time=1"], workdir, A4_SCRIPT=hang)
+    proc = subprocess.run(submit_cli("--profile", str(profile), "--nodes", "1", "--script", hang, cwd=workdir),
+                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert wait_for_job(job_id) == "TIMEOUT"
+    text, err = job_files(workdir, job_id)
+    assert "sleeping past the time limit" in text
+    assert joblog.parse(text).footer_status is None, text     # killed: no footer
+    assert "DUE TO TIME LIMIT" in err
+    assert proc.returncode == 1, proc.stderr
+    m = re.search(r"submit: job (\d+) timed out: it reached its time limit \(TIMEOUT\)", proc.stderr)
+    assert m, proc.stderr
+    sub_text, sub_err = job_files(workdir, m[1])
+    assert joblog.parse(sub_text).footer_status is None, sub_text
+    assert "DUE TO TIME LIMIT" in sub_err
+
+
+@pytest.mark.timeout(300)
+def test_a_cancelled_job_ends_cancelled_and_says_so(workdir):
+    hang = str(JOBS / "sleep_past_time_limit.py")
+    proc = subprocess.Popen(submit_cli("--profile", str(LOCAL_PROFILE), "--nodes", "1", "--script", hang,
+                                       cwd=workdir), cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        # Wait until the run has started on its node, then cancel it as a person would.
+        deadline = time.monotonic() + HANG_GUARD_S
+        started = []
+        while not started and time.monotonic() < deadline:
+            started = list((workdir / "jobs").glob("*/node0.out"))
+            time.sleep(0.5)
+        assert started, "the job never started"
+        job_id = started[0].parent.name
+        subprocess.run(["scancel", job_id], check=True, timeout=30)
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert re.search(rf"submit: job {job_id} was cancelled \(CANCELLED by \d+\)", err), err
+    assert job_state(job_id).startswith("CANCELLED")
