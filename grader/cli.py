@@ -15,6 +15,7 @@ import sys
 from grader import skeleton, student_cli
 from grader.executor import EXECUTORS
 from grader.rubric import RubricError
+from grader.scale import ScaleError
 
 
 def _skeleton(args) -> int:
@@ -38,9 +39,9 @@ def _grade(args) -> int:
                               only=args.only, executor=args.executor, sandbox=args.sandbox,
                               progress=not args.quiet,
                               slurm={"partition": args.partition, "array_parallelism": args.array_parallelism,
-                                     "chunk": args.chunk, "time_min": args.slurm_time,
+                                     "chunk": args.chunk, "time_min": args.slurm_time, "mem_gb": args.slurm_mem_gb,
                                      "cluster": None if args.slurm_cluster == "auto" else args.slurm_cluster})
-    except RubricError as e:
+    except (RubricError, ScaleError) as e:
         print(f"grader: {e}", file=sys.stderr)
         return 2
     counts = ", ".join(f"{s} {n}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--array-parallelism", type=int, default=16, metavar="K", help="tasks running at once (16)")
     slurm.add_argument("--chunk", type=int, default=10, metavar="N", help="hand-ins per task (10)")
     slurm.add_argument("--slurm-time", type=int, metavar="MIN", help="time limit of a task (default from --chunk)")
+    slurm.add_argument("--slurm-mem-gb", type=int, metavar="GB",
+                       help="memory of a task (default: the partition's; a task needs about jobs x 4 GB)")
     slurm.add_argument("--slurm-cluster", choices=("auto", "slurm", "local"), default="auto",
                        help="local: run the array on this machine through submitit's local executor")
     p.add_argument("--sandbox", choices=("auto", "strict", "off"), default="auto",

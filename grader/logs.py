@@ -1,6 +1,6 @@
 """Log evidence: what a hand-in's `.log` (stdout) and `.err` (stderr) say happened on the cluster.
 
-    parse_log(data, expected_world_size=4) -> LogReport   init lines, every part on every rank, footer
+    parse_log(data, min_world_size=4) -> LogReport   init lines, every part on every rank, footer
     parse_err(data)                        -> ErrReport   traceback, NCCL, Slurm, out of memory
 
 A log is evidence, not the verdict (it can be stale or forged; the grade comes from our re-run).
@@ -136,6 +136,8 @@ class LogReport(_Result):
     init_ranks: list[int] = field(default_factory=list)        # in order, duplicates kept
     done_ranks: list[int] = field(default_factory=list)
     fingerprints: list[str] = field(default_factory=list)      # distinct code sha256, in order
+    hosts: dict[int, str] = field(default_factory=dict)        # rank -> host (ours) or node id (handout's)
+    backends: list[str] = field(default_factory=list)          # distinct backends of the init lines
     job: dict[str, str] = field(default_factory=dict)          # [Job] header and footer fields
     finished: bool = False           # every rank printed done, and the footer (if any) says status=0
     parts: dict[str, PartEvidence] = field(default_factory=lambda: {p: PartEvidence(p) for p in PART_IDS})
@@ -300,17 +302,17 @@ def _judge(part, claims, expected, handout_baseline) -> PartEvidence:
     return ev
 
 
-def parse_log(data: bytes | str, expected_world_size: int | None = None) -> LogReport:
+def parse_log(data: bytes | str, min_world_size: int | None = None) -> LogReport:
     """What a run's stdout claims: dialect, world size, every part on every rank, and flags."""
     report = LogReport()
     try:
-        _parse_log(data, expected_world_size, report)
+        _parse_log(data, min_world_size, report)
     except Exception as e:  # evidence only: a parser bug must not end the grading of a batch
         _flag(report, "parse_error", f"The log could not be read completely ({e!r}).")
     return report
 
 
-def _parse_log(data, expected_world_size, report: LogReport) -> None:
+def _parse_log(data, min_world_size, report: LogReport) -> None:
     raw = _as_bytes(data)
     if not raw:
         return _flag(report, "empty", "The log is empty: hand in the .log file of a complete run.")
@@ -327,6 +329,8 @@ def _parse_log(data, expected_world_size, report: LogReport) -> None:
     report.init_ranks = [int(t[0]) for t in inits]
     report.done_ranks = [int(c[2]) for c in claims if c[6]]
     report.fingerprints = list(dict.fromkeys(t[7].decode() for t in inits if t[7]))
+    report.hosts = {int(t[0]): (t[2] or t[8]).decode("utf-8", "replace") for t in inits}
+    report.backends = list(dict.fromkeys(t[4].decode() for t in inits if t[4]))
     comparisons = [c for c in claims if not c[6]]
     per, unprefixed, report.unknown_prefixes = _claims_by_part(comparisons)
 
@@ -344,11 +348,11 @@ def _parse_log(data, expected_world_size, report: LogReport) -> None:
     for p in PART_IDS:   # the handout's baseline and accumulation: rank 0 only, initial vs updated weight
         handout = p in unprefixed or (report.dialect is Dialect.HANDOUT and p in HANDOUT_RANK0_PARTS)
         report.parts[p] = _judge(p, per[p], [0] if handout else everyone, handout and p == "baseline")
-    _log_flags(report, inits, stated, header_ws, expected_world_size, statuses, footer_missing,
+    _log_flags(report, inits, stated, header_ws, min_world_size, statuses, footer_missing,
                evidence=bool(inits or claims or job_lines))
 
 
-def _log_flags(report, inits, stated, header_ws, expected_ws, statuses, footer_missing, evidence):
+def _log_flags(report, inits, stated, header_ws, min_ws, statuses, footer_missing, evidence):
     ws, init_counts, done = report.world_size, Counter(report.init_ranks), set(report.done_ranks)
     handout_nodes = {t[8] for t in inits if t[8]}
     if (sum(1 for t in inits if t[0] == b"0" and t[5] == b"1") > 1
@@ -359,9 +363,9 @@ def _log_flags(report, inits, stated, header_ws, expected_ws, statuses, footer_m
     if not inits:
         _flag(report, "no_init_lines", "The log has no '[Distributed Init]' line: it is not the output of a "
               "run of assignment4.py, or the run failed before its process group started.")
-    if expected_ws and ws and ws != expected_ws:
-        _flag(report, "world_size_mismatch", f"The run had a world size of {ws}, the assignment needs "
-              f"{expected_ws}: run the job on all its nodes and GPUs.")
+    if min_ws and ws and ws < min_ws:
+        _flag(report, "world_size_too_small", f"The run had a world size of {ws}, the assignment needs at "
+              f"least {min_ws}: run the job on all its nodes and GPUs.")
     if header_ws and ws and header_ws != ws:
         _flag(report, "header_mismatch", f"The job header says world_size={header_ws} but the ranks say {ws}.")
     if twice := [r for r, n in init_counts.items() if n > 1]:

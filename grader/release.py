@@ -78,7 +78,7 @@ def public_rubric_drift(ta_path=DEFAULT_RUBRIC, public_path=PUBLIC_RUBRIC) -> li
     against.
     """
     ta, public = load_rubric(ta_path), load_rubric(public_path)
-    drift = [f"{key} differs" for key in ("parts", "tolerance", "learning_rate", "log_world_size")
+    drift = [f"{key} differs" for key in ("parts", "tolerance", "learning_rate", "log_min_world_size")
              if getattr(ta, key) != getattr(public, key)]
     files = [dataclasses.replace(r.files, student_id_pattern="") for r in (ta, public)]
     if files[0] != files[1]:

@@ -26,6 +26,10 @@ from grader.rubric import load_rubric
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class ScaleError(RuntimeError):
+    """The job array could not be submitted; the message says what Slurm answered."""
+
+
 def grade_chunk(chunk: list, out: str, rubric_path, sandbox: str, jobs: int) -> dict:
     """One array task: grade `chunk` into `out`; return {student: status}."""
     rubric = load_rubric(rubric_path)
@@ -44,7 +48,7 @@ def _fresh(out: Path, h, since: str):
 
 def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = 2,
                    progress: bool = True, partition: str = None, array_parallelism: int = 16,
-                   chunk: int = 10, time_min: int = None, cluster: str = None) -> dict:
+                   chunk: int = 10, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
     """Grade `todo` through a job array; return {student: result dict} for every hand-in in it."""
     import submitit
     if not todo:
@@ -56,15 +60,21 @@ def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "a
     # A hand-in rarely needs more than a minute; a whole chunk at most its timeouts allow.
     minutes = time_min or max(10, math.ceil(chunk * 90 / 60) + 5)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    params = {"name": "a4-grade", "timeout_min": minutes, "cpus_per_task": max(2, jobs), "mem_gb": 4 * max(2, jobs),
+    params = {"name": "a4-grade", "timeout_min": minutes, "cpus_per_task": max(2, jobs),
               "tasks_per_node": 1, "nodes": 1, "slurm_array_parallelism": array_parallelism,
               "slurm_setup": [f"export PYTHONPATH={ROOT}:${{PYTHONPATH:-}}"]}
     if partition:
         params["slurm_partition"] = partition
+    if mem_gb:   # otherwise the partition's default; a task needs about jobs x 4 ranks x 1 GB
+        params["mem_gb"] = mem_gb
     executor.update_parameters(**params)
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    array = executor.map_array(grade_chunk, chunks, [str(out)] * len(chunks), [rubric_path] * len(chunks),
-                               [sandbox] * len(chunks), [jobs] * len(chunks))
+    try:
+        array = executor.map_array(grade_chunk, chunks, [str(out)] * len(chunks), [rubric_path] * len(chunks),
+                                   [sandbox] * len(chunks), [jobs] * len(chunks))
+    except (submitit.core.utils.FailedJobError, OSError) as e:
+        answer = " ".join(str(e).split())[:500]
+        raise ScaleError(f"the job array could not be submitted ({executor.cluster}): {answer}") from e
     if progress:
         sys.stderr.write(f"submitted {len(todo)} hand-ins as {len(array)} array task(s) "
                          f"{array[0].job_id.split('_')[0]} ({executor.cluster})\n")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import joblog
+from grader.logs import parse_log
+from tests.test_submit import HEADER_KEYS, footer_status
 from tests.worlds import REFERENCE, ROOT
 
 pytestmark = pytest.mark.slurm
@@ -109,20 +110,20 @@ def submit_cli(*args, cwd):
 
 def assert_complete_run(text, nnodes, nproc, hosts):
     """Header, init lines, every part on every rank, done and footer, as the grader will read them."""
-    log = joblog.parse(text)
+    log = parse_log(text, min_world_size=nnodes * nproc)
     world = nnodes * nproc
-    assert log.header_keys == joblog.HEADER_KEYS, text
-    assert log.header["nodes"] == ",".join(hosts), text
-    assert (log.header["nnodes"], log.header["nproc_per_node"], log.header["world_size"]) == (
+    assert [k for k in log.job if k not in ("status", "at")] == HEADER_KEYS, text
+    assert log.job["nodes"] == ",".join(hosts), text
+    assert (log.job["nnodes"], log.job["nproc_per_node"], log.job["world_size"]) == (
         str(nnodes), str(nproc), str(world)), text
-    assert log.header["backend"] == "gloo" and log.backends == {"gloo"}, text
-    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", log.header["torch"]), text
-    assert log.world_sizes == {world}, text
+    assert log.job["backend"] == "gloo" and log.backends == ["gloo"], text
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", log.job["torch"]), text
+    assert log.world_size == world and log.flags == [], text
     assert sorted(log.hosts) == list(range(world)), text
     assert sorted(set(log.hosts.values())) == sorted(hosts), text   # every node ran ranks
-    assert log.all_parts_match(world), text
-    assert log.done == set(range(world)), text
-    assert log.footer_status == 0, text
+    assert all(e.passed for e in log.parts.values()), text
+    assert sorted(log.done_ranks) == list(range(world)) and log.finished, text
+    assert footer_status(log) == 0, text
     return log
 
 
@@ -132,7 +133,7 @@ def test_sbatch_cpu_job_on_4_nodes_matches_every_part_on_every_rank(workdir):
     assert wait_for_job(job_id) == "COMPLETED"
     text, err = job_files(workdir, job_id)
     log = assert_complete_run(text, nnodes=4, nproc=1, hosts=NODES)
-    assert log.header["id"] == job_id
+    assert log.job["id"] == job_id
     assert "rendezvous at node1:" in err
 
 
@@ -165,7 +166,7 @@ def test_submitit_launcher_on_the_cluster_leaves_the_sbatch_jobs_log(workdir):
     assert job_state(job_id) == "COMPLETED"
     text, err = job_files(workdir, job_id)
     log = assert_complete_run(text, nnodes=4, nproc=1, hosts=NODES)
-    assert log.header["id"] == job_id
+    assert log.job["id"] == job_id
     assert "rendezvous at node1:" in err
     # What submitit submitted is what --dry-run prints.
     dry = subprocess.run(submit_cli("--profile", str(LOCAL_PROFILE), "--script", str(REFERENCE), "--dry-run",
@@ -184,8 +185,7 @@ def test_a_crashing_rank_fails_the_job_and_says_so(workdir):
     # sbatch: Slurm's state, a footer with torchrun's status, the rank's exit code in the .err.
     assert wait_for_job(job_id) == "FAILED"
     text, err = job_files(workdir, job_id)
-    log = joblog.parse(text)
-    assert log.footer_status not in (None, 0), text
+    assert footer_status(parse_log(text)) not in (None, 0), text
     assert "crashing on purpose" in text
     assert re.search(r"exitcode\s*: 3", err), err
     # The launcher: exit status 1 and a message that says a rank crashed, and on which node.
@@ -194,9 +194,9 @@ def test_a_crashing_rank_fails_the_job_and_says_so(workdir):
                   r"status 1 \(Slurm state FAILED\)", proc.stderr)
     assert m, proc.stderr
     sub_text, sub_err = job_files(workdir, m[1])
-    sub_log = joblog.parse(sub_text)
+    sub_log = parse_log(sub_text)
     assert m[2] == sub_log.hosts[3], sub_text          # the node that ran the crashing rank 3
-    assert sub_log.footer_status == 1, sub_text
+    assert footer_status(sub_log) == 1, sub_text
     assert re.search(r"exitcode\s*: 3", sub_err), sub_err
 
 
@@ -213,13 +213,13 @@ def test_a_job_past_its_time_limit_ends_timed_out_and_says_so(workdir):
     assert wait_for_job(job_id) == "TIMEOUT"
     text, err = job_files(workdir, job_id)
     assert "sleeping past the time limit" in text
-    assert joblog.parse(text).footer_status is None, text     # killed: no footer
+    assert footer_status(parse_log(text)) is None, text     # killed: no footer
     assert "DUE TO TIME LIMIT" in err
     assert proc.returncode == 1, proc.stderr
     m = re.search(r"submit: job (\d+) timed out: it reached its time limit \(TIMEOUT\)", proc.stderr)
     assert m, proc.stderr
     sub_text, sub_err = job_files(workdir, m[1])
-    assert joblog.parse(sub_text).footer_status is None, sub_text
+    assert footer_status(parse_log(sub_text)) is None, sub_text
     assert "DUE TO TIME LIMIT" in sub_err
 
 
@@ -246,3 +246,30 @@ def test_a_cancelled_job_ends_cancelled_and_says_so(workdir):
     assert proc.returncode == 1, err
     assert re.search(rf"submit: job {job_id} was cancelled \(CANCELLED by \d+\)", err), err
     assert job_state(job_id).startswith("CANCELLED")
+
+
+@pytest.mark.timeout(600)
+def test_the_grader_grades_a_batch_through_a_job_array(workdir, reference_run):
+    """python -m grader grade --executor slurm: chunks of hand-ins as the tasks of one array, each
+    graded on its node (with the sandbox) into the shared output folder."""
+    from tests.corpus import Files, fast_rubric, mutate, refingerprint, skeleton, write_zip
+    log, err = reference_run
+    inbox = workdir / "inbox"
+    inbox.mkdir()
+    for name, code in {"reference": REFERENCE.read_text(), "skeleton": skeleton(),
+                       "dp_summed": mutate("dp_summed")}.items():
+        write_zip(inbox / f"{name}.zip", Files(code=code, log=refingerprint(log, code), err=err))
+    out = workdir / "grades"
+    proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(inbox), "--out", str(out),
+                           "--rubric", str(fast_rubric(workdir)), "--executor", "slurm", "--slurm-cluster", "slurm",
+                           "--partition", "debug", "--chunk", "2", "--quiet"],
+                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "graded 3 hand-in(s)" in proc.stdout
+    rows = {r.split(",")[0]: r.split(",") for r in (out / "grades.csv").read_text().splitlines()[1:]}
+    assert rows["reference"][1:4] == ["100", "100", "graded"]
+    assert rows["skeleton"][1] == "0"
+    dp = __import__("json").loads((out / "dp_summed" / "grading.json").read_text())["parts"]["data_parallel"]
+    assert dp["status"] == "failed" and "summed over the 4 ranks" in dp["message"]
+    tasks = sorted(p.name for p in out.glob(".slurm/*/*_0_log.out")) + sorted(p.name for p in out.glob(".slurm/*/*_1_log.out"))
+    assert len(tasks) == 2, tasks       # two array tasks, one per chunk of two hand-ins
