@@ -15,7 +15,6 @@ import json
 import queue
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -28,6 +27,7 @@ from grader.grade import grade_handin, judge_check, mark_not_run, new_result
 from grader.rerun import prepare_code
 from grader.results import Status
 from grader.rubric import load_rubric
+from grader.sandbox import scratch_dir
 
 REFERENCE = Path(__file__).resolve().parent.parent / "assignment_4" / "reference" / "assignment4.py"
 
@@ -119,7 +119,7 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = 
     results, worlds, world_seconds = {}, 0, 0.0
     if not todo:
         return results, worlds, world_seconds
-    scratch = Path(tempfile.mkdtemp(prefix="a4-grade-"))
+    scratch = Path(scratch_dir("a4-grade-"))
     bar = Progress(len(todo), progress)
     executors = [make_executor(executor, sandbox) for _ in range(max(1, min(jobs, len(todo))))]
     idle = queue.Queue()

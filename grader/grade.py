@@ -8,7 +8,6 @@ failure of the re-run machinery is `infra_error` (no score).
 import difflib
 import hashlib
 import shutil
-import tempfile
 import time
 import traceback
 from datetime import datetime, timezone
@@ -17,6 +16,7 @@ from pathlib import Path
 from grader import __version__, compare, handin as handins, logs, rerun
 from grader.parts import PART_IDS
 from grader.results import CheckOutcome, HandinResult, PartResult, Status
+from grader.sandbox import scratch_dir
 from grader.score import log_validity, score_handin
 
 RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
@@ -72,7 +72,7 @@ def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
     """Grade `handin` (a grader.handin.Handin) with `executor`; see the module docstring."""
     started = time.monotonic()
     result = new_result(handin, rubric)
-    work = Path(tempfile.mkdtemp(prefix="handin-", dir=scratch))
+    work = Path(scratch_dir("handin-", scratch))
     try:
         try:
             unpacked = handins.unpack(handin, work / "files", rubric.files)

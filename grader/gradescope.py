@@ -13,7 +13,6 @@ student code runs in the same container, and anything there could end up in its 
 
 import json
 import shutil
-import tempfile
 import traceback
 import zipfile
 from pathlib import Path
@@ -25,6 +24,7 @@ from grader.handin import Handin, folder_digest
 from grader.report import atomic_write, gradescope_results
 from grader.results import Status
 from grader.rubric import load_rubric
+from grader.sandbox import scratch_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def grade_submission(submission="/autograder/submission", results="/autograder/r
     rubric = load_rubric(rubric_path)
     handin = Handin(name=submission.name, student=_student(Path(metadata)), sha256="")
     result = new_result(handin, rubric)
-    scratch = Path(tempfile.mkdtemp(prefix="a4-gradescope-"))
+    scratch = Path(scratch_dir("a4-gradescope-"))
     executor = None
     try:
         handin.folder = submission

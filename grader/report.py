@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 from grader.parts import BY_ID, PART_IDS, PARTS
-from grader.results import Status
 
 CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags"]
 

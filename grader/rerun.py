@@ -8,13 +8,13 @@ grader.channel; judging them is grader.compare's job.
 """
 
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grader import channel
 from grader.parts import PART_IDS
 from grader.results import Status
+from grader.sandbox import scratch_dir
 
 TRUSTED_UTILS = Path(__file__).resolve().parent.parent / "assignment_4" / "utils.py"
 
@@ -43,7 +43,7 @@ class PartRun:
 
 def prepare_code(assignment: Path, scratch: Path) -> Path:
     """A folder with the hand-in's assignment4.py and the trusted utils.py, nothing else."""
-    code = Path(tempfile.mkdtemp(prefix="code-", dir=scratch))
+    code = Path(scratch_dir("code-", scratch))
     shutil.copyfile(assignment, code / "assignment4.py")
     shutil.copyfile(TRUSTED_UTILS, code / "utils.py")
     return code
@@ -123,7 +123,7 @@ def run_check(executor, code: Path, check, rubric, scratch: Path, parts=PART_IDS
     remaining = list(parts)
     runs = {}
     while remaining:
-        work = Path(tempfile.mkdtemp(prefix="world-", dir=scratch))
+        work = Path(scratch_dir("world-", scratch))
         job = {"type": "world", "work_dir": str(work), "code_dir": str(code), "store": str(work / "store"),
                "world_size": check.world_size, "parts": remaining,
                "check": {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight")},

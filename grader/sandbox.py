@@ -136,6 +136,16 @@ def private_root(isolation: Isolation, limits: Limits, code_dir: str, work_dir: 
     root = os.path.join(work_dir, "root")
     os.makedirs(root, exist_ok=True)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    # The world's own /dev and /tmp first: Python itself may live under /tmp (a checkout there).
+    os.makedirs(root + "/dev")
+    _mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
+    for device in ("null", "zero", "random", "urandom"):
+        open(f"{root}/dev/{device}", "w").close()
+        _mount(f"/dev/{device}", f"{root}/dev/{device}", None, MS_BIND)
+    os.makedirs(root + "/dev/shm")
+    _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.tmp_mb}m,mode=1777")
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.tmp_mb}m,mode=1777")
     prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     for path in READ_ONLY + sorted(prefixes):
         if os.path.isdir(path) and not os.path.islink(path) and not any(
@@ -145,15 +155,6 @@ def private_root(isolation: Isolation, limits: Limits, code_dir: str, work_dir: 
             os.symlink(os.readlink(path), root + path)
     _bind(code_dir, root + "/a4/code", recursive=False)
     _bind(work_dir, root + "/a4/world", read_only=False, recursive=False)
-    os.makedirs(root + "/dev", exist_ok=True)
-    _mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
-    for device in ("null", "zero", "random", "urandom"):
-        open(f"{root}/dev/{device}", "w").close()
-        _mount(f"/dev/{device}", f"{root}/dev/{device}", None, MS_BIND)
-    os.makedirs(root + "/dev/shm")
-    _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.tmp_mb}m,mode=1777")
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.tmp_mb}m,mode=1777")
     os.makedirs(root + "/proc")
     os.makedirs(root + "/.old")
     _check(_libc.syscall(SYS_PIVOT_ROOT, root.encode(), (root + "/.old").encode()), "pivot_root")
@@ -163,6 +164,17 @@ def private_root(isolation: Isolation, limits: Limits, code_dir: str, work_dir: 
     if isolation.pid:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
     return {"code_dir": "/a4/code", "work_dir": "/a4/world", "store": "/a4/world/store"}
+
+
+def scratch_dir(prefix: str, parent=None) -> str:
+    """A new temporary folder of the grader's that other users may pass through but not list: a
+    world's own user reaches the folder made for it (by name, which it is given) and nothing else
+    (sibling folders have random names it cannot read). Without a mount namespace that is all that
+    keeps one hand-in's ranks from another hand-in's files."""
+    import tempfile
+    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    os.chmod(path, 0o711)
+    return path
 
 
 def world_uid(isolation: Isolation) -> int:
@@ -192,23 +204,29 @@ def limit_rank(limits: Limits, uid: int) -> None:
         os.environ[name] = "1"
 
 
-def _try_layer(isolation: Isolation, layer: str, scratch: str) -> bool:
-    """Whether `layer` can be set up, tried in a throw-away process."""
+def _try_layer(isolation: Isolation, layer: str, scratch: str) -> str:
+    """Why `layer` cannot be set up ('' when it can), tried in a throw-away process."""
     trial = Isolation(**{**isolation.__dict__, "pid": False, "net": False, "mount": False, layer: True})
+    read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             unshare_world(trial)
             if layer == "mount":
-                work, code = os.path.join(scratch, "work"), os.path.join(scratch, "code")
-                os.makedirs(work, exist_ok=True)
-                os.makedirs(code, exist_ok=True)
+                work, code = os.path.join(scratch, layer, "work"), os.path.join(scratch, layer, "code")
+                os.makedirs(work)
+                os.makedirs(code)
                 private_root(trial, Limits(), code, work)
-                assert os.path.isdir("/a4/code") and not os.path.exists(scratch)
+                assert os.path.isdir("/a4/code") and not os.path.exists(scratch), "the private root leaks"
+                assert os.path.isdir(os.path.realpath(sys.prefix)), "Python is not in the private root"
             os._exit(0)
-        except BaseException:  # noqa: BLE001 - any failure means the layer is not available
+        except BaseException as e:  # noqa: BLE001 - any failure means the layer is not available
+            os.write(write_fd, f"{type(e).__name__}: {e}"[:300].encode())
             os._exit(1)
-    return os.waitpid(pid, 0)[1] == 0
+    os.close(write_fd)
+    why = os.read(read_fd, 400).decode(errors="replace")
+    os.close(read_fd)
+    return "" if os.waitpid(pid, 0)[1] == 0 else why or "it failed"
 
 
 def probe(mode: str = "auto") -> Isolation:
@@ -226,14 +244,17 @@ def probe(mode: str = "auto") -> Isolation:
     scratch = tempfile.mkdtemp(prefix="a4-probe-")
     # A4_SANDBOX_DISABLE=net,mount turns layers off by hand (one that misbehaves on a machine).
     disabled = {x.strip() for x in os.environ.get("A4_SANDBOX_DISABLE", "").split(",") if x.strip()}
+    why = {}
     try:
         for layer in ("pid", "net", "mount"):
-            setattr(isolation, layer, layer not in disabled and _try_layer(isolation, layer, scratch))
+            why[layer] = "turned off by A4_SANDBOX_DISABLE" if layer in disabled else \
+                _try_layer(isolation, layer, scratch)
+            setattr(isolation, layer, not why[layer])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     names = {"pid": "PID namespace", "net": "network namespace", "mount": "mount namespace"}
-    missing = [names[layer] for layer in names if not getattr(isolation, layer)]
+    missing = [f"{names[layer]} ({why[layer]})" for layer in names if not getattr(isolation, layer)]
     if missing:
-        isolation.problems.append(f"not available on this machine: {', '.join(missing)}"
+        isolation.problems.append(f"not available on this machine: {'; '.join(missing)}"
                                   + ("" if root else " (without root they need unprivileged user namespaces)"))
     return isolation

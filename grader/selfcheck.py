@@ -14,7 +14,6 @@ the re-run's verdict, the log's verdict and a message, and the reasons the hand-
 import dataclasses
 import hashlib
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from grader.grade import grade_handin
 from grader.parts import BY_ID
 from grader.results import Status, ToDict
 from grader.rubric import PUBLIC_RUBRIC, load_rubric
+from grader.sandbox import scratch_dir
 
 TRACEBACK_LINES = 8
 PENALTY_REASONS = {"missing_err": "the .err is missing", "missing_log": "the .log is missing",
@@ -113,7 +113,7 @@ def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
     public = [c for c in rubric.checks if not c.hidden]
     if len(public) != len(rubric.checks):
         rubric = dataclasses.replace(rubric, checks=public)
-    scratch = Path(tempfile.mkdtemp(prefix="a4-check-"))
+    scratch = Path(scratch_dir("a4-check-"))
     try:
         result = grade_handin(handin, rubric, executor, scratch)
     finally:

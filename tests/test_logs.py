@@ -518,7 +518,7 @@ def test_ranks_lost_from_the_log():
 
 def test_a_larger_world_than_the_minimum_is_fine():
     """4 nodes of 4 GPUs: 16 ranks, every part matching on every one of them, no world-size flag."""
-    lines = [f"[Job] id=7 name=assignment4 started=x", "[Job] nodes=g1,g2,g3,g4 nnodes=4 nproc_per_node=4 "
+    lines = ["[Job] id=7 name=assignment4 started=x", "[Job] nodes=g1,g2,g3,g4 nnodes=4 nproc_per_node=4 "
              "world_size=16 backend=nccl"]
     lines += [f"[Distributed Init] Rank {r} initialized on node {r // 4} (g{r // 4 + 1}) on cuda:{r % 4} | "
               f"backend nccl | world size 16 | torch 2.13.0 | code sha256 {'a' * 64}" for r in range(16)]
