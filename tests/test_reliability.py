@@ -156,3 +156,33 @@ def test_without_namespaces_grading_still_works_and_says_so(inbox, tmp_path, dis
     assert "mount namespace" in r["isolation"]["problems"][0]
     if os.geteuid() == 0:
         assert r["isolation"]["user"] == "own unprivileged uid"
+
+
+POISON = (
+    "import torch as _torch, utils as _utils\n"
+    "_ = setattr(_torch.optim.SGD, 'step', lambda self, closure=None: None)\n"
+    "_ = setattr(_utils, 'expected_weight', None)\n"
+)
+
+
+@pytest.mark.timeout(300)
+def test_nothing_one_handin_does_reaches_the_next(reference_run, tmp_path):
+    """The warm executor forks every world afresh: a hand-in that poisons torch (no optimizer step
+    takes effect) and the trusted utils at import ruins only its own parts; the reference graded
+    after it by the same executor is untouched."""
+    log, err = reference_run
+    box = tmp_path / "inbox"
+    box.mkdir()
+    poisoned = REFERENCE.read_text().replace("\nimport torch\n", "\nimport torch\n" + POISON, 1)
+    write_zip(box / "a_poisoner.zip", Files(code=poisoned, log=refingerprint(log, poisoned), err=err))
+    write_zip(box / "b_reference.zip", Files(code=REFERENCE.read_text(), log=log, err=err))
+    rubric = tmp_path / "rubric.yaml"
+    rubric.write_text(yaml.safe_dump({"checks": [{"name": "default"}], "timeouts": FAST["timeouts"]}))
+    from grader.batch import grade_batch
+    summary = grade_batch([box], tmp_path / "out", jobs=1, rubric_path=rubric, progress=False)
+    assert summary.graded == 2 and summary.worlds >= 2 + 1   # canary, poisoner, reference: one executor
+    poisoner = json.loads((tmp_path / "out" / "a_poisoner" / "grading.json").read_text())
+    reference = json.loads((tmp_path / "out" / "b_reference" / "grading.json").read_text())
+    assert {p["status"] for p in poisoner["parts"].values()} == {"failed"}
+    assert all("the weight did not change" in p["message"] for p in poisoner["parts"].values())
+    assert reference["score"] == 100 and reference["flags"] == []
