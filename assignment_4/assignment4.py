@@ -22,7 +22,7 @@ script reports that part as not implemented yet and goes on with the next.
 """
 
 from utils import (check, compare_tensors, create_batch, divide, expected_weight, get_device,
-                   init_distributed, log)
+                   init_distributed, leave, log)
 
 import torch
 import torch.distributed as dist
@@ -387,3 +387,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    leave()  # at once: see utils.leave for why

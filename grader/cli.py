@@ -12,7 +12,7 @@
 import argparse
 import sys
 
-from grader import skeleton, student_cli
+from grader import gradescope, skeleton, student_cli
 from grader.executor import EXECUTORS
 from grader.rubric import RubricError
 from grader.scale import ScaleError
@@ -55,15 +55,8 @@ def _grade(args) -> int:
     return 0
 
 
-def _gradescope(args) -> int:
-    from grader.gradescope import grade_submission
-    doc = grade_submission(args.submission, args.results, args.metadata, args.rubric)
-    print(f"wrote {args.results}: {doc['extra_data']['status']}, score {doc.get('score', 'none')}")
-    return 0
-
-
 def _gradescope_bundle(args) -> int:
-    from grader.gradescope import build_bundle
+    from grader.release import build_bundle
     try:
         path = build_bundle(args.output, args.rubric)
     except RubricError as e:
@@ -117,11 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_grade)
 
     p = commands.add_parser("gradescope", help="grade one submission inside Gradescope's autograder")
-    p.add_argument("--submission", default="/autograder/submission", metavar="DIR")
-    p.add_argument("--results", default="/autograder/results/results.json", metavar="FILE")
-    p.add_argument("--metadata", default="/autograder/submission_metadata.json", metavar="FILE")
-    p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
-    p.set_defaults(run=_gradescope)
+    gradescope.add_arguments(p)
+    p.set_defaults(run=gradescope.run)
 
     p = commands.add_parser("gradescope-bundle", help="build the autograder zip for Gradescope")
     p.add_argument("-o", "--output", default="autograder.zip", metavar="ZIP")

@@ -1,7 +1,8 @@
-"""Grading inside Gradescope's autograder container, and the zip that sets it up.
+"""Grading inside Gradescope's autograder container.
 
     python -m grader gradescope            # in the container: grade /autograder/submission
-    python -m grader gradescope-bundle -o autograder.zip
+
+(`python -m grader gradescope-bundle`, in grader.release, builds the zip that sets it up.)
 
 Gradescope runs `setup.sh` once when the autograder is built and `run_autograder` for every
 submission, with the student's files in /autograder/submission; the result must be written to
@@ -11,13 +12,12 @@ The bundle holds the grader, the provided utils.py and the rubric, never the ref
 student code runs in the same container, and anything there could end up in its feedback.
 """
 
+import argparse
 import json
 import shutil
 import traceback
-import zipfile
 from pathlib import Path
 
-from grader import __version__
 from grader.executor import make_executor
 from grader.grade import grade_handin, mark_not_run, new_result
 from grader.handin import Handin, folder_digest
@@ -28,23 +28,6 @@ from grader.sandbox import scratch_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SETUP_SH = """#!/usr/bin/env bash
-# Runs once, when Gradescope builds the autograder image (Ubuntu).
-set -euo pipefail
-apt-get update -q
-apt-get install -y -q --no-install-recommends python3 python3-pip python3-venv
-python3 -m venv /autograder/venv
-/autograder/venv/bin/pip install -q --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
-/autograder/venv/bin/pip install -q -r /autograder/source/requirements-gradescope.txt
-"""
-
-RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Runs for every submission.
-cd /autograder/source
-exec /autograder/venv/bin/python -m grader gradescope
-"""
-
-REQUIREMENTS = "numpy==2.4.6\nPyYAML==6.0.3\n"
 
 
 def _student(metadata: Path) -> str:
@@ -84,20 +67,22 @@ def grade_submission(submission="/autograder/submission", results="/autograder/r
     return doc
 
 
-def build_bundle(out="autograder.zip", rubric_path=None) -> Path:
-    """The autograder zip: setup.sh, run_autograder, the grader, utils.py and the rubric."""
-    out = Path(out)
-    rubric = Path(rubric_path) if rubric_path else ROOT / "grader" / "rubric.yaml"
-    load_rubric(rubric)  # refuse to bundle a rubric that does not load
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, text in (("setup.sh", SETUP_SH), ("run_autograder", RUN_AUTOGRADER)):
-            info = zipfile.ZipInfo(name)
-            info.external_attr = 0o755 << 16
-            z.writestr(info, text)
-        z.writestr("requirements-gradescope.txt", REQUIREMENTS)
-        for path in sorted((ROOT / "grader").glob("*.py")):
-            z.write(path, f"grader/{path.name}")
-        z.write(rubric, "grader/rubric.yaml")
-        z.write(ROOT / "assignment_4" / "utils.py", "assignment_4/utils.py")
-        z.writestr("VERSION", f"a4 grader {__version__}\n")
-    return out
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--submission", default="/autograder/submission", metavar="DIR")
+    parser.add_argument("--results", default="/autograder/results/results.json", metavar="FILE")
+    parser.add_argument("--metadata", default="/autograder/submission_metadata.json", metavar="FILE")
+    parser.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
+
+
+def run(args) -> int:
+    doc = grade_submission(args.submission, args.results, args.metadata, args.rubric)
+    print(f"wrote {args.results}: {doc['extra_data']['status']}, score {doc.get('score', 'none')}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """The bundle's `python -m grader`: it only ever grades a Gradescope submission."""
+    parser = argparse.ArgumentParser(prog="python -m grader", description="grade a Gradescope submission")
+    parser.add_argument("command", nargs="?", choices=["gradescope"], default="gradescope")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -20,10 +20,11 @@ import ast
 import dataclasses
 import re
 import shutil
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader import skeleton
+from grader import __version__, skeleton
 from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, load_rubric
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +51,7 @@ class Release:
     modules: list = field(default_factory=list)   # grader modules shipped
 
 
-def student_modules(grader_dir: Path = ROOT / "grader", entry: str = ENTRY) -> list:
+def modules_needed(grader_dir: Path = ROOT / "grader", entry: str = ENTRY) -> list:
     """The grader modules `entry` imports, directly or not (imports inside functions too)."""
     todo, seen = [entry], set()
     while todo:
@@ -159,7 +160,7 @@ def build_release(out, root: Path = ROOT) -> Release:
     drift = public_rubric_drift(root / "grader" / DEFAULT_RUBRIC.name, root / "grader" / PUBLIC_RUBRIC.name)
     if drift:
         raise ReleaseError("grader/rubric-public.yaml does not match grader/rubric.yaml: " + "; ".join(drift))
-    release = Release(out=out, modules=student_modules(root / "grader"))
+    release = Release(out=out, modules=modules_needed(root / "grader"))
     written = release.files
     out.mkdir(parents=True, exist_ok=True)
     for name in ("README.md", "requirements.txt"):
@@ -180,3 +181,52 @@ def build_release(out, root: Path = ROOT) -> Release:
         shutil.rmtree(out)
         raise ReleaseError("the release would leak (nothing was left written):\n  " + "\n  ".join(leaks))
     return release
+
+
+# ---- the Gradescope autograder bundle ------------------------------------------------------------
+
+SETUP_SH = """#!/usr/bin/env bash
+# Runs once, when Gradescope builds the autograder image (Ubuntu).
+set -euo pipefail
+apt-get update -q
+apt-get install -y -q --no-install-recommends python3 python3-pip python3-venv
+python3 -m venv /autograder/venv
+/autograder/venv/bin/pip install -q --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+/autograder/venv/bin/pip install -q -r /autograder/source/requirements-gradescope.txt
+"""
+
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Runs for every submission.
+cd /autograder/source
+exec /autograder/venv/bin/python -m grader gradescope
+"""
+
+REQUIREMENTS = "numpy==2.4.6\nPyYAML==6.0.3\n"
+
+BUNDLE_MAIN = '''"""python -m grader: the autograder's grading of one Gradescope submission."""
+
+from grader.gradescope import main
+
+raise SystemExit(main())
+'''
+
+
+def build_bundle(out="autograder.zip", rubric_path=None) -> Path:
+    """The autograder zip: setup.sh, run_autograder, the grader modules grading needs (found by
+    following imports from this one), utils.py and the rubric."""
+    out = Path(out)
+    rubric = Path(rubric_path) if rubric_path else ROOT / "grader" / "rubric.yaml"
+    load_rubric(rubric)  # refuse to bundle a rubric that does not load
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text in (("setup.sh", SETUP_SH), ("run_autograder", RUN_AUTOGRADER)):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = 0o755 << 16
+            z.writestr(info, text)
+        z.writestr("requirements-gradescope.txt", REQUIREMENTS)
+        for name in modules_needed(ROOT / "grader", "gradescope"):
+            z.write(ROOT / "grader" / f"{name}.py", f"grader/{name}.py")
+        z.writestr("grader/__main__.py", BUNDLE_MAIN)
+        z.write(rubric, "grader/rubric.yaml")
+        z.write(ROOT / "assignment_4" / "utils.py", "assignment_4/utils.py")
+        z.writestr("VERSION", f"a4 grader {__version__}\n")
+    return out

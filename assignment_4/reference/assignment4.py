@@ -31,7 +31,7 @@ if _utils_dir not in sys.path:
     sys.path.insert(0, _utils_dir)
 # END REFERENCE ONLY
 from utils import (check, compare_tensors, create_batch, divide, expected_weight, get_device,
-                   init_distributed, log)
+                   init_distributed, leave, log)
 
 import torch
 import torch.distributed as dist
@@ -411,3 +411,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    leave()  # at once: see utils.leave for why

@@ -1,0 +1,72 @@
+"""Gradescope: grading a submission folder into results/results.json, and the autograder bundle,
+unpacked on its own and run as Gradescope runs it."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from grader.gradescope import grade_submission
+from grader.release import build_bundle
+from tests.corpus import REFERENCE, UTILS, fast_rubric
+
+
+@pytest.fixture
+def submission(reference_run, tmp_path):
+    folder = tmp_path / "submission"
+    folder.mkdir()
+    log, err = reference_run
+    (folder / "assignment4.py").write_text(REFERENCE.read_text())
+    (folder / "utils.py").write_text(UTILS.read_text())
+    (folder / "assignment4-77.log").write_text(log)
+    (folder / "assignment4-77.err").write_text(err)
+    (tmp_path / "submission_metadata.json").write_text(json.dumps({"users": [{"name": "Ada", "sid": "s1234"}]}))
+    return folder
+
+
+@pytest.mark.timeout(300)
+def test_a_submission_is_graded_into_results_json(submission, tmp_path):
+    results = tmp_path / "results" / "results.json"
+    grade_submission(submission, results, tmp_path / "submission_metadata.json",
+                     fast_rubric(tmp_path, checks=[{"name": "default"}]))
+    doc = json.loads(results.read_text())
+    assert doc["score"] == 100 and doc["extra_data"]["student"] == "s1234"
+    assert doc["extra_data"]["status"] == "graded" and len(doc["tests"]) == 8
+    assert all(t["status"] == "passed" for t in doc["tests"])
+
+
+@pytest.mark.timeout(120)
+def test_an_empty_submission_still_gets_a_results_file(tmp_path):
+    (tmp_path / "submission").mkdir()
+    results = tmp_path / "results" / "results.json"
+    grade_submission(tmp_path / "submission", results, tmp_path / "no-metadata.json")
+    doc = json.loads(results.read_text())
+    assert doc["extra_data"]["status"] == "invalid" and doc["score"] == 0
+    assert "no assignment4.py" in doc["output"]
+    assert doc["extra_data"]["student"] == "submission"
+
+
+@pytest.mark.timeout(300)
+def test_the_bundle_is_self_contained_and_holds_no_solution(submission, tmp_path):
+    bundle = build_bundle(tmp_path / "autograder.zip")
+    with zipfile.ZipFile(bundle) as z:
+        names = z.namelist()
+        assert {"setup.sh", "run_autograder", "grader/rubric.yaml", "assignment_4/utils.py"} <= set(names)
+        assert not any("reference" in n for n in names)
+        assert all("BEGIN SOLUTION" not in z.read(n).decode() for n in names if n.endswith(".py"))
+        assert stat.S_IMODE(z.getinfo("run_autograder").external_attr >> 16) & 0o111
+        source = tmp_path / "source"
+        z.extractall(source)
+    # As run_autograder does, from the bundle alone: nothing of this checkout importable.
+    results = tmp_path / "results" / "results.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "grader", "gradescope", "--submission", str(submission),
+                           "--results", str(results), "--metadata", str(tmp_path / "submission_metadata.json")],
+                          cwd=source, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(results.read_text())
+    assert doc["score"] == 100, doc["output"]
