@@ -40,7 +40,7 @@ test: $(STAMP)
 # Starts a local 4-node Slurm (installing Debian's packages if needed; root), runs the tests marked
 # slurm against it, and stops it again, also when a test fails.
 test-slurm: $(STAMP)
-	PYTHON=$(PY) slurm/dev/test-slurm.sh
+	PYTHON=$(PY) tests/slurm_cluster/test-slurm.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/grading_throughput.py

@@ -31,8 +31,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from grader import logs, worker  # noqa: E402
-from grader.batch import grade_batch  # noqa: E402
+from grader.rerun import worker  # noqa: E402
+from grader.pipeline.logfile import parse_log  # noqa: E402
+from grader.batch.run import grade_batch  # noqa: E402
 from tests.corpus import REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
 
 MUTANTS = ["dp_summed", "acc_unscaled", "baseline_wrong_sign", "tp_own_shard_only", "baseline_no_step",
@@ -64,7 +65,7 @@ class MemorySampler:
         total = 0.0
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                if b"grader.executor" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"grader.rerun.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     total += memory_mb(pid, "Pss")
             except OSError:
                 pass
@@ -126,14 +127,14 @@ def fork_gloo_floor(repeats: int = 20, world_size: int = 4) -> float:
 
 
 def log_speed(log: str) -> float:
-    """MB/s of grader.logs.parse_log on a 100 MB log: a real log repeated, with noise between."""
+    """MB/s of grader.pipeline.logfile.parse_log on a 100 MB log: a real log repeated, with noise between."""
     noise = "".join(f"NCCL INFO channel {i} ring 0 1 2 3\x1b[0m\r\n" for i in range(20))
     unit = (log + noise).encode()
     data = unit * (100 * (1 << 20) // len(unit) + 1)
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()
-        logs.parse_log(data, min_world_size=4)
+        parse_log(data, min_world_size=4)
         best = min(best, time.perf_counter() - started)
     return len(data) / (1 << 20) / best
 

@@ -1,3 +1,25 @@
-"""a4 grader: from hand-in zips to grades, feedback and Gradescope results."""
+"""a4 grader: from hand-in zips to grades, feedback and Gradescope results.
+
+The house, one room per job; a hand-in travels down the list:
+
+    shared       kit (paths, atomic writes, the source digest), parts, rubric (and its limits),
+                 results (statuses and result dataclasses), cli (the command line)
+    rerun/       the engine: run hand-in code in sandboxed gloo worlds and bring back its weights
+                 (executor, zygote, world, supervise, worker, hooks, protocol, channel, sandbox, check)
+    pipeline/    grade one hand-in: handin (unpack), logs (the .log and .err), compare, score,
+                 report, grade
+    batch/       grade many: on this machine (local), as a Slurm job array (array), the gradebook (run)
+    student/     the student tools: check and package
+    gradescope/  grading inside Gradescope's container, and the bundle that sets it up
+    instructor/  the skeleton generated from the reference, and the student release
+
+Import rules (tests/test_layout.py holds the code to them):
+- shared modules import no torch and no room; nothing imports cli, and cli imports a command's room
+  only when that command runs;
+- rerun imports only shared modules; pipeline adds rerun;
+- batch, student and gradescope may use everything above, never each other;
+- instructor imports only shared modules (no engine, no pipeline);
+- no module imports, directly or not, one that imports it.
+"""
 
 __version__ = "0.1.0"

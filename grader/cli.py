@@ -1,88 +1,39 @@
-"""Command line: parses arguments and calls the plain functions that do the work.
+"""Command line: parses arguments and hands them to the command's room, imported only then.
 
     python -m grader grade PATH... --out DIR [--jobs N] [--rubric FILE] [--force] [--only ID ...]
     python -m grader gradescope [--submission DIR] [--results FILE]
     python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]
     python -m grader skeleton [--check]
     python -m grader release --out DIR
-    python -m grader check [PATH] [--log FILE] [--err FILE]            (the student tools: see
-    python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]  grader/student_cli.py)
+    python -m grader check [PATH] [--log FILE] [--err FILE]
+    python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
+
+A tree that lacks a command's room (the student release, the Gradescope bundle) does not offer it.
+Nothing here imports torch: `--help` and `skeleton` start at once.
 """
 
 import argparse
+import importlib
 import sys
+from pathlib import Path
 
-from grader import gradescope, skeleton, student_cli
-from grader.executor import EXECUTORS
-from grader.rubric import RubricError
-from grader.scale import ScaleError
-
-
-def _skeleton(args) -> int:
-    if args.check:
-        if skeleton.skeleton_is_current():
-            print(f"{skeleton.SKELETON.relative_to(skeleton.ROOT)} is generated from the reference: up to date")
-            return 0
-        print(f"{skeleton.SKELETON.relative_to(skeleton.ROOT)} differs from what the reference generates; "
-              f"run `python -m grader skeleton` (or `make skeleton`) and commit the result", file=sys.stderr)
-        return 1
-    changed = skeleton.write_skeleton()
-    state = "written" if changed else "already up to date"
-    print(f"{skeleton.SKELETON.relative_to(skeleton.ROOT)} {state}")
-    return 0
+HERE = Path(__file__).resolve().parent
+EXECUTOR_CHOICES = ("warm", "torchrun", "slurm")   # grader.rerun.executor.EXECUTORS and the job array
+PATH_HELP = ("the folder with your assignment4.py (default: assignment_4/, else the current folder), "
+             "or the file itself")
+LOG_HELP = "the run's .log (default: the newest in PATH's folder or the current folder)"
+ERR_HELP = "the run's .err (default: the one beside the .log)"
 
 
-def _grade(args) -> int:
-    from grader.batch import grade_batch
-    try:
-        summary = grade_batch(args.paths, args.out, jobs=args.jobs, rubric_path=args.rubric, force=args.force,
-                              only=args.only, executor=args.executor, sandbox=args.sandbox,
-                              progress=not args.quiet,
-                              slurm={"partition": args.partition, "array_parallelism": args.array_parallelism,
-                                     "chunk": args.chunk, "time_min": args.slurm_time, "mem_gb": args.slurm_mem_gb,
-                                     "cluster": None if args.slurm_cluster == "auto" else args.slurm_cluster})
-    except (RubricError, ScaleError) as e:
-        print(f"grader: {e}", file=sys.stderr)
-        return 2
-    counts = ", ".join(f"{s} {n}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
-    print(f"graded {summary.graded} hand-in(s) and reused {summary.cached} earlier result(s) "
-          f"in {summary.seconds:g} s; by status: {counts}")
-    print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md and a folder per student")
-    if summary.trouble:
-        print(f"{summary.trouble} hand-in(s) could not be graded (error or infra_error): see summary.md",
-              file=sys.stderr)
-        return 1
-    return 0
+def _handler(target: str):
+    """`module:function`, imported when the command runs."""
+    def run(args):
+        module, function = target.split(":")
+        return getattr(importlib.import_module(module), function)(args)
+    return run
 
 
-def _gradescope_bundle(args) -> int:
-    from grader.release import build_bundle
-    try:
-        path = build_bundle(args.output, args.rubric)
-    except RubricError as e:
-        print(f"grader: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}: upload it as the autograder of a Gradescope programming assignment")
-    return 0
-
-
-def _release(args) -> int:
-    from grader.release import ReleaseError, build_release
-    try:
-        summary = build_release(args.out)
-    except (ReleaseError, RubricError) as e:
-        print(f"release: refused: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote the student release to {summary.out}: {len(summary.files)} files "
-          f"(grader modules: {', '.join(summary.modules)})")
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = commands.add_parser("grade", help="grade a folder of hand-in zips")
+def _grade_arguments(p) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="hand-in zips, folders of zips, a zip of zips (LMS bulk download) or unpacked folders")
     p.add_argument("--out", required=True, metavar="DIR", help="where grades.csv, summary.md and per-student folders go")
@@ -90,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
     p.add_argument("--force", action="store_true", help="grade again even hand-ins already graded in DIR")
     p.add_argument("--only", nargs="+", metavar="ID", help="grade only these student ids")
-    p.add_argument("--executor", choices=EXECUTORS + ("slurm",), default="warm",
+    p.add_argument("--executor", choices=EXECUTOR_CHOICES, default="warm",
                    help="warm: fork ranks from a process that imported torch once (default); "
                         "torchrun: torchrun per world (slow, the baseline); slurm: a job array, each "
                         "task grading a chunk of hand-ins on its node (DIR on a shared file system)")
@@ -107,30 +58,85 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: every isolation layer this machine allows (default); strict: all of them "
                         "or infra_error; off: resource limits only")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(run=_grade)
 
-    p = commands.add_parser("gradescope", help="grade one submission inside Gradescope's autograder")
-    gradescope.add_arguments(p)
-    p.set_defaults(run=gradescope.run)
 
-    p = commands.add_parser("gradescope-bundle", help="build the autograder zip for Gradescope")
-    p.add_argument("-o", "--output", default="autograder.zip", metavar="ZIP")
+def _gradescope_arguments(p) -> None:
+    p.add_argument("--submission", default="/autograder/submission", metavar="DIR",
+                   help="the student's files (default: Gradescope's /autograder/submission)")
+    p.add_argument("--results", default="/autograder/results/results.json", metavar="FILE",
+                   help="where results.json goes (default: Gradescope's)")
+    p.add_argument("--metadata", default="/autograder/submission_metadata.json", metavar="FILE",
+                   help="Gradescope's submission metadata, for the student's id")
+    p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
+
+
+def _bundle_arguments(p) -> None:
+    p.add_argument("-o", "--output", default="autograder.zip", metavar="ZIP", help="the zip to write")
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML to bundle (default grader/rubric.yaml)")
-    p.set_defaults(run=_gradescope_bundle)
 
-    p = commands.add_parser("skeleton", help="generate assignment_4/assignment4.py from the reference")
+
+def _skeleton_arguments(p) -> None:
     p.add_argument("--check", action="store_true", help="only check that the committed skeleton is current")
-    p.set_defaults(run=_skeleton)
 
-    p = commands.add_parser("release", help="write the tree students receive: skeleton, utils, handout, "
-                                            "Slurm jobs, check and package")
+
+def _release_arguments(p) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
-    p.set_defaults(run=_release)
 
-    student_cli.add_commands(commands)
+
+def _check_arguments(p) -> None:
+    p.add_argument("path", nargs="?", metavar="PATH", help=PATH_HELP + "; or the hand-in zip")
+    p.add_argument("--log", metavar="FILE", help=LOG_HELP)
+    p.add_argument("--err", metavar="FILE", help=ERR_HELP)
+
+
+def _package_arguments(p) -> None:
+    _check_arguments(p)
+    p.add_argument("-o", "--output", metavar="ZIP", help="the zip to write (default: assignment4-handin.zip)")
+
+
+# command: (room, handler, arguments, help, description)
+COMMANDS = {
+    "grade": ("batch", "grader.batch.commands:grade_command", _grade_arguments,
+              "grade a folder of hand-in zips", None),
+    "gradescope": ("gradescope", "grader.gradescope.run:run", _gradescope_arguments,
+                   "grade one submission inside Gradescope's autograder", None),
+    "gradescope-bundle": ("gradescope", "grader.gradescope.bundle:bundle_command", _bundle_arguments,
+                          "build the autograder zip for Gradescope", None),
+    "skeleton": ("instructor", "grader.instructor.commands:skeleton_command", _skeleton_arguments,
+                 "generate assignment_4/assignment4.py from the reference", None),
+    "release": ("instructor", "grader.instructor.commands:release_command", _release_arguments,
+                "write the tree students receive: skeleton, utils, handout, Slurm jobs, check and package", None),
+    "check": ("student", "grader.student.commands:check_command", _check_arguments,
+              "re-run every part at the public checks and check the run's .log",
+              "Grade your hand-in as the graders will, at the public checks: every part re-run on the CPU "
+              "on 4, 1 and 2 ranks, and the run's .log and .err."),
+    "package": ("student", "grader.student.commands:package_command", _package_arguments,
+                "build the hand-in zip, then check it",
+                "Zip assignment4.py, utils.py and the newest run's .log and .err, refusing a run that did "
+                "not finish or ran other code; then check the zip."),
+}
+
+
+def available() -> list:
+    """The commands whose room this tree holds."""
+    return [name for name, (room, *_) in COMMANDS.items() if (HERE / room / "__init__.py").is_file()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in available():
+        room, target, arguments, help_text, description = COMMANDS[name]
+        p = commands.add_parser(name, help=help_text, description=description or help_text)
+        arguments(p)
+        p.set_defaults(run=_handler(target))
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

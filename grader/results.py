@@ -2,7 +2,12 @@
 
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
+from functools import lru_cache
+
+from grader import __version__, kit
+from grader.parts import PART_IDS
 
 
 class Status(str, Enum):
@@ -101,6 +106,41 @@ class HandinResult(ToDict):
     err: dict = field(default_factory=dict)      # the .err report
     isolation: dict = field(default_factory=dict)
     grader_version: str = ""
+    grader_digest: str = ""            # grader.kit.source_digest(): the code that graded it
     rubric_sha256: str = ""
     seconds: float = 0.0
     graded_at: str = ""
+
+
+@lru_cache(maxsize=1)
+def grader_digest() -> str:
+    """The grader's source digest, computed once per process (the code does not change under it)."""
+    return kit.source_digest()
+
+
+def new_result(student: str, source: str, sha256: str, rubric) -> HandinResult:
+    """A hand-in's result before grading: status `error` until a stage says otherwise."""
+    return HandinResult(student=student, source=source, sha256=sha256, status=Status.ERROR,
+                        max_score=rubric.max_score, grader_version=__version__, grader_digest=grader_digest(),
+                        rubric_sha256=rubric.digest(),
+                        graded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def mark_not_run(result: HandinResult, rubric, message: str) -> None:
+    """Every part of `result` not run, with `message` as the reason."""
+    for part in PART_IDS:
+        points = rubric.parts[part]
+        result.parts[part] = PartResult(part=part, status=Status.NOT_RUN, score=0.0,
+                                        max_score=points.log + points.rerun, rerun_points=0.0,
+                                        log_points=0.0, message=message, rerun_max=points.rerun,
+                                        log_max=points.log)
+
+
+def ungraded(result: HandinResult, rubric, status: Status, message: str, why_not_run: str,
+             score=None) -> HandinResult:
+    """`result` as one that could not be graded: `status`, `score` (None: no score may be written),
+    the message, and every part not yet scored marked not run for `why_not_run`."""
+    result.status, result.score, result.message = status, score, message
+    if not result.parts:
+        mark_not_run(result, rubric, why_not_run)
+    return result

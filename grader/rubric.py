@@ -16,11 +16,12 @@ from pathlib import Path
 
 import yaml
 
+from grader import kit
+from grader.limits import Limits
 from grader.parts import PART_IDS
-from grader.sandbox import Limits
 
-DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")          # the graders': public and hidden checks
-PUBLIC_RUBRIC = Path(__file__).with_name("rubric-public.yaml")    # the students': public checks only
+DEFAULT_RUBRIC = kit.RUBRIC
+PUBLIC_RUBRIC = kit.PUBLIC_RUBRIC
 
 
 class RubricError(ValueError):

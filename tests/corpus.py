@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from grader.parts import BY_ID
-from grader.skeleton import make_skeleton
+from grader.instructor.skeleton import make_skeleton
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "assignment_4" / "reference" / "assignment4.py"

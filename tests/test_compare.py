@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from grader.compare import comm_check, diagnose, expected, judge
-from grader.rerun import PartRun, RankRun
+from grader.pipeline.compare import comm_check, diagnose, expected, judge
+from grader.rerun.check import PartRun, RankRun
 from grader.results import Status
 from grader.rubric import Check, Tolerance, load_rubric, rubric_from_dict, RubricError
 from tests.worlds import closed_form_step

@@ -4,10 +4,12 @@ in one batch (two jobs at once) with short timeouts; each test then reads the ou
 
 import csv
 import json
+import shutil
 
 import pytest
 
-from grader.batch import grade_batch
+from grader import kit, results as results_module
+from grader.batch.run import grade_batch
 from grader.parts import PART_IDS
 from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, skeleton,
                           write_zip, zip_bytes)
@@ -213,6 +215,40 @@ def test_a_second_run_only_grades_what_changed(graded):
     assert first == after
     only = grade_batch([inbox], out, rubric_path=rubric, force=True, only=["missing_err"], progress=False)
     assert only.graded == 1
+
+
+def test_a_changed_grader_grades_again_and_an_unchanged_one_reuses(graded, monkeypatch):
+    """Cached results are keyed by the grader's own code (and utils.py), not by a version string."""
+    out, results, _, inbox, tmp = graded
+    rubric = fast_rubric(tmp)
+    recorded = json.loads((out / "reference" / "grading.json").read_text())["grader_digest"]
+    assert recorded == kit.source_digest()
+    assert grade_batch([inbox / "reference.zip"], out, rubric_path=rubric, progress=False).cached == 1
+    monkeypatch.setattr(kit, "source_digest", lambda: "a grader with a fix to its scoring")
+    results_module.grader_digest.cache_clear()
+    try:
+        again = grade_batch([inbox / "reference.zip"], out, rubric_path=rubric, progress=False)
+        assert (again.graded, again.cached) == (1, 0)
+        assert json.loads((out / "reference" / "grading.json").read_text())["grader_digest"] == \
+            "a grader with a fix to its scoring"
+    finally:
+        results_module.grader_digest.cache_clear()
+
+
+def test_the_source_digest_covers_every_grader_source_and_utils(tmp_path):
+    grader = tmp_path / "grader"
+    shutil.copytree(kit.GRADER, grader, ignore=shutil.ignore_patterns("__pycache__"))
+    utils = tmp_path / "utils.py"
+    shutil.copyfile(kit.UTILS, utils)
+    before = kit.source_digest(grader, utils)
+    assert before == kit.source_digest()
+    score = grader / "pipeline" / "score.py"
+    score.write_text(score.read_text() + "\n# a fix\n")
+    assert kit.source_digest(grader, utils) != before
+    score.write_text(score.read_text()[:-len("\n# a fix\n")])
+    assert kit.source_digest(grader, utils) == before
+    utils.write_text(utils.read_text() + "\n")
+    assert kit.source_digest(grader, utils) != before
 
 
 def test_the_torchrun_executor_grades_like_the_warm_one(graded, tmp_path):

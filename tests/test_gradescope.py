@@ -10,8 +10,9 @@ import zipfile
 
 import pytest
 
-from grader.gradescope import grade_submission
-from grader.release import build_bundle
+from grader.gradescope.run import grade_submission
+from grader import kit
+from grader.gradescope.bundle import build_bundle
 from tests.corpus import REFERENCE, UTILS, fast_rubric
 
 
@@ -59,6 +60,13 @@ def test_the_bundle_is_self_contained_and_holds_no_solution(submission, tmp_path
         assert not any("reference" in n for n in names)
         assert all("BEGIN SOLUTION" not in z.read(n).decode() for n in names if n.endswith(".py"))
         assert stat.S_IMODE(z.getinfo("run_autograder").external_attr >> 16) & 0o111
+        # Folder copies of the rooms grading needs, byte for byte, and the graders' rubric.
+        shipped = {n[len("grader/"):] for n in names if n.startswith("grader/")}
+        rooms = {rel.as_posix() for rel in kit.grader_files(("rerun", "pipeline", "gradescope"))}
+        assert shipped == rooms | {"rubric.yaml"}
+        assert all(z.read(f"grader/{rel}") == (kit.GRADER / rel).read_bytes() for rel in rooms)
+        assert z.read("setup.sh") == (kit.GRADER / "gradescope" / "setup.sh").read_bytes()
+        assert b"torch==2.13.0" in z.read("requirements-gradescope.txt")
         source = tmp_path / "source"
         z.extractall(source)
     # As run_autograder does, from the bundle alone: nothing of this checkout importable.

@@ -6,7 +6,7 @@ import zipfile
 
 import pytest
 
-from grader.handin import Handin, HandinError, discover, student_id, unpack
+from grader.pipeline.handin import Handin, HandinError, discover, student_id, unpack
 from grader.rubric import Files
 from tests.corpus import Files as HandinFiles, zip_bytes
 

@@ -1,4 +1,4 @@
-"""grader.logs on the checked-in sample logs (tests/data/logs/README.md) and on mangled variants."""
+"""grader.pipeline.logfile and errfile on the checked-in sample logs (tests/data/logs/README.md) and on mangled variants."""
 
 import json
 import random
@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from grader.logs import Dialect, RankClaim, parse_err, parse_log, part_of_prefix
+from grader.pipeline.errfile import parse_err
+from grader.pipeline.logfile import parse_log
+from grader.pipeline.logtext import Dialect, RankClaim, part_of_prefix
 from grader.parts import PART_IDS
 
 DATA = Path(__file__).parent / "data" / "logs"

@@ -8,9 +8,9 @@ import zipfile
 
 import pytest
 
-from grader import student_cli
-from grader.handin import Handin, unpack
-from grader.package import DEFAULT_ZIP, PackageError, collect, package, runs
+from grader import cli
+from grader.pipeline.handin import Handin, unpack
+from grader.student.package import DEFAULT_ZIP, PackageError, collect, package, runs
 from grader.rubric import Files as Limits
 from tests.corpus import REFERENCE, UTILS
 
@@ -32,7 +32,7 @@ def kit(tmp_path, monkeypatch, reference_run_files):
 
 def refused(capsys, *args) -> str:
     """Run `python -m grader package ARGS`; assert it refused, wrote no zip, and return its message."""
-    assert student_cli.main(["package", *args]) == 2
+    assert cli.main(["package", *args]) == 2
     assert not DEFAULT_ZIP.exists()
     err = capsys.readouterr().err
     assert err.startswith("package: refused: ")

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grader.batch import grade_batch
-from grader.release import ReleaseError, build_release, find_leaks, public_rubric_drift
+from grader.batch.run import grade_batch
+from grader import kit
+from grader.instructor.release import ReleaseError, build_release, find_leaks, public_rubric_drift
 from grader.rubric import load_rubric
 from tests.corpus import REFERENCE, ROOT, fast_rubric
 
@@ -40,15 +41,34 @@ def files_of(folder: Path) -> dict:
 def test_the_release_holds_the_kit_and_the_student_tools(release):
     names = set(files_of(release))
     assert {"README.md", "requirements.txt", "assignment_4/assignment4.py", "assignment_4/utils.py",
-            "assignment_4/README.md", "slurm/run-local.sh", "slurm/common.sh", "grader/__main__.py",
-            "grader/student_cli.py", "grader/selfcheck.py", "grader/package.py", "grader/grade.py",
+            "assignment_4/README.md", "slurm/run-local.sh", "slurm/common.sh", "slurm/submit.py",
             "grader/rubric-public.yaml"} <= names
     assert (release / "assignment_4" / "assignment4.py").read_bytes() == SKELETON.read_bytes()
-    assert not any(n.startswith(("slurm/dev/", "tests/", "student/")) for n in names)
-    for graders_only in ("rubric.yaml", "skeleton.py", "batch.py", "report.py", "gradescope.py", "cli.py", "release.py"):
-        assert f"grader/{graders_only}" not in names
+    assert not any(n.startswith(("tests/", "student/")) for n in names)
     assert os.access(release / "slurm" / "run-local.sh", os.X_OK)
     assert [c.hidden for c in load_rubric(release / "grader" / "rubric-public.yaml").checks] == [False] * 3
+
+
+def test_the_release_ships_whole_rooms_and_slurm_whole(release):
+    """grader/ is the shared modules and the rooms check and package run on, each copied whole;
+    slurm/ is copied whole; nothing of the graders' rooms or rubric."""
+    shipped = {p.relative_to(release / "grader").as_posix() for p in (release / "grader").rglob("*") if p.is_file()}
+    expected = {rel.as_posix() for rel in kit.grader_files(("rerun", "pipeline", "student"))} | {"rubric-public.yaml"}
+    assert shipped == expected
+    for rel in expected - {"rubric-public.yaml"}:
+        assert (release / "grader" / rel).read_bytes() == (kit.GRADER / rel).read_bytes(), rel
+    ours = {p.relative_to(ROOT).as_posix() for p in (ROOT / "slurm").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+    assert ours == {p.relative_to(release).as_posix() for p in (release / "slurm").rglob("*") if p.is_file()}
+
+
+def test_the_release_command_line_offers_only_the_student_tools(release):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "grader", "--help"], cwd=release, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    offered = set(re.findall(r"^    (\S+)", proc.stdout, re.M))
+    assert offered == {"check", "package"}, proc.stdout
 
 
 def test_no_file_of_the_release_holds_the_solution_or_a_hidden_check(release):

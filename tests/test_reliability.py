@@ -2,6 +2,7 @@
 is infra_error; a failure that passes when run again is flagged flaky; rubric files layer."""
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grader.executor import WarmExecutor
-from grader.grade import judge_check
-from grader.rerun import prepare_code
+from grader.rerun.executor import WarmExecutor
+from grader.pipeline.grade import judge_check
+from grader.rerun.check import prepare_code
 from grader.results import Status
 from grader.rubric import load_rubric
 from tests.corpus import REFERENCE, ROOT, Files, mutate, refingerprint, skeleton, write_zip
@@ -108,7 +109,7 @@ class FailsFirstWorld(WarmExecutor):
     def run_world(self, job):
         self.calls += 1
         if self.calls == 1:
-            job = {**job, "code_dir": self.broken_code}
+            job = dataclasses.replace(job, code_dir=self.broken_code)
         return super().run_world(job)
 
 
@@ -178,7 +179,7 @@ def test_nothing_one_handin_does_reaches_the_next(reference_run, tmp_path):
     write_zip(box / "b_reference.zip", Files(code=REFERENCE.read_text(), log=log, err=err))
     rubric = tmp_path / "rubric.yaml"
     rubric.write_text(yaml.safe_dump({"checks": [{"name": "default"}], "timeouts": FAST["timeouts"]}))
-    from grader.batch import grade_batch
+    from grader.batch.run import grade_batch
     summary = grade_batch([box], tmp_path / "out", jobs=1, rubric_path=rubric, progress=False)
     assert summary.graded == 2 and summary.worlds >= 2 + 1   # canary, poisoner, reference: one executor
     poisoner = json.loads((tmp_path / "out" / "a_poisoner" / "grading.json").read_text())

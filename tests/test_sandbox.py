@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grader import sandbox
+from grader.rerun import sandbox
 from grader.parts import PART_IDS
 from tests.corpus import REFERENCE, ROOT
 from tests.hostile import ATTACKS, MARKER, all_handins, zip_attacks
@@ -76,7 +76,7 @@ def leftover_processes() -> list:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"grader.executor" in cmdline:
+        if b"grader.rerun.zygote" in cmdline:
             left.append(pid)
     return left
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from grader.batch import grade_batch
+from grader.batch.run import grade_batch
 from tests.corpus import REFERENCE, Files, fast_rubric, mutate, refingerprint, skeleton, write_zip
 
 

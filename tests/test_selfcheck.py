@@ -6,12 +6,12 @@ import shutil
 
 import pytest
 
-from grader import student_cli
-from grader.executor import make_executor
+from grader import cli
+from grader.rerun.executor import make_executor
 from grader.parts import BY_ID, PART_IDS
 from grader.results import Status
 from grader.rubric import PUBLIC_RUBRIC, load_rubric
-from grader.selfcheck import check, format_report
+from grader.student.check import check, format_report
 from tests.corpus import MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, write_zip
 
 # "hang" sleeps in the tensor-parallel part: it waits out the part's wall clock at all three
@@ -83,12 +83,12 @@ def test_check_of_a_folder_reads_the_newest_log_beside_it_and_flags_a_stale_one(
 
 def test_check_of_nothing_says_what_to_give(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert student_cli.main(["check"]) == 2
+    assert cli.main(["check"]) == 2
     assert "has no assignment4.py in it" in capsys.readouterr().err
-    assert student_cli.main(["check", "handin.zip"]) == 2
+    assert cli.main(["check", "handin.zip"]) == 2
     assert "handin.zip: no such file; build the zip with python -m grader package" in capsys.readouterr().err
     (tmp_path / "broken.zip").write_bytes(b"not a zip")
-    assert student_cli.main(["check", "broken.zip"]) == 2
+    assert cli.main(["check", "broken.zip"]) == 2
     assert "not a readable zip file; build it again with python -m grader package" in capsys.readouterr().err
 
 

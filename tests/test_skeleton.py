@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grader.parts import BY_ID
-from grader.skeleton import SkeletonError, make_skeleton
+from grader.instructor.skeleton import SkeletonError, make_skeleton
 from tests.test_reference import CONFIGS, PARTS, TOL, call_part
 from tests.worlds import REFERENCE, SKELETON, closed_form_step, load_module, run_world
 

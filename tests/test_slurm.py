@@ -1,6 +1,6 @@
 """The Slurm kit on a real Slurm cluster: real sbatch, real srun, real torchrun, real submitit.
 
-`make test-slurm` starts a local cluster of 4 emulated nodes (slurm/dev/start-local-cluster.sh),
+`make test-slurm` starts a local cluster of 4 emulated nodes (tests/slurm_cluster/start-local-cluster.sh),
 runs these tests and stops it. Without a cluster that answers, every test here skips and says
 why. Each test works in build/test-slurm/<test>/, where the jobs' .log and .err stay for a look.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.logs import parse_log
+from grader.pipeline.logfile import parse_log
 from tests.test_submit import HEADER_KEYS, footer_status
 from tests.worlds import REFERENCE, ROOT
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from slurm.profile import ProfileError, load_profile, profile_from_dict, profile_keys
-from grader.logs import parse_log
+from grader.pipeline.logfile import parse_log
 
 # The keys of slurm/common.sh's [Job] header, in order: every run (sbatch, submitit, run-local.sh).
 HEADER_KEYS = ["id", "name", "started", "nodes", "nnodes", "nproc_per_node", "world_size", "backend",
@@ -183,10 +183,12 @@ def test_local_run_leaves_the_same_log_as_a_slurm_job(tmp_path):
 
 # --- the job scripts ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["assignment4.sbatch", "assignment4-cpu.sbatch", "run-local.sh",
-                                  "dev/start-local-cluster.sh", "dev/stop-local-cluster.sh", "dev/test-slurm.sh"])
+@pytest.mark.parametrize("name", ["slurm/assignment4.sbatch", "slurm/assignment4-cpu.sbatch", "slurm/run-local.sh",
+                                  "tests/slurm_cluster/start-local-cluster.sh", "tests/slurm_cluster/stop-local-cluster.sh",
+                                  "tests/slurm_cluster/test-slurm.sh", "grader/gradescope/setup.sh",
+                                  "grader/gradescope/run_autograder"])
 def test_shell_scripts_parse_and_are_strict(name):
-    path = ROOT / "slurm" / name
+    path = ROOT / name
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
     assert "set -euo pipefail" in path.read_text()
     assert os.access(path, os.X_OK)

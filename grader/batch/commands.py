@@ -1,0 +1,29 @@
+"""`python -m grader grade`: the batch's command, between the command line and grade_batch."""
+
+import sys
+
+from grader.batch.array import ScaleError
+from grader.batch.run import grade_batch
+from grader.rubric import RubricError
+
+
+def grade_command(args) -> int:
+    try:
+        summary = grade_batch(args.paths, args.out, jobs=args.jobs, rubric_path=args.rubric, force=args.force,
+                              only=args.only, executor=args.executor, sandbox=args.sandbox,
+                              progress=not args.quiet,
+                              slurm={"partition": args.partition, "array_parallelism": args.array_parallelism,
+                                     "chunk": args.chunk, "time_min": args.slurm_time, "mem_gb": args.slurm_mem_gb,
+                                     "cluster": None if args.slurm_cluster == "auto" else args.slurm_cluster})
+    except (RubricError, ScaleError) as e:
+        print(f"grader: {e}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{s} {n}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
+    print(f"graded {summary.graded} hand-in(s) and reused {summary.cached} earlier result(s) "
+          f"in {summary.seconds:g} s; by status: {counts}")
+    print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md and a folder per student")
+    if summary.trouble:
+        print(f"{summary.trouble} hand-in(s) could not be graded (error or infra_error): see summary.md",
+              file=sys.stderr)
+        return 1
+    return 0

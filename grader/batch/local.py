@@ -1,0 +1,111 @@
+"""Grade hand-ins on this machine: `jobs` at once, each with its own executor, the canary first.
+
+Before grading, the reference solution is re-run at every check through the same machinery (the
+canary). If it does not pass, nothing can be trusted: every hand-in is recorded `infra_error` and
+no score is written. A crash while grading one hand-in becomes that hand-in's result; the batch
+goes on. Every hand-in's files are written as soon as it is graded.
+"""
+
+import queue
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from grader import kit
+from grader.pipeline import report
+from grader.pipeline.grade import grade_handin, judge_check
+from grader.rerun.check import prepare_code
+from grader.rerun.executor import make_executor
+from grader.rerun.sandbox import scratch_dir
+from grader.results import Status, new_result, ungraded
+
+
+def canary(executor, rubric, scratch: Path) -> str:
+    """Re-run the reference at every check; return what failed ('' when everything passed)."""
+    if not kit.REFERENCE.exists():
+        return ""
+    code = prepare_code(kit.REFERENCE, scratch)
+    for check in rubric.checks:
+        for part, outcome in judge_check(executor, code, check, rubric, scratch).items():
+            if outcome.status != Status.PASSED:
+                return f"the reference solution fails {part} at check '{check.name}': {outcome.message}"
+    return ""
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.started = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.lock = threading.Lock()
+
+    def step(self, student: str, text: str) -> None:
+        with self.lock:
+            self.done += 1
+            if not self.enabled:
+                return
+            elapsed = time.monotonic() - self.started
+            eta = elapsed / self.done * (self.total - self.done)
+            width = 24
+            bar = "#" * int(width * self.done / max(self.total, 1))
+            line = (f"[{bar:<{width}}] {self.done}/{self.total}  {student}: {text}  "
+                    f"({elapsed:.0f} s, about {eta:.0f} s left)")
+            if self.tty:
+                sys.stderr.write("\r\033[K" + line[:160] + ("\n" if self.done == self.total else ""))
+            else:
+                sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+
+def infra_result(h, rubric, message: str):
+    """The result of a hand-in the machinery could not grade: no score, grade it again."""
+    return ungraded(new_result(h.student, h.name, h.sha256, rubric), rubric, Status.INFRA_ERROR,
+                    f"not graded: {message}; grade it again", "not run: infrastructure failure")
+
+
+def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = "warm", sandbox: str = "auto",
+                  progress: bool = True) -> tuple:
+    """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
+    it is graded. Returns ({student: its gradebook view}, worlds run, their seconds)."""
+    results, worlds, world_seconds = {}, 0, 0.0
+    if not todo:
+        return results, worlds, world_seconds
+    scratch = Path(scratch_dir("a4-grade-"))
+    bar = Progress(len(todo), progress)
+    executors = [make_executor(executor, sandbox) for _ in range(max(1, min(jobs, len(todo))))]
+    idle = queue.Queue()
+    for ex in executors:
+        idle.put(ex)
+    try:
+        broken = canary(executors[0], rubric, scratch)
+        if broken:
+            broken += "; the grading machine is not working"
+
+        def grade_one(h):
+            if broken:
+                result = infra_result(h, rubric, broken)
+            else:
+                ex = idle.get()
+                try:
+                    result = grade_handin(h, rubric, ex, scratch)
+                finally:
+                    idle.put(ex)
+            report.write_handin(result, out)
+            score = "no score" if result.score is None else f"{result.score:g}/{result.max_score:g}"
+            bar.step(h.student, f"{result.status}, {score}")
+            return result.student, report.gradebook_view(result.to_dict())
+
+        with ThreadPoolExecutor(max_workers=len(executors)) as pool:
+            for future in as_completed([pool.submit(grade_one, h) for h in todo]):
+                student, view = future.result()
+                results[student] = view
+    finally:
+        for ex in executors:
+            ex.close()
+            worlds += ex.worlds
+            world_seconds += ex.world_seconds
+        shutil.rmtree(scratch, ignore_errors=True)
+    return results, worlds, world_seconds

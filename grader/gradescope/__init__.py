@@ -1,0 +1,1 @@
+"""Gradescope: grading one submission in its container, and the autograder bundle."""

@@ -1,0 +1,59 @@
+"""The Gradescope autograder zip: `python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]`.
+
+    setup.sh, run_autograder          this folder's two scripts, at the top of the zip
+    requirements-gradescope.txt       torch, numpy and PyYAML at the versions requirements.txt pins
+    grader/                           the shared modules and the rooms grading needs (rerun,
+                                      pipeline, gradescope): folder copies, nothing picked by hand
+    grader/rubric.yaml                the rubric graded by (--rubric), hidden checks included
+    assignment_4/utils.py             the provided copy re-runs use
+
+Never the reference solution: student code runs in the same container, and anything there could
+end up in its feedback.
+"""
+
+import sys
+import zipfile
+from pathlib import Path
+
+from grader import __version__, kit
+from grader.rubric import RubricError, load_rubric
+
+HERE = Path(__file__).resolve().parent
+ROOMS = ("rerun", "pipeline", "gradescope")
+SCRIPTS = ("setup.sh", "run_autograder")
+PACKAGES = ("torch", "numpy", "PyYAML")
+
+
+def bundle_files(rubric: Path) -> dict:
+    """Name in the zip -> the file it is a copy of."""
+    files = {name: HERE / name for name in SCRIPTS}
+    files.update({f"grader/{rel.as_posix()}": kit.GRADER / rel for rel in kit.grader_files(ROOMS)})
+    files["grader/rubric.yaml"] = rubric
+    files["assignment_4/utils.py"] = kit.UTILS
+    return files
+
+
+def build_bundle(out="autograder.zip", rubric_path=None) -> Path:
+    """Write the autograder zip to `out`; see the module docstring."""
+    out = Path(out)
+    rubric = Path(rubric_path) if rubric_path else kit.RUBRIC
+    load_rubric(rubric)  # refuse to bundle a rubric that does not load
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, path in bundle_files(rubric).items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o755 if name in SCRIPTS else 0o644) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, path.read_bytes())
+        z.writestr("requirements-gradescope.txt", kit.pinned(*PACKAGES))
+        z.writestr("VERSION", f"a4 grader {__version__} ({kit.source_digest()[:12]})\n")
+    return out
+
+
+def bundle_command(args) -> int:
+    try:
+        path = build_bundle(args.output, args.rubric)
+    except RubricError as e:
+        print(f"grader: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}: upload it as the autograder of a Gradescope programming assignment")
+    return 0

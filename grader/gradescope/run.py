@@ -1,0 +1,68 @@
+"""Grading inside Gradescope's autograder container.
+
+    python -m grader gradescope            # in the container: grade /autograder/submission
+
+(`python -m grader gradescope-bundle`, in grader.gradescope.bundle, builds the zip that sets it up.)
+
+Gradescope runs `setup.sh` once when the autograder is built and `run_autograder` for every
+submission, with the student's files in /autograder/submission; the result must be written to
+/autograder/results/results.json. It is written directly, always, even when grading failed.
+
+The bundle holds the grader, the provided utils.py and the rubric, never the reference solution:
+student code runs in the same container, and anything there could end up in its feedback.
+"""
+
+import json
+import shutil
+import traceback
+from pathlib import Path
+
+from grader.kit import write_json
+from grader.pipeline.grade import grade_handin
+from grader.pipeline.handin import Handin, folder_digest
+from grader.pipeline.report import gradescope_results
+from grader.rerun.executor import make_executor
+from grader.rerun.sandbox import scratch_dir
+from grader.results import Status, new_result, ungraded
+from grader.rubric import load_rubric
+
+
+def _student(metadata: Path) -> str:
+    try:
+        data = json.loads(metadata.read_text())
+        user = (data.get("users") or [{}])[0]
+        return str(user.get("sid") or user.get("email") or user.get("name") or "submission")
+    except (OSError, ValueError, AttributeError, IndexError):
+        return "submission"
+
+
+def grade_submission(submission="/autograder/submission", results="/autograder/results/results.json",
+                     metadata="/autograder/submission_metadata.json", rubric_path=None) -> dict:
+    """Grade one Gradescope submission folder and write its results.json; return what was written."""
+    submission, results = Path(submission), Path(results)
+    rubric = load_rubric(rubric_path)
+    handin = Handin(name=submission.name, student=_student(Path(metadata)), sha256="")
+    result = new_result(handin.student, handin.name, handin.sha256, rubric)
+    scratch = Path(scratch_dir("a4-gradescope-"))
+    executor = None
+    try:
+        handin.folder = submission
+        handin.sha256 = result.sha256 = folder_digest(submission)
+        executor = make_executor("warm")
+        result = grade_handin(handin, rubric, executor, scratch)
+    except Exception as e:  # noqa: BLE001 - the result file is written whatever happens
+        ungraded(result, rubric, Status.ERROR, f"grading failed: {type(e).__name__}: {e}", "not run: grading failed")
+        result.notes.append("grader traceback:\n```\n" + traceback.format_exc()[-3000:] + "```")
+    finally:
+        if executor is not None:
+            executor.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    doc = gradescope_results(result.to_dict())
+    write_json(results, doc)
+    return doc
+
+
+def run(args) -> int:
+    doc = grade_submission(args.submission, args.results, args.metadata, args.rubric)
+    print(f"wrote {args.results}: {doc['extra_data']['status']}, score {doc.get('score', 'none')}")
+    return 0

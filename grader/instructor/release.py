@@ -1,0 +1,156 @@
+"""The student release: the tree students receive, and nothing they could turn into the answer.
+
+    python -m grader release --out DIR
+
+writes
+
+    README.md, requirements.txt        from student/: what students do, in order; what to install
+    assignment_4/                      the skeleton, utils.py and the handout (never reference/)
+    slurm/                             the job scripts and the launcher, whole
+    grader/                            the shared modules and the rooms the student tools need
+                                       (rerun, pipeline, student): folder copies, so its command
+                                       line offers only check and package; rubric-public.yaml in
+                                       place of rubric.yaml
+
+It is refused (ReleaseError) when the committed skeleton is not what the reference generates,
+when the public rubric disagrees with the graders' or holds a hidden check, or when a scan of
+every file written finds solution text, a `reference/` path, or a hidden check's name or values.
+"""
+
+import dataclasses
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grader import kit
+from grader.instructor import skeleton
+from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, load_rubric
+
+ROOT = kit.ROOT
+HANDOUT = ("assignment4.py", "utils.py", "README.md")
+ROOMS = ("rerun", "pipeline", "student")   # what check and package run on
+JUNK = re.compile(r"(^|/)(__pycache__|\.pytest_cache|\.DS_Store)(/|$)|\.(pyc|log|err|zip)$")
+CONFIG = ("world_size", "seed", "global_batch_size", "input_dim", "output_dim", "accumulation_steps")
+
+
+class ReleaseError(ValueError):
+    """The release cannot be built as things are; the message says what to fix."""
+
+
+@dataclass
+class Release:
+    out: Path
+    files: list = field(default_factory=list)     # relative paths written
+    rooms: list = field(default_factory=list)     # grader rooms shipped beside the shared modules
+
+
+def public_rubric_drift(ta_path=DEFAULT_RUBRIC, public_path=PUBLIC_RUBRIC) -> list:
+    """How the public rubric differs from what the graders' one implies; [] when it agrees.
+
+    The public rubric must have the graders' points, tolerance, learning rate, log world size and
+    file limits, no hidden check, and exactly the graders' public checks, each at world sizes 4, 1
+    and 2 (in that order after the check's own world size): the first is the one the log is held
+    against.
+    """
+    ta, public = load_rubric(ta_path), load_rubric(public_path)
+    drift = [f"{key} differs" for key in ("parts", "tolerance", "learning_rate", "log_min_world_size")
+             if getattr(ta, key) != getattr(public, key)]
+    files = [dataclasses.replace(r.files, student_id_pattern="") for r in (ta, public)]
+    if files[0] != files[1]:
+        drift.append("files differs")
+    drift += [f"check '{c.name}' is hidden" for c in public.checks if c.hidden]
+    want = []
+    for check in (c for c in ta.checks if not c.hidden):
+        for size in dict.fromkeys((check.world_size, 4, 1, 2)):
+            want.append(tuple(getattr(dataclasses.replace(check, world_size=size), k) for k in CONFIG))
+    have = [tuple(getattr(c, k) for k in CONFIG) for c in public.checks]
+    if have != want:
+        drift.append(f"checks ({', '.join(CONFIG)}) are {have}; the graders' public checks make {want}")
+    return drift
+
+
+def solution_lines(reference: str) -> set:
+    """The stripped lines inside the reference's SOLUTION blocks that appear nowhere else in it."""
+    inside, given, solution = False, set(), set()
+    for line in reference.splitlines():
+        text = line.strip()
+        if text.startswith("# BEGIN SOLUTION"):
+            inside = True
+        elif text == "# END SOLUTION":
+            inside = False
+        elif text:
+            (solution if inside else given).add(text)
+    return solution - given
+
+
+def hidden_patterns(rubric_path=DEFAULT_RUBRIC) -> dict:
+    """A regex per hidden check: its name, and its values as a rubric or feedback would write them."""
+    rubric = load_rubric(rubric_path)
+    default = next(c for c in rubric.checks if not c.hidden)
+    patterns = {}
+    for c in (c for c in rubric.checks if c.hidden):
+        alternatives = [rf"(?<![\w-]){re.escape(c.name)}(?![\w-])", rf"\b{c.input_dim}x{c.output_dim}\b"]
+        for key in CONFIG[1:]:
+            if getattr(c, key) != getattr(default, key):
+                word = {"global_batch_size": "(?:global_batch_size|batch)"}.get(key, key)
+                alternatives.append(rf"\b{word}\W{{0,3}}{getattr(c, key)}\b")
+        patterns[c.name] = re.compile("|".join(alternatives))
+    return patterns
+
+
+def find_leaks(folder: Path, root: Path = ROOT) -> list:
+    """Every place in `folder` where the solution or a hidden check shows: ["path: what"]."""
+    solution = solution_lines((root / "assignment_4" / "reference" / "assignment4.py").read_text())
+    hidden = hidden_patterns(root / "grader" / "rubric.yaml")
+    leaks = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if "reference" in path.relative_to(folder).parts or rel == "grader/rubric.yaml":
+            leaks.append(f"{rel}: must not be in a release")
+        text = path.read_bytes().decode("utf-8", "replace")
+        for marker in ("BEGIN SOLUTION", "END SOLUTION", "REFERENCE ONLY"):
+            if marker in text:
+                leaks.append(f"{rel}: has the marker '{marker}'")
+        leaks += [f"{rel}: has the solution line {line!r}" for line in sorted(solution) if line in text]
+        leaks += [f"{rel}: names hidden check '{name}' or its values" for name, p in hidden.items() if p.search(text)]
+    return leaks
+
+
+def _copy(src: Path, dst: Path, written: list, out: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+    written.append(dst.relative_to(out).as_posix())
+
+
+def build_release(out, root: Path = ROOT) -> Release:
+    """Write the student release into `out` (a new or empty folder); see the module docstring."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ReleaseError(f"{out} is not an empty folder: give a new folder, or empty it first")
+    if not skeleton.skeleton_is_current(root / "assignment_4" / "reference" / "assignment4.py",
+                                        root / "assignment_4" / "assignment4.py"):
+        raise ReleaseError("assignment_4/assignment4.py differs from what the reference generates: run "
+                           "`make skeleton` and commit the result")
+    drift = public_rubric_drift(root / "grader" / DEFAULT_RUBRIC.name, root / "grader" / PUBLIC_RUBRIC.name)
+    if drift:
+        raise ReleaseError("grader/rubric-public.yaml does not match grader/rubric.yaml: " + "; ".join(drift))
+    release = Release(out=out, rooms=list(ROOMS))
+    written = release.files
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("README.md", "requirements.txt"):
+        _copy(root / "student" / name, out / name, written, out)
+    for name in HANDOUT:
+        _copy(root / "assignment_4" / name, out / "assignment_4" / name, written, out)
+    for path in sorted((root / "slurm").rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and not JUNK.search(rel):
+            _copy(path, out / rel, written, out)
+    for rel in kit.grader_files(ROOMS):
+        _copy(root / "grader" / rel, out / "grader" / rel, written, out)
+    _copy(root / "grader" / PUBLIC_RUBRIC.name, out / "grader" / PUBLIC_RUBRIC.name, written, out)
+    leaks = find_leaks(out, root)
+    if leaks:
+        shutil.rmtree(out)
+        raise ReleaseError("the release would leak (nothing was left written):\n  " + "\n  ".join(leaks))
+    return release

@@ -1,0 +1,101 @@
+"""The kit's own files, where they are, and how the grader writes files.
+
+Every path of the kit is named here once; every other module imports it from here. `source_digest`
+is what a cached result is held against: a result graded by other grading code, or against another
+`utils.py`, is graded again.
+"""
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent     # the kit's top folder
+GRADER = ROOT / "grader"
+ASSIGNMENT = ROOT / "assignment_4"
+REFERENCE = ASSIGNMENT / "reference" / "assignment4.py"   # never shipped, never in a sandbox
+SKELETON = ASSIGNMENT / "assignment4.py"                   # generated from REFERENCE
+UTILS = ASSIGNMENT / "utils.py"                            # the provided copy: re-runs always use it
+RUBRIC = GRADER / "rubric.yaml"                            # the graders': public and hidden checks
+PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the students': public checks only
+REQUIREMENTS = ROOT / "requirements.txt"
+
+# The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
+SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "parts.py", "results.py", "rubric.py")
+ROOMS = ("rerun", "pipeline", "batch", "student", "gradescope", "instructor")
+
+
+def _read_umask() -> int:
+    # Read once, at import: setting it to read it is not safe once grading threads are running.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def source_digest(grader: Path = GRADER, utils: Path = UTILS) -> str:
+    """sha256 over the grader's Python sources and the provided utils.py (names and bytes).
+
+    Computed over whatever of the grader this tree holds (the release and the Gradescope bundle
+    hold less), so a result is reused only by the very code that graded it.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(p for p in grader.rglob("*.py") if "__pycache__" not in p.parts) + [utils]:
+        if path.is_file():
+            name = path.relative_to(grader).as_posix() if path != utils else "utils.py"
+            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def grader_files(rooms) -> list:
+    """The grader's files a tree with `rooms` holds: the shared modules and every file of each room
+    (its scripts and data too), as paths relative to the grader folder. Never the rubrics: each
+    tree ships the one it needs."""
+    unknown = sorted(set(rooms) - set(ROOMS))
+    assert not unknown, f"no room {unknown}"
+    files = [Path(name) for name in SHARED]
+    for room in rooms:
+        files += sorted(p.relative_to(GRADER) for p in (GRADER / room).rglob("*")
+                        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    return files
+
+
+def pinned(*names: str, requirements: Path = REQUIREMENTS) -> str:
+    """The `name==version` lines of requirements.txt for `names`, in that order, one per line."""
+    versions = {}
+    for line in requirements.read_text().splitlines():
+        match = re.match(r"\s*([A-Za-z0-9_.-]+)==(\S+)", line)
+        if match:
+            versions[match.group(1).lower()] = match.group(2)
+    missing = [n for n in names if n.lower() not in versions]
+    if missing:
+        raise KeyError(f"{requirements} pins no {', '.join(missing)}")
+    return "".join(f"{n}=={versions[n.lower()]}\n" for n in names)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename: a reader sees the old file or
+    the new one, never half of one. The file gets the mode the user's umask gives new files, so a
+    shared grading folder stays readable to the other TAs."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, data, sort_keys: bool = False) -> None:
+    """`data` as indented JSON, written atomically."""
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=sort_keys) + "\n")

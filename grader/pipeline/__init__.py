@@ -1,0 +1,1 @@
+"""Grade one hand-in: unpack it, read its logs, re-run it, compare, score, report."""

@@ -1,0 +1,140 @@
+"""Grade one hand-in: unpack -> log evidence -> re-run at every check -> compare -> score.
+
+`grade_handin` always returns a HandinResult: a hand-in that cannot be graded as handed in is
+`invalid` (score 0, with the reason), a crash of the grader itself is `error` (no score), and a
+failure of the re-run machinery is `infra_error` (no score).
+"""
+
+import difflib
+import hashlib
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+from grader import kit
+from grader.parts import PART_IDS
+from grader.pipeline import compare, handin as handins
+from grader.pipeline.errfile import parse_err
+from grader.pipeline.logfile import parse_log
+from grader.pipeline.score import log_validity, score_handin
+from grader.rerun import check as rerun
+from grader.rerun.sandbox import scratch_dir
+from grader.results import CheckOutcome, HandinResult, Status, new_result, ungraded
+
+RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
+
+
+def _utils_notes(student_utils: Path) -> list:
+    theirs = student_utils.read_text(errors="replace").splitlines()
+    ours = kit.UTILS.read_text().splitlines()
+    if theirs == ours:
+        return []
+    diff = list(difflib.unified_diff(ours, theirs, "utils.py (provided)", "utils.py (handed in)", lineterm="", n=1))
+    shown = "\n".join(diff[:24]) + ("\n..." if len(diff) > 24 else "")
+    return [f"utils.py differs from the provided one; the grader ran your code with the provided copy:\n"
+            f"```diff\n{shown}\n```"]
+
+
+def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS) -> dict:
+    """Re-run `parts` at `check` and judge them. A failure is run once more: a flip to passed is
+    flagged flaky (the failure stands, for a person to look at); when the machinery failed, the
+    second run decides, since the first said nothing about the code."""
+    exp = compare.expected(check, rubric.learning_rate)
+    runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
+    judged = {p: compare.judge(runs[p], exp, p, check, rubric.tolerance) for p in parts}
+    again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)]
+    if again:
+        reruns = rerun.run_check(executor, code, check, rubric, scratch, again)
+        for p in again:
+            second = compare.judge(reruns[p], exp, p, check, rubric.tolerance)
+            if judged[p].status == Status.INFRA_ERROR:
+                judged[p] = second
+            else:
+                judged[p].flaky = second.status == Status.PASSED
+    return judged
+
+
+def _file_notes(result: HandinResult, files: dict, rubric) -> None:
+    """Penalties and notes for what is missing from the hand-in, or changed in its utils.py."""
+    for role, name, key in (("utils", "utils.py", "penalty_missing_utils"), ("log", "the .log", "penalty_missing_log"),
+                            ("err", "the .err", "penalty_missing_err")):
+        if role not in files:
+            penalty = getattr(rubric.files, key)
+            result.flags.append(f"missing_{role}")
+            result.notes.append(f"{name} is missing from the hand-in" + (f" (-{penalty:g} points)" if penalty else ""))
+            if penalty:
+                result.penalties[f"missing_{role}"] = penalty
+    if "utils" in files:
+        notes = _utils_notes(files["utils"])
+        if notes:
+            result.flags.append("modified_utils")
+            result.notes += notes
+            if rubric.files.penalty_modified_utils:
+                result.penalties["modified_utils"] = rubric.files.penalty_modified_utils
+
+
+def _log_evidence(result: HandinResult, files: dict, code_sha256: str, rubric) -> tuple:
+    """Read the .log and .err into `result`; return (the log report or None, whether its claims count)."""
+    log_report = None
+    if "log" in files:
+        log_report = parse_log(files["log"].read_bytes(), min_world_size=rubric.log_min_world_size)
+        result.log = log_report.to_dict()
+    if "err" in files:
+        err_report = parse_err(files["err"].read_bytes())
+        result.err = err_report.to_dict()
+        for flag in err_report.flags:
+            result.flags.append(f"err_{flag.code}")
+            result.notes.append(f".err: {flag.message}")
+    log_usable, flags, notes = log_validity(log_report, code_sha256, rubric)
+    result.flags += flags
+    result.notes += notes
+    return log_report, log_usable
+
+
+def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: Path, deadline: float) -> dict:
+    """Every part at every check of the rubric, within the hand-in's time: part -> [CheckOutcome]."""
+    code = rerun.prepare_code(assignment, work)
+    outcomes = {p: [] for p in PART_IDS}
+    for check in rubric.checks:
+        if time.monotonic() > deadline:
+            for p in PART_IDS:
+                outcomes[p].append(CheckOutcome(check=check.name, hidden=check.hidden,
+                                                world_size=check.world_size, status=Status.TIMEOUT,
+                                                message=f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))
+            continue
+        for p, outcome in judge_check(executor, code, check, rubric, work).items():
+            outcomes[p].append(outcome)
+            if outcome.flaky and "flaky" not in result.flags:
+                result.flags.append("flaky")
+    return outcomes
+
+
+def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
+    """Grade `handin` (a grader.pipeline.handin.Handin) with `executor`; see the module docstring."""
+    started = time.monotonic()
+    result = new_result(handin.student, handin.name, handin.sha256, rubric)
+    work = Path(scratch_dir("handin-", scratch))
+    try:
+        try:
+            unpacked = handins.unpack(handin, work / "files", rubric.files)
+        except handins.HandinError as e:
+            return ungraded(result, rubric, Status.INVALID, str(e), "not run: the hand-in could not be unpacked",
+                            score=0.0)
+        files = unpacked.files
+        result.notes += unpacked.notes
+        result.files = {role: str(path.relative_to(unpacked.root)) for role, path in files.items()}
+        code_sha256 = hashlib.sha256(files["assignment"].read_bytes()).hexdigest()
+        _file_notes(result, files, rubric)
+        log_report, log_usable = _log_evidence(result, files, code_sha256, rubric)
+        result.isolation = dict(getattr(executor, "isolation", {}))
+        outcomes = _rerun_all(result, files["assignment"], rubric, executor, work, started + rubric.timeouts.handin)
+        score_handin(result, outcomes, rubric, log_report, log_usable)
+    except Exception as e:  # noqa: BLE001 - one hand-in's grading bug must not end the batch
+        ungraded(result, rubric, Status.ERROR, f"grading this hand-in failed: {type(e).__name__}: {e}",
+                 "not run: grading failed")
+        result.notes.append("grader traceback:\n```\n" + traceback.format_exc()[-3000:] + "```")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        result.seconds = round(time.monotonic() - started, 3)
+    return result

@@ -1,0 +1,207 @@
+"""What the .log and .err readers share: every pattern of both files, the reports they return, and
+the text helpers. `grader.pipeline.logfile` reads a `.log`, `grader.pipeline.errfile` an `.err`.
+
+A log is evidence, not the verdict (it can be stale or forged; the grade comes from our re-run).
+Clusters mangle output (srun --label and torchrun prefixes, ranks spliced into one line, CRLF,
+colour codes, invalid UTF-8, a cut-off last line), so the patterns search the whole text as bytes,
+never only line starts. Nothing here raises: a parser failure becomes a `parse_error` flag.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+from grader.parts import PART_IDS, PARTS
+
+# ---- Every pattern of both files, in one place -------------------------------------------------
+
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# A claim anywhere in the text: "[Prefix][Rank r] Tensors match: True | Max diff: x | Mean diff: y"
+# (prefix optional), "[Prefix][Rank r] Not implemented yet: ...", or "[Rank r] done".
+# Groups: 1 the claim's text, 2 prefix, 3 rank, 4 True/False, 5 max diff, 6 not implemented, 7 done.
+# Ranks and world sizes have at most 4 digits, so that no line can make a report of a million ranks.
+CLAIM = re.compile(
+    rb"(\[(?:([A-Za-z][\w \-]{0,38}+)\]\s*+\[)?Rank (\d{1,4}+)\]\s*+"
+    rb"(?:Tensors match:\s*+(True|False)(?:\s*+\|\s*+Max diff:\s*+([\w.+\-]++))?"
+    rb"(?:\s*+\|\s*+Mean diff:\s*+[\w.+\-]++)?(?:\s*+\|\s*+shapes \[[\d, ]*\] vs \[[\d, ]*\])?"
+    rb"|(Not implemented)[^\r\n\[]{0,160}+|(done)\b(?![ \t]*+[A-Za-z])))")
+# "[Distributed Init] Rank r initialized on ...": ours (groups 2-8: node, host, device, backend,
+# world size, torch, code sha256) or the handout's "... on {node_id} on GPU {local_rank}." (9, 10).
+INIT = re.compile(
+    rb"\[Distributed Init\]\s*+Rank (\d{1,4}+) initialized on (?:node (\S+) \(([^)\r\n]*)\) on (\S+) \| "
+    rb"backend (\w+) \| world size (\d{1,4}+)(?: \| torch (\S+))?(?: \| code sha256 (\w+))?"
+    rb"|(\S+) on GPU (\d+))")
+JOB = re.compile(rb"\[Job\] ([^\r\n]*)")               # slurm/common.sh: header and footer lines
+JOB_STATUS = re.compile(rb"finished status=(-?\w+)")
+KEY_VALUE = re.compile(r"(\w+)=(\S*)")
+# Invented prefixes, by keyword, tried in this order after the exact prefixes of grader.parts.
+PREFIX_KEYWORDS = (("grad_accumulation", ("accum", "micro")),
+                   ("tensor_parallel", ("tensor", "column", "tp", "modelparallel")),
+                   ("data_parallel", ("data", "dp")),
+                   ("baseline", ("baseline", "single", "reference")))
+
+TRACEBACK = re.compile(rb"Traceback \(most recent call last\):")
+SYNTAX_ERROR = re.compile(rb"(?:SyntaxError|IndentationError|TabError): [^\r\n]*")  # no "Traceback" line
+LINE_PREFIX = re.compile(r"^[ \t]*(?:\d+: ?)?(?:\[(?:rank|default)(\d+)\]: ?)?")  # srun --label, torchrun
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::|$)")              # "ValueError: ...", "KeyboardInterrupt"
+CARETS = re.compile(r"[ \t]*[\^~]+[ \t]*")
+ROOT_CAUSE = re.compile(rb"Root Cause \(first observed failure\):[\s\S]{0,400}?rank\s*:\s*(\d+)"
+                        rb"[\s\S]{0,200}?exitcode\s*:\s*(-?\d+)")
+NCCL = re.compile(rb"NCCL error|nccl[A-Z]\w*Error|Watchdog caught collective operation timeout")
+SLURM = re.compile(rb"(?:slurmstepd|srun)\S*: [^\r\n]*?(?:CANCELLED|TIME LIMIT|[Nn]ode failure|NODE FAIL|"
+                   rb"PREEMPT|[Aa]borted|Exited with exit code|Out Of Memory)")
+OOM = re.compile(rb"out of memory|Out Of Memory|OutOfMemoryError|oom[_-]kill|MemoryError|Killed")
+OOM_KILLED = re.compile(r"^Killed$|\d Killed\b")   # "Killed" alone, or bash's "line 9: 4711 Killed  ..."
+COLLECTIVE_TIMEOUT = re.compile(rb"Watchdog caught collective operation timeout|Timed out waiting \d+ ?ms")
+# Literals one of which every match of an .err pattern contains: a file without any of them skips
+# the pattern (alternations search slowly, and a long .err of NCCL_DEBUG output is common).
+NEEDLES = {NCCL: (b"NCCL", b"nccl", b"Watchdog"), SLURM: (b"slurmstepd", b"srun"),
+           OOM: (b"emory", b"oom", b"Killed"), COLLECTIVE_TIMEOUT: (b"Watchdog", b"Timed out")}
+
+HANDOUT_RANK0_PARTS = ("baseline", "grad_accumulation")   # in this order, unprefixed in the handout
+EXCERPT_LINES = 8      # claim lines quoted per part
+REPORT_LINES = 10      # lines kept per kind of .err evidence
+TRACEBACK_HEAD = 15    # cleaned lines kept of a traceback, its exception line the last
+TRACEBACK_SCAN = 64_000  # bytes read after "Traceback (...)" to find its exception
+
+
+class Dialect(str, Enum):
+    A4 = "a4"
+    HANDOUT = "handout"
+    UNKNOWN = "unknown"
+
+
+class RankClaim(str, Enum):
+    MATCH = "match"
+    MISMATCH = "mismatch"
+    NOT_IMPLEMENTED = "not_implemented"
+    MISSING = "missing"
+    CONFLICTING = "conflicting"
+
+
+def _plain(value):
+    """asdict() made JSON-ready: enums as their values, dict keys as str, inf and nan as "inf", "nan"."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(_plain(k)): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Result:
+    def to_dict(self) -> dict:
+        return _plain(asdict(self))
+
+    def flag_codes(self) -> list[str]:
+        return [f.code for f in getattr(self, "flags", [])]
+
+
+@dataclass
+class LogFlag(_Result):
+    code: str      # "missing_ranks", "separate_worlds", "python_error", "oom", ...
+    message: str   # one plain sentence a student can act on
+
+
+@dataclass
+class PartEvidence(_Result):
+    part: str                                                  # a part id of grader.parts
+    passed: bool = False                                       # claims correct on every expected rank
+    ranks: dict[int, RankClaim] = field(default_factory=dict)  # every expected rank, and any other seen
+    max_diff: float | None = None                              # the largest "Max diff" of its lines
+    message: str = "no line for this part"
+    excerpt: list[str] = field(default_factory=list)           # the claims it rests on, as logged
+
+
+@dataclass
+class LogReport(_Result):
+    dialect: Dialect = Dialect.UNKNOWN
+    world_size: int | None = None      # stated by our init lines, else the ranks seen and the header
+    init_ranks: list[int] = field(default_factory=list)        # in order, duplicates kept
+    done_ranks: list[int] = field(default_factory=list)
+    fingerprints: list[str] = field(default_factory=list)      # distinct code sha256, in order
+    hosts: dict[int, str] = field(default_factory=dict)        # rank -> host (ours) or node id (handout's)
+    backends: list[str] = field(default_factory=list)          # distinct backends of the init lines
+    job: dict[str, str] = field(default_factory=dict)          # [Job] header and footer fields
+    finished: bool = False           # every rank printed done, and the footer (if any) says status=0
+    parts: dict[str, PartEvidence] = field(default_factory=lambda: {p: PartEvidence(p) for p in PART_IDS})
+    flags: list[LogFlag] = field(default_factory=list)
+    unknown_prefixes: list[str] = field(default_factory=list)  # comparison prefixes naming no part
+
+
+@dataclass
+class ErrReport(_Result):
+    exception: str | None = None          # the exception line of the first traceback not torchrun's
+    traceback_head: list[str] = field(default_factory=list)
+    failed_rank: int | None = None        # torchrun's Root Cause rank, else the traceback's [rankN]
+    nccl: list[str] = field(default_factory=list)
+    slurm: list[str] = field(default_factory=list)
+    oom: list[str] = field(default_factory=list)
+    flags: list[LogFlag] = field(default_factory=list)
+    exception_rank: int | None = None     # the rank whose traceback `exception` comes from
+    exit_code: int | None = None          # the Root Cause's exit code (-9: SIGKILL)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def as_bytes(data) -> bytes:
+    """The text as bytes, colour codes removed; b"" when there is nothing but whitespace."""
+    data = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data or b"")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):   # saved as UTF-16 by an editor
+        data = data.decode("utf-16", "replace").encode("utf-8", "replace")
+    if not data or data.isspace():
+        return b""
+    return ANSI.sub(b"", data) if b"\x1b" in data else data
+
+
+def squash(b: bytes) -> str:
+    return " ".join(b.decode("utf-8", "replace").split())
+
+
+def ranks_text(ranks) -> str:
+    """"rank 2", "ranks 1, 3"; long lists as runs: "ranks 0-7, 9-63"."""
+    ranks = sorted(ranks)
+    if len(ranks) <= 8:
+        return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    runs = [[ranks[0], ranks[0]]]
+    for r in ranks[1:]:
+        if r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return "ranks " + ", ".join(f"{a}-{b}" if a < b else f"{a}" for a, b in runs)
+
+
+def number(b: bytes) -> float | None:
+    try:
+        return float(b)
+    except ValueError:
+        return None
+
+
+_PART_OF_PREFIX: dict[bytes, str | None] = {}
+
+
+def part_of_prefix(prefix: bytes | str) -> str | None:
+    """The part id a comparison's "[Prefix]" names, tolerantly: "Data Parallel", "GradAccum" ..."""
+    key = prefix.encode() if isinstance(prefix, str) else prefix
+    if key not in _PART_OF_PREFIX:
+        name = re.sub(r"[^a-z0-9]", "", key.decode("utf-8", "replace").lower())
+        found = {p.log_prefix.lower(): p.id for p in PARTS}.get(name)
+        found = found or next((part for part, words in PREFIX_KEYWORDS if any(w in name for w in words)), None)
+        _PART_OF_PREFIX[key] = found
+    return _PART_OF_PREFIX[key]
+
+
+def add_flag(report, code: str, message: str) -> None:
+    report.flags.append(LogFlag(code, message))
+
+
+def clip(text: str, n: int = 200) -> str:
+    return text if len(text) <= n else text[:n - 3].rstrip() + "..."

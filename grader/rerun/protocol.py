@@ -1,0 +1,254 @@
+"""What crosses a process boundary while hand-in code is re-run: the messages, typed, and one codec.
+
+    grader (executor)  --WorldRequest, WorldJob, Exit-->  zygote / world leader
+    grader (executor)  <--Hello, WorldReport--            zygote / world leader
+    world supervisor   <--Ready, Start, Result..., Done / LoadFailed / InfraError--  each rank
+
+A rank runs hand-in code, so what it sends is untrusted: `decode` checks the type tag and every
+field's type and raises ProtocolError on anything else; the supervisor then ends the world. The
+order of a rank's messages is the supervisor's to check (grader.rerun.supervise). Frames and
+tensors are grader.rerun.channel's.
+"""
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional, Union
+
+from grader.rerun import channel
+
+
+class ProtocolError(channel.ChannelError):
+    """A message that is not one the protocol allows, or has a field of the wrong type."""
+
+
+class StopReason(str, Enum):
+    """Why a world ended before every rank reported every part."""
+    LOAD_FAILED = "load_failed"        # assignment4.py did not load (a syntax error, an import)
+    START_TIMEOUT = "start_timeout"    # the ranks did not load the code in time
+    TIMEOUT = "timeout"                # a part ran past its wall clock
+    RANK_DIED = "rank_died"            # a rank (or the world's supervisor) exited before the end
+    DIST_ERROR = "dist_error"          # a collective failed on some rank
+    RANKS_DISAGREE = "ranks_disagree"  # a part returned on some ranks and raised on others
+    PROTOCOL = "protocol"              # a malformed or out-of-order message (hand-in code writing to the pipe)
+    INFRA_ERROR = "infra_error"        # the machinery failed: no part of the hand-in is to blame
+
+
+class RankStatus(str, Enum):
+    """How one part ended on one rank."""
+    OK = "ok"                          # returned a weight
+    NOT_IMPLEMENTED = "not_implemented"
+    CRASHED = "crashed"
+    OOM = "oom"
+    DIST_ERROR = "dist_error"          # a collective failed; the rank stops after reporting it
+
+
+@dataclass
+class ErrorInfo:
+    exception: str = ""                # the exception's last line
+    traceback: str = ""
+
+
+@dataclass
+class Timeouts:
+    world_start: float = 60.0
+    part: float = 20.0
+
+
+@dataclass
+class WorldJob:
+    """One world to run: which parts of the code in `code_dir`, at which configuration."""
+    TYPE: typing.ClassVar[str] = "job"
+    work_dir: str
+    code_dir: str
+    store: str                         # gloo's file store
+    world_size: int
+    parts: list[str]
+    check: dict[str, int]              # global_batch_size, input_dim, output_dim, seed, accumulation_steps
+    pg_timeout: float                  # how long a collective waits for a missing rank
+    limits: dict[str, int]             # grader.rubric.Limits, as a mapping
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    cwd: str = ""                      # the ranks' working folder (the work folder when empty)
+
+
+@dataclass
+class WorldRequest:
+    TYPE: typing.ClassVar[str] = "world"   # the zygote forks on this; only the fork reads the job
+
+
+@dataclass
+class Exit:
+    TYPE: typing.ClassVar[str] = "exit"
+
+
+@dataclass
+class Hello:
+    TYPE: typing.ClassVar[str] = "hello"
+    isolation: dict = field(default_factory=dict)
+
+
+@dataclass
+class Ready:
+    TYPE: typing.ClassVar[str] = "ready"
+    skipped_lines: list[int] = field(default_factory=list)   # script statements not executed
+
+
+@dataclass
+class Start:
+    TYPE: typing.ClassVar[str] = "start"
+    part: str = ""
+
+
+@dataclass
+class Result:
+    """One part's result on one rank."""
+    TYPE: typing.ClassVar[str] = "result"
+    part: str = ""
+    status: RankStatus = RankStatus.CRASHED
+    weight: Optional[dict] = None      # grader.rerun.channel.encode_tensor's form
+    comm: list[dict] = field(default_factory=list)   # {"op", "numel", "reduce_op"} per collective called
+    answer_key_calls: int = 0          # calls of utils.expected_weight
+    seconds: float = 0.0
+    error: Optional[ErrorInfo] = None
+
+
+@dataclass
+class Done:
+    TYPE: typing.ClassVar[str] = "done"
+
+
+@dataclass
+class LoadFailed:
+    TYPE: typing.ClassVar[str] = "load_failed"
+    error: ErrorInfo = field(default_factory=ErrorInfo)
+
+
+@dataclass
+class InfraError:
+    TYPE: typing.ClassVar[str] = "infra_error"
+    error: ErrorInfo = field(default_factory=ErrorInfo)
+
+
+@dataclass
+class Abort:
+    reason: StopReason
+    part: Optional[str] = None         # the part at which the world ended, when one is to blame
+    detail: str = ""
+    error: Optional[ErrorInfo] = None  # the exception that stopped the code from loading
+
+
+@dataclass
+class WorldReport:
+    TYPE: typing.ClassVar[str] = "world_report"
+    completed: list[str] = field(default_factory=list)   # parts every rank reported consistently
+    results: dict[str, dict[int, Result]] = field(default_factory=dict)   # part -> rank -> result
+    abort: Optional[Abort] = None
+    exit_codes: dict[int, Optional[int]] = field(default_factory=dict)
+    output: dict[int, str] = field(default_factory=dict)   # head and tail of each rank's stdout/stderr
+    skipped_lines: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    timeline: dict[str, float] = field(default_factory=dict)
+    isolation: dict = field(default_factory=dict)
+
+
+Message = Union[WorldJob, WorldRequest, Exit, Hello, Ready, Start, Result, Done, LoadFailed, InfraError,
+                WorldReport]
+TYPES = {cls.TYPE: cls for cls in typing.get_args(Message)}
+RANK_MESSAGES = (Ready, Start, Result, Done, LoadFailed, InfraError)
+
+
+def stopped(job: WorldJob, reason: StopReason, detail: str, part=None) -> WorldReport:
+    """The report of a world that ended before any part was settled."""
+    return WorldReport(results={p: {} for p in job.parts} if job else {},
+                       abort=Abort(reason=reason, part=part, detail=detail))
+
+
+# ---- the codec --------------------------------------------------------------------------------
+
+def _plain(value):
+    if isinstance(value, Enum):
+        return value.value
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def encode(message) -> dict:
+    """A message as the JSON-ready mapping the channel sends: its fields and its `type`."""
+    return {"type": message.TYPE, **_plain(message)}
+
+
+def _convert(kind, value, where: str):
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Union:
+        if value is None and type(None) in args:
+            return None
+        return _convert(next(a for a in args if a is not type(None)), value, where)
+    if dataclasses.is_dataclass(kind):
+        return _build(kind, value, where)
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        try:
+            return kind(value)
+        except ValueError:
+            raise ProtocolError(f"{where}: {value!r} is not a {kind.__name__}") from None
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where}: expected a list")
+        return [_convert(args[0], v, f"{where}[]") for v in value] if args else value
+    if origin is dict or kind is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a mapping")
+        if not args:
+            return value
+        return {_convert(args[0], k, f"{where} key"): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    if kind is int:
+        if isinstance(value, str) and value.lstrip("-").isdigit():   # JSON's keys are text
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProtocolError(f"{where}: expected a whole number, got {type(value).__name__}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{where}: expected text, got {type(value).__name__}")
+        return value
+    return value
+
+
+def _build(cls, data, where: str):
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{where}: expected a mapping")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            values[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ProtocolError(f"{where}: has no {f.name}")
+    return cls(**values)
+
+
+def decode(data: dict, allowed=None):
+    """The message of a mapping the channel read; ProtocolError when it is not one of `allowed`."""
+    cls = TYPES.get(data.get("type"))
+    if cls is None or (allowed is not None and cls not in allowed):
+        raise ProtocolError(f"unexpected message type {str(data.get('type'))[:40]!r}")
+    return _build(cls, data, cls.TYPE)
+
+
+def send(fd: int, message) -> None:
+    channel.send(fd, encode(message))
+
+
+def receive(fd: int, allowed=None):
+    """The next message on `fd` (blocking), decoded; None at end of file."""
+    data = channel.read_message(fd)
+    return None if data is None else decode(data, allowed)

@@ -1,0 +1,255 @@
+"""What runs inside one rank of a re-run world: load the hand-in's code, call its parts, report.
+
+The rank joins a gloo world over a file store, loads `assignment4.py` next to the trusted
+`utils.py`, and for each part sets the check's configuration on the module, calls the part's
+function with `seed=` and `device="cpu"`, and sends the returned weight, the collectives the
+part called, and any error over its result pipe (grader.rerun.protocol). It never compares anything:
+the verdict is the grader's, in the grader's own process.
+
+Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
+- top-level script code (initialising, calling the parts, printing) is not executed; imports,
+  definitions and plain assignments are (compile_assignment);
+- "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (grader.rerun.hooks).
+"""
+
+import ast
+import datetime
+import inspect
+import os
+import sys
+import time
+import traceback
+import types
+
+import torch
+import torch.distributed as dist
+
+from grader.parts import BY_ID
+from grader.rerun import channel, protocol
+from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
+from grader.rerun.protocol import ErrorInfo, RankStatus
+
+def warm_up() -> None:
+    """Take one tiny SGD step, so that the first step's lazy imports (hundreds of modules) are paid
+    once in the process ranks are forked from, not again in every rank. Single-threaded: a
+    process that forks must not have started a thread pool."""
+    import torch.nn as nn
+    import torch.optim as optim
+    torch.set_num_threads(1)
+    with CudaOnCpu():
+        layer = nn.Linear(3, 2, bias=False)
+        optimizer = optim.SGD(layer.parameters(), lr=0.5)
+        loss = nn.MSELoss(reduction="mean")(layer(torch.randn(4, 3)), torch.randn(4, 2))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def _calls_local_function(node, local_names) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in local_names
+               for n in ast.walk(node))
+
+
+def script_statements_removed(tree: ast.Module) -> list:
+    """Drop the top-level statements that would run the script; return the line numbers dropped.
+
+    Kept: imports, function and class definitions, the docstring, and assignments that call no
+    function of the module itself (so `rank, local_rank, world_size = init_distributed()` and
+    `local_batch_size = global_batch_size // world_size` stay; `w = single_step()` goes).
+    """
+    local_names = {n.name for n in tree.body
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    kept, dropped = [], []
+    for i, node in enumerate(tree.body):
+        keep = isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                 ast.AsyncFunctionDef, ast.ClassDef))
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            keep = not _calls_local_function(node, local_names)
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            keep = True
+        if isinstance(node, ast.Try):
+            inner = node.body + [s for h in node.handlers for s in h.body]
+            keep = all(isinstance(s, (ast.Import, ast.ImportFrom, ast.Pass, ast.Assign)) for s in inner)
+        (kept if keep else dropped).append(node)
+    tree.body = kept
+    return [node.lineno for node in dropped]
+
+
+def compile_assignment(path: str) -> tuple:
+    """The hand-in's assignment4.py compiled without its script statements: (code, lines skipped)."""
+    with open(path, "rb") as f:
+        source = f.read()
+    tree = ast.parse(source, filename=path)
+    skipped = script_statements_removed(tree)
+    return compile(tree, path, "exec"), skipped
+
+
+def run_assignment(code, path: str):
+    """Execute compiled assignment code as the module `assignment4`; return the module."""
+    module = types.ModuleType("assignment4")
+    module.__file__ = path
+    sys.modules["assignment4"] = module
+    exec(code, module.__dict__)
+    return module
+
+
+def prepare(job: protocol.WorldJob) -> dict:
+    """What every rank of a world needs and may share, done once before the ranks are forked: the
+    trusted utils imported, the hand-in's code compiled (never run: that is for the ranks)."""
+    if job.code_dir not in sys.path:
+        sys.path.insert(0, job.code_dir)
+    import utils  # noqa: F401 - the trusted copy, next to the hand-in's assignment4.py
+    path = os.path.join(job.code_dir, "assignment4.py")
+    try:
+        code, skipped = compile_assignment(path)
+        return {"path": path, "code": code, "skipped": skipped, "error": None}
+    except BaseException as e:  # noqa: BLE001 - a syntax error is the hand-in's, reported by every rank
+        return {"path": path, "code": None, "skipped": [], "error": _error(e)}
+
+
+def configure(module, check: dict, rank: int, world_size: int) -> None:
+    """Set the check's configuration on the module, and the globals handout-style code reads."""
+    values = {k: check[k] for k in ("global_batch_size", "input_dim", "output_dim", "seed",
+                                    "accumulation_steps")}
+    values.update(world_size=world_size, rank=rank, local_rank=rank,
+                  local_batch_size=check["global_batch_size"] // world_size)
+    for name, value in values.items():
+        setattr(module, name, value)
+
+
+def _kwargs_for(function, wanted: dict) -> dict:
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return wanted
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return wanted
+    return {k: v for k, v in wanted.items() if k in params}
+
+
+def _returned_weight(value):
+    """The updated weight in what a part returned: a tensor, or the last tensor of a tuple."""
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        value = value[-1]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"returned {type(value).__name__}, not a tensor")
+    if not value.is_floating_point():
+        raise TypeError(f"returned a tensor of {value.dtype}, not a floating-point tensor")
+    return value
+
+
+def _error(exc: BaseException) -> ErrorInfo:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    exception = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return ErrorInfo(exception=exception[:2000], traceback="".join(lines)[-6000:])
+
+
+def _is_dist_failure(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, getattr(dist, "DistError", ())) or any(
+        s in text for s in ("gloo", "timed out", "connection closed", "connection reset"))
+
+
+def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: list) -> protocol.Result:
+    """Call one part; return its Result (ok / not_implemented / crashed / dist_error / oom)."""
+    part = BY_ID[part_id]
+    function = getattr(module, part.function, None)
+    if not callable(function):
+        return protocol.Result(part=part_id, status=RankStatus.CRASHED,
+                               error=ErrorInfo(f"assignment4.py has no function {part.function}()"))
+    wanted = {"seed": check["seed"], "device": "cpu"}
+    if part_id == "grad_accumulation":
+        wanted["accumulation_steps"] = check["accumulation_steps"]
+    answer_key.clear()
+    calls = []
+    started = time.monotonic()
+    result = protocol.Result(part=part_id, status=RankStatus.OK)
+    try:
+        with CudaOnCpu(), comm.recording(calls):
+            returned = function(**_kwargs_for(function, wanted))
+        result.weight = channel.encode_tensor(_returned_weight(returned))
+    except NotImplementedError as e:
+        result.status, result.error = RankStatus.NOT_IMPLEMENTED, _error(e)
+    except MemoryError as e:
+        result.status, result.error = RankStatus.OOM, _error(e)
+    except RuntimeError as e:
+        out_of_memory = "can't allocate memory" in str(e) or "Cannot allocate memory" in str(e)
+        result.status = RankStatus.OOM if out_of_memory else \
+            RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
+        result.error = _error(e)
+    except BaseException as e:  # noqa: BLE001 - a hand-in may raise anything, SystemExit included
+        result.status = RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
+        result.error = _error(e)
+    result.comm = calls
+    result.answer_key_calls = len(answer_key)
+    result.seconds = round(time.monotonic() - started, 4)
+    return result
+
+
+def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
+    """Nothing of the grader's environment (a TA's tokens, say) reaches the hand-in, but the
+    interface gloo is told to use (loopback unless the grader was told otherwise)."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.clear()
+    os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME="/tmp", TMPDIR="/tmp", LANG="C.UTF-8",
+                      OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=interface, RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(job.world_size), LOCAL_WORLD_SIZE=str(job.world_size),
+                      MASTER_ADDR="127.0.0.1", A4_BACKEND="gloo", A4_TIMEOUT_S=str(job.pg_timeout))
+
+
+def _spy_on_answer_key(answer_key: list) -> None:
+    """Count calls of utils.expected_weight: the closed form is the script's check, not a way to
+    compute the step."""
+    import utils  # the trusted copy, next to the hand-in's assignment4.py
+    closed_form = utils.expected_weight
+
+    def expected_weight(*args, **kwargs):
+        answer_key.append(1)
+        return closed_form(*args, **kwargs)
+    utils.expected_weight = expected_weight
+
+
+def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None) -> None:
+    """The whole life of one rank. Never returns: the process ends with os._exit."""
+    def report(message):
+        protocol.send(result_fd, message)
+
+    try:
+        torch.set_num_threads(1)
+        _clean_environment(job, rank)
+        try:
+            store = dist.FileStore(job.store, job.world_size)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=job.world_size,
+                                    timeout=datetime.timedelta(seconds=job.pg_timeout))
+        except Exception as e:  # noqa: BLE001 - nothing of the hand-in has run yet
+            report(protocol.InfraError(error=_error(e)))
+            os._exit(0)
+        comm = CommRecorder()
+        comm.install()
+        disarm_cuda_calls()
+        prepared = prepared or prepare(job)
+        answer_key = []
+        _spy_on_answer_key(answer_key)
+        try:
+            if prepared["error"]:
+                report(protocol.LoadFailed(error=prepared["error"]))
+                os._exit(0)
+            with CudaOnCpu():
+                module = run_assignment(prepared["code"], prepared["path"])
+        except BaseException as e:  # noqa: BLE001
+            report(protocol.LoadFailed(error=_error(e)))
+            os._exit(0)
+        report(protocol.Ready(skipped_lines=prepared["skipped"]))
+        for part_id in job.parts:
+            report(protocol.Start(part=part_id))
+            torch.set_num_threads(1)  # one compute thread per rank, whatever the last part set
+            configure(module, job.check, rank, job.world_size)
+            result = run_part(module, part_id, job.check, comm, answer_key)
+            report(result)
+            if result.status == RankStatus.DIST_ERROR:
+                os._exit(0)
+        report(protocol.Done())
+    except BaseException:  # noqa: BLE001 - the pipe may be gone; the supervisor sees the exit
+        traceback.print_exc()
+        os._exit(3)
+    os._exit(0)

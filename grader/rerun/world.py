@@ -1,0 +1,139 @@
+"""One re-run world: sandbox it, fork its ranks, supervise them, report.
+
+`lead_world(job, ...)` runs in a process forked for this world alone (from a parent that has
+imported torch and nothing of any hand-in): it enters the world's namespaces (grader.rerun.sandbox),
+forks `world_size` ranks, each with its limits, stdout and stderr going to a file of its own, and
+hands them to grader.rerun.supervise, which decides when the world ends and at which part.
+
+The caller (grader.rerun.check) starts a new world for the parts after the one that ended a world,
+so a part that crashes or hangs costs only that part.
+"""
+
+import dataclasses
+import os
+import signal
+
+from grader.rerun import protocol, sandbox
+from grader.rerun.protocol import StopReason, WorldJob, WorldReport
+from grader.rerun.supervise import supervise
+from grader.limits import Limits
+
+
+def _close_inherited(keep: int) -> None:
+    """Close every descriptor above `keep` (listing them is far quicker than closing all possible)."""
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        if int(name) > keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+
+
+def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, prepared: dict) -> tuple:
+    """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its pipe)."""
+    from grader.rerun import worker
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the rank
+        try:
+            os.setpgid(0, pgid)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            out = os.open(os.path.join(job.work_dir, f"rank{rank}.out"),
+                          os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            if uid != os.getuid():
+                os.fchown(out, uid, uid)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.dup2(write_fd, 3)  # the result pipe is fd 3; every other descriptor is closed
+            _close_inherited(3)
+            os.chdir(job.cwd or job.work_dir)
+            sandbox.limit_rank(limits, uid)
+            worker.rank_main(job, rank, 3, prepared)
+        finally:
+            os._exit(4)
+    os.close(write_fd)
+    try:
+        os.setpgid(pid, pgid or pid)
+    except OSError:
+        pass  # the child has already done it (or exited)
+    return pid, read_fd
+
+
+def run_world(job: WorldJob, uid: int, limits: Limits) -> WorldReport:
+    """Fork the world's ranks, supervise them to the end, and return the world's report."""
+    from grader.rerun import worker
+    prepared = worker.prepare(job)
+    pids, fds = [], {}
+    pgid = 0
+    for rank in range(job.world_size):
+        pid, fd = fork_rank(job, rank, pgid, uid, limits, prepared)
+        pgid = pgid or pid
+        pids.append(pid)
+        fds[rank] = fd
+    return supervise(job, fds, pids, pgid)
+
+
+def _readable(path: str) -> None:
+    """Let the world's user read the hand-in's code (and nothing else of ours)."""
+    for folder, dirs, files in os.walk(path):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+
+
+def _as_init(job: WorldJob):
+    """Fork the first process of the world's new PID namespace (its init: when it ends, all of the
+    world ends). In the parent, wait for it: return the report if it failed, else exit."""
+    pid = os.fork()
+    if pid == 0:
+        sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+        return None
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code == 0:
+        os._exit(0)
+    return lost_report(job, f"the world's supervisor ended with {code}")
+
+
+def lead_world(job: WorldJob, isolation, control_out: int) -> None:
+    """The life of a world's leader: sandbox, ranks, supervision, report. Never returns."""
+    report = None
+    try:
+        sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+        limits = Limits(**job.limits)
+        uid = sandbox.world_uid(isolation)
+        _readable(job.code_dir)
+        if uid != os.getuid():
+            os.chown(job.work_dir, uid, uid)
+        sandbox.unshare_world(isolation)
+        if isolation.pid:
+            report = _as_init(job)
+        if report is None:
+            paths = sandbox.private_root(isolation, limits, job.code_dir, job.work_dir)
+            job = dataclasses.replace(job, **paths, cwd="/tmp" if isolation.mount else paths["work_dir"])
+            sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
+            report = run_world(job, uid, limits)
+    except sandbox.SandboxError as e:
+        report = infra_report(job, f"the sandbox could not be set up: {e}")
+    except BaseException as e:  # noqa: BLE001 - the grader must always get a report
+        report = infra_report(job, f"the world's leader failed: {type(e).__name__}: {e}")
+    finally:
+        try:
+            if report is not None:
+                report.isolation = isolation.summary()
+                protocol.send(control_out, report)
+        finally:
+            os._exit(0)
+
+
+def lost_report(job, detail: str) -> WorldReport:
+    """The report of a world whose supervisor was killed (a hand-in that signals its parent, or the
+    kernel's out-of-memory killer): the parts not yet reported crashed."""
+    return protocol.stopped(job, StopReason.RANK_DIED, detail)
+
+
+def infra_report(job: WorldJob, detail: str) -> WorldReport:
+    """The report of a world the machinery could not run: no part of the hand-in is to blame."""
+    return protocol.stopped(job, StopReason.INFRA_ERROR, detail)

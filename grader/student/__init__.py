@@ -1,0 +1,1 @@
+"""The student tools: check a hand-in as the graders will, and package it."""

@@ -1,0 +1,199 @@
+"""The students' self-check: the graders' grading of one hand-in, at the public checks only.
+
+    python -m grader check [PATH] [--log FILE] [--err FILE]
+
+PATH is the zip to be handed in, or the working folder (default `assignment_4/`). A folder is
+zipped in memory exactly as `python -m grader package` zips it, with the newest run's `.log` and
+`.err`, and that zip is graded. Either way the hand-in goes through `grader.grade.grade_handin`,
+the function the graders' batch runs on every hand-in, with the public rubric
+(`grader/rubric-public.yaml`: the default configuration on 4, 1 and 2 ranks, the same points and
+log requirements) instead of theirs, which adds hidden checks. What comes back is a row per part:
+the re-run's verdict, the log's verdict and a message, and the reasons the hand-in is not ready.
+"""
+
+import dataclasses
+import hashlib
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grader.pipeline import handin as handins
+from grader.student import package
+from grader.rerun.executor import make_executor
+from grader.pipeline.grade import grade_handin
+from grader.parts import BY_ID
+from grader.results import Status, ToDict
+from grader.rubric import PUBLIC_RUBRIC, load_rubric
+from grader.rerun.sandbox import scratch_dir
+
+TRACEBACK_LINES = 8
+PENALTY_REASONS = {"missing_err": "the .err is missing", "missing_log": "the .log is missing",
+                   "missing_utils": "utils.py is missing", "modified_utils": "utils.py differs from the provided one"}
+
+
+class CheckError(ValueError):
+    """There is nothing to check at the path given; the message says what to give instead."""
+
+
+@dataclass
+class CheckRow(ToDict):
+    part: str
+    title: str
+    rerun: Status        # the part's verdict over every public check
+    log: Status          # passed, failed, or not_run (no .log)
+    message: str
+    traceback: str = ""  # the end of the first failing check's traceback, when the part raised
+
+
+@dataclass
+class CheckReport(ToDict):
+    source: str                                   # what was checked, as the user named it
+    status: Status                                # of the hand-in: graded, invalid, error, infra_error
+    passed: bool                                  # every public check and the log passed, nothing is missing
+    message: str = ""
+    checks: list = field(default_factory=list)    # the public checks run, as "name (n ranks)"
+    files: dict = field(default_factory=dict)     # role -> name in the hand-in
+    rows: list = field(default_factory=list)      # CheckRow, one per part
+    notes: list = field(default_factory=list)     # what grading noticed (stale log, modified utils ...)
+    problems: list = field(default_factory=list)  # why it is not ready to hand in ([] when passed)
+    seconds: float = 0.0
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank{'s' if n != 1 else ''}"
+
+
+def _row(part) -> CheckRow:
+    if part.log is None:
+        log = Status.NOT_RUN
+    else:
+        log = Status.PASSED if part.log.passed and part.log.points >= part.log_max else Status.FAILED
+    if part.status != Status.PASSED:
+        message = part.message
+    elif log == Status.NOT_RUN:
+        message = f"passed {len(part.checks)} public checks; no .log to show it ran on the cluster"
+    elif log == Status.FAILED:
+        message = f"passed {len(part.checks)} public checks; but the log: {part.log.message}"
+    else:
+        message = f"passed {len(part.checks)} public checks; log: {part.log.message}"
+    failed = next((o for o in part.checks if o.status != Status.PASSED and o.traceback.strip()), None)
+    traceback = "\n".join(failed.traceback.strip().splitlines()[-TRACEBACK_LINES:]) if failed else ""
+    return CheckRow(part=part.part, title=BY_ID[part.part].title, rerun=part.status, log=log, message=message,
+                    traceback=traceback)
+
+
+def _problems(result, rows) -> list:
+    if result.status == Status.INFRA_ERROR:
+        return [f"the re-runs could not run on this machine, which says nothing about your code ({result.message}); "
+                f"try again, or on another machine"]
+    if result.status == Status.ERROR:
+        return [f"checking crashed, which says nothing about your code ({result.message}); tell the course staff"]
+    if result.status != Status.GRADED:
+        return [result.message or f"the hand-in could not be graded ({result.status})"]
+    problems = []
+    failing = [r.part for r in rows if r.rerun != Status.PASSED]
+    if failing:
+        problems.append(f"{len(failing)} part{'s' if len(failing) > 1 else ''} fail{'s' if len(failing) == 1 else ''} "
+                        f"public checks: {', '.join(failing)}")
+    if "log" not in result.files:
+        problems.append("no .log in the hand-in: " + package.RUN_FIRST)
+    else:
+        uncounted = [r.part for r in rows if r.log != Status.PASSED]
+        if uncounted:
+            problems.append(f"the .log does not count for {', '.join(uncounted)} (see the messages and notes)")
+        if not result.log.get("finished"):
+            problems.append("the run in the .log did not finish (see the notes)")
+    for key in result.penalties:
+        problems.append(f"{PENALTY_REASONS.get(key, key)} (-{result.penalties[key]:g} points)")
+    return problems
+
+
+def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
+    """Grade `handin` (a grader.handin.Handin) by `rubric`'s public checks and report per part."""
+    public = [c for c in rubric.checks if not c.hidden]
+    if len(public) != len(rubric.checks):
+        rubric = dataclasses.replace(rubric, checks=public)
+    scratch = Path(scratch_dir("a4-check-"))
+    try:
+        result = grade_handin(handin, rubric, executor, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    rows = [_row(p) for p in result.parts.values()] if result.status == Status.GRADED else []
+    problems = _problems(result, rows)
+    return CheckReport(source=source or handin.name, status=result.status, passed=not problems,
+                       message=result.message, checks=[f"{c.name} ({_ranks(c.world_size)})" for c in public],
+                       files=dict(result.files), rows=rows, notes=list(result.notes), problems=problems,
+                       seconds=result.seconds)
+
+
+def handin_at(path=None, log=None, err=None, pattern: str = r"(?P<id>.+)") -> tuple:
+    """(Handin, notes) for `path`: a hand-in zip as it is, or a folder zipped as `package` would zip it."""
+    if path is not None and Path(path).suffix.lower() == ".zip":
+        path = Path(path)
+        if not path.is_file():
+            raise CheckError(f"{package.show(path)}: no such file; build the zip with python -m grader package")
+        found, problems = handins.discover([path], pattern)
+        if problems:
+            raise CheckError(f"{problems[0][1].split('; ')[0]}; build it again with python -m grader package")
+        if len(found) != 1:
+            raise CheckError(f"{package.show(path)} holds {len(found)} hand-in zips: hand in one zip with the "
+                             f"four files (python -m grader package builds it)")
+        return found[0], []
+    try:
+        sources = package.collect(path, log, err)
+    except package.PackageError as e:
+        raise CheckError(str(e)) from e
+    notes = []
+    if sources.log is None:
+        where = " or ".join(package.show(f) for f in sources.searched)
+        notes.append(f"no .log of a run in {where}: {package.RUN_FIRST}, or give it with --log FILE")
+    data = package.zip_bytes(sources)
+    name = f"{package.show(sources.code.parent)} (zipped as python -m grader package would)"
+    return handins.Handin(name=name, student="self-check", sha256=hashlib.sha256(data).hexdigest(),
+                          zip_bytes=data), notes
+
+
+def check(path=None, log=None, err=None, rubric_path=None, executor=None) -> CheckReport:
+    """Check the hand-in at `path` (see the module docstring); `executor` may be shared between calls."""
+    rubric = load_rubric(rubric_path or PUBLIC_RUBRIC)
+    handin, notes = handin_at(path, log, err, rubric.files.student_id_pattern)
+    own = executor is None
+    executor = executor or make_executor("warm")
+    started = time.monotonic()
+    try:
+        report = check_handin(handin, rubric, executor)
+    finally:
+        if own:
+            executor.close()
+    report.notes = notes + report.notes
+    report.seconds = round(time.monotonic() - started, 1)
+    return report
+
+
+def format_report(report: CheckReport) -> str:
+    """The report as the student reads it: what was checked, a table of the parts, then the verdict."""
+    lines = [f"Public checks of {report.source}"]
+    if report.files:
+        files = ", ".join(report.files.get(role, f"no {name}") for role, name in
+                          (("assignment", "assignment4.py"), ("utils", "utils.py"), ("log", ".log"), ("err", ".err")))
+        lines += [f"  files:   {files}", f"  re-runs: every part on the CPU at {', '.join(report.checks)}"]
+    lines.append("")
+    if report.rows:
+        table = [("part", "re-run", "log", "message")] + [
+            (r.title, str(r.rerun), "no log" if r.log == Status.NOT_RUN else str(r.log), r.message) for r in report.rows]
+        widths = [max(len(row[i]) for row in table) for i in range(3)]
+        for row in table:
+            lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])) + "  " + row[3])
+        lines.append("")
+    for row in (r for r in report.rows if r.traceback and r.rerun != Status.NOT_IMPLEMENTED):
+        lines += [f"{row.title}, the end of its traceback:"] + [f"    {t}" for t in row.traceback.splitlines()] + [""]
+    if report.notes:
+        lines += ["Notes:"] + [f"- {note}" for note in report.notes] + [""]
+    if report.passed:
+        lines.append("All public checks passed. When your hand-in is graded, hidden checks also run your code "
+                     "at other seeds, sizes and world sizes.")
+    else:
+        lines += ["Not ready to hand in:"] + [f"- {p}" for p in report.problems]
+    lines.append(f"({report.seconds:g} s)")
+    return "\n".join(lines) + "\n"

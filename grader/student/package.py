@@ -1,0 +1,215 @@
+"""Package a hand-in: the zip a student uploads, holding exactly the files the grader expects.
+
+    python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
+
+PATH is the folder that holds `assignment4.py` (default: `assignment_4/` when there is one, else
+the current folder) or the file itself. `utils.py` is taken from beside it, or from the folder
+above (where the reference solution finds it). Without `--log`, the newest run's `.log` is taken
+from PATH's folder or the current folder, where Slurm and `slurm/run-local.sh` leave them, and
+its `.err` from beside it.
+
+The zip holds `assignment4.py`, `utils.py`, the `.log` and the `.err` at its top level. It is
+refused, with a PackageError that says what to do, when there is no `assignment4.py`, no
+`utils.py`, no `.log`, a `.log` without its `.err`, a run that did not finish, or a run of other
+code than the file being zipped (the code sha256 its log records). The CLI then grades the zip
+with `grader.selfcheck`, as the graders will.
+"""
+
+import hashlib
+import io
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grader.pipeline.logfile import parse_log
+from grader.pipeline.logtext import LogReport
+
+DEFAULT_FOLDER = Path("assignment_4")
+DEFAULT_ZIP = Path("assignment4-handin.zip")
+RUN_AGAIN = "run the job again with this code (sbatch slurm/assignment4.sbatch) and package again"
+RUN_FIRST = ("run the job first (sbatch slurm/assignment4.sbatch on the cluster; slurm/run-local.sh "
+             "tries it on this machine)")
+SNIFF_BYTES = 1 << 16
+# A .log of a run has at least one of these (the job header, an init line, a part's line).
+RUN_MARKERS = (b"[Job]", b"[Distributed Init]", b"Tensors match", b"Not implemented yet")
+
+
+class PackageError(ValueError):
+    """What is to be zipped is not a hand-in yet; the message names the file and what to do."""
+
+
+def show(path: Path) -> str:
+    """`path` as the user would type it: relative to the current folder when it is inside it."""
+    path = Path(path)
+    try:
+        shown = str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(path)
+    return shown + ("/" if path.is_dir() and not shown.endswith("/") else "")
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@dataclass
+class Sources:
+    """The files one hand-in is made of, as found on disk (None: not found)."""
+    code: Path
+    utils: Path = None
+    log: Path = None
+    err: Path = None
+    searched: list = field(default_factory=list)   # the folders searched for the newest run
+
+    def members(self) -> dict:
+        """Name in the zip -> file on disk, for the files that were found."""
+        named = {"assignment4.py": self.code, "utils.py": self.utils}
+        for path in (self.log, self.err):
+            if path is not None:
+                named[path.name] = path
+        return {name: path for name, path in named.items() if path is not None}
+
+
+@dataclass
+class Packaged:
+    """A hand-in zip that was written."""
+    zip: Path
+    sources: Sources
+    members: list                 # the names in the zip, in order
+    job: dict = field(default_factory=dict)   # the [Job] fields of the run's .log
+    world_size: int = None        # of the run in the .log
+
+
+def find_code(path=None) -> Path:
+    """The assignment4.py at `path` (a folder or the file); see the module docstring for the default."""
+    if path is None:
+        path = DEFAULT_FOLDER if DEFAULT_FOLDER.is_dir() else Path(".")
+    path = Path(path)
+    if path.is_file():
+        if path.name != "assignment4.py":
+            raise PackageError(f"{show(path)} is not assignment4.py: give the folder that holds your "
+                               f"assignment4.py, or that file")
+        return path
+    if not path.is_dir():
+        raise PackageError(f"{show(path)}: no such file or folder; give the folder that holds your "
+                           f"assignment4.py (the default is assignment_4/ in the kit's top folder)")
+    code = path / "assignment4.py"
+    if not code.is_file():
+        raise PackageError(f"{show(path)} has no assignment4.py in it: give the folder that holds your "
+                           f"assignment4.py (python -m grader package assignment_4), or run this "
+                           f"from the kit's top folder")
+    return code
+
+
+def find_utils(code: Path):
+    for folder in (code.parent, code.parent.parent):
+        if (folder / "utils.py").is_file():
+            return folder / "utils.py"
+    return None
+
+
+def is_run_log(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    return any(marker in head for marker in RUN_MARKERS)
+
+
+def runs(folders) -> list:
+    """The .log files of runs in `folders`, newest first (by modification time, then by name)."""
+    found = {p.resolve(): p for folder in folders for p in Path(folder).glob("*.log")
+             if p.is_file() and is_run_log(p)}
+    return sorted(found.values(), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+
+
+def _given(path, what: str) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise PackageError(f"{show(path)}: no such file; give the {what} the job wrote")
+    return path
+
+
+def collect(path=None, log=None, err=None) -> Sources:
+    """Find the files of the hand-in at `path`: the code, utils.py and the newest run (or those given)."""
+    code = find_code(path)
+    sources = Sources(code=code, utils=find_utils(code))
+    if log is not None:
+        sources.log = _given(log, ".log")
+    else:
+        folders = [code.parent]
+        if Path(".").resolve() != code.parent.resolve():
+            folders.append(Path("."))
+        sources.searched = folders
+        found = runs(folders)
+        sources.log = found[0] if found else None
+    if err is not None:
+        sources.err = _given(err, ".err")
+    elif sources.log is not None and sources.log.with_suffix(".err").is_file():
+        sources.err = sources.log.with_suffix(".err")
+    return sources
+
+
+def refuse_unless_ready(sources: Sources) -> LogReport:
+    """Raise a PackageError unless `sources` make a hand-in; return the parsed .log."""
+    code = show(sources.code)
+    if sources.utils is None:
+        raise PackageError(f"no utils.py beside {code}: copy the provided utils.py from the kit next to it")
+    if sources.log is None:
+        where = " or ".join(show(f) for f in sources.searched)
+        raise PackageError(f"no .log of a run in {where}: {RUN_FIRST}, then package again; or give the "
+                           f"log with --log FILE")
+    log = show(sources.log)
+    if sources.err is None:
+        raise PackageError(f"{log} has no .err beside it ({sources.log.with_suffix('.err').name}): hand in "
+                           f"the .err the same job wrote (give it with --err FILE), or {RUN_AGAIN}")
+    report = parse_log(sources.log.read_bytes())
+    if not report.finished:
+        why = [f.message for f in report.flags if f.code in ("empty", "binary", "no_init_lines", "unfinished",
+                                                              "job_failed")]
+        raise PackageError(f"{log}: the run did not finish. {' '.join(why) or 'No rank printed done.'} "
+                           f"Fix what {show(sources.err)} reports, then {RUN_AGAIN}")
+    digest = sha256_of(sources.code)
+    if report.fingerprints and digest not in report.fingerprints:
+        raise PackageError(f"{log} was written by other code than {code} (the log's code sha256 "
+                           f"{report.fingerprints[-1][:12]}..., the file's {digest[:12]}...): the file "
+                           f"changed after that run; {RUN_AGAIN}")
+    return report
+
+
+def zip_bytes(sources: Sources) -> bytes:
+    """The hand-in zip of `sources` (whatever was found), every file at the top level."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, path in sources.members().items():
+            z.write(path, name)
+    return buffer.getvalue()
+
+
+def write_zip(data: bytes, out: Path) -> None:
+    """Write `data` to `out` whole or not at all."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def package(path=None, log=None, err=None, out=None) -> Packaged:
+    """Write the hand-in zip of the code at `path` and its run; see the module docstring."""
+    out = Path(out) if out is not None else DEFAULT_ZIP
+    if out.suffix.lower() != ".zip":
+        raise PackageError(f"{out}: a hand-in is a .zip file; give -o NAME.zip")
+    sources = collect(path, log, err)
+    report = refuse_unless_ready(sources)
+    data = zip_bytes(sources)
+    write_zip(data, out)
+    return Packaged(zip=out, sources=sources, members=list(sources.members()), job=dict(report.job),
+                    world_size=report.world_size)

@@ -1,0 +1,126 @@
+"""The grader's rooms and their import rules (the map at the top of grader/__init__.py)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grader import kit
+
+GRADER = kit.GRADER
+SHARED_MODULES = {Path(name).stem for name in kit.SHARED} - {"__init__", "__main__", "cli"}
+# room -> the rooms (besides the shared modules and itself) it may import
+MAY_IMPORT = {
+    "rerun": set(),
+    "pipeline": {"rerun"},
+    "batch": {"rerun", "pipeline"},
+    "student": {"rerun", "pipeline"},
+    "gradescope": {"rerun", "pipeline"},
+    "instructor": set(),
+}
+
+
+def modules() -> dict:
+    """Dotted module name -> its file, for every module of the grader."""
+    found = {}
+    for path in sorted(GRADER.rglob("*.py")):
+        parts = list(path.relative_to(GRADER.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(path: Path, top_level_only: bool = False) -> set:
+    """The grader modules (and third-party tops) `path` imports; inside functions too unless
+    `top_level_only`."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            if node.module.startswith("grader"):
+                # `from grader.rerun import channel` imports grader.rerun.channel
+                names |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules()}
+    return names
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "package"
+    if parts[1] in MAY_IMPORT:
+        return parts[1]
+    return {"cli": "cli", "__main__": "main"}.get(parts[1], "shared")
+
+
+def test_every_module_is_in_a_known_room():
+    for module in modules():
+        room = room_of(module)
+        if room == "shared":
+            assert module.split(".")[1] in SHARED_MODULES, f"{module}: not a shared module of grader.kit.SHARED"
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_imports_follow_the_rules(module):
+    path = modules()[module]
+    room = room_of(module)
+    for name in imports(path):
+        if not name.startswith("grader"):
+            if room in ("shared", "cli", "package", "main", "instructor"):
+                assert name.split(".")[0] != "torch", f"{module} imports torch"
+            continue
+        target = room_of(name)
+        assert target != "cli" or room == "main", f"{module} imports the command line"
+        if room in ("shared", "package"):
+            assert target in ("shared", "package"), f"shared {module} imports the room {name}"
+        elif room in MAY_IMPORT:
+            allowed = {"shared", "package", room} | MAY_IMPORT[room]
+            assert target in allowed, f"{module} ({room}) imports {name} ({target})"
+    if room == "cli":
+        rooms = {room_of(n) for n in imports(path, top_level_only=True) if n.startswith("grader")}
+        assert rooms <= {"shared", "package"}, f"the command line imports {rooms} before a command runs"
+
+
+def test_no_module_imports_one_that_imports_it():
+    graph = {m: {n for n in imports(p, top_level_only=True) if n in modules()} for m, p in modules().items()}
+    state = {}
+
+    def visit(module, trail):
+        if state.get(module) == "done":
+            return
+        assert state.get(module) != "open", "import cycle: " + " -> ".join(trail + [module])
+        state[module] = "open"
+        for target in graph[module]:
+            if target != module and not module.startswith(target + "."):   # a package's own modules
+                visit(target, trail + [module])
+        state[module] = "done"
+
+    for module in graph:
+        visit(module, [])
+
+
+def test_modules_stay_readable_in_one_sitting():
+    long = {m: len(p.read_text().splitlines()) for m, p in modules().items()
+            if len(p.read_text().splitlines()) > 320}
+    assert not long, f"split these by what they do: {long}"
+
+
+def test_the_command_line_loads_no_torch_and_no_room():
+    code = ("import sys\nfrom grader import cli\n"
+            "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "try:\n    cli.main(['skeleton', '--check'])\nexcept SystemExit:\n    pass\n"
+            "rooms = sorted(m for m in sys.modules if m.startswith('grader.') and m.count('.') > 1)\n"
+            "print('torch' in sys.modules, rooms)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=kit.ROOT)
+    assert proc.returncode == 0, proc.stderr
+    torch_loaded, rooms = proc.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert torch_loaded == "False"
+    # skeleton --check ran: its room, and only its room, was loaded
+    assert rooms == "['grader.instructor.commands', 'grader.instructor.skeleton']", rooms
