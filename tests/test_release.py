@@ -51,15 +51,16 @@ def test_the_release_holds_the_kit_and_the_student_tools(release):
 
 def test_the_release_ships_whole_rooms_and_slurm_whole(release):
     """grader/ is the shared modules and the rooms check and package run on, each copied whole;
-    slurm/ is copied whole; nothing of the graders' rooms or rubric."""
+    slurm/ and lab/ are copied whole; nothing of the graders' rooms or rubric."""
     shipped = {p.relative_to(release / "grader").as_posix() for p in (release / "grader").rglob("*") if p.is_file()}
     expected = {rel.as_posix() for rel in kit.grader_files(("rerun", "pipeline", "student"))} | {"rubric-public.yaml"}
     assert shipped == expected
     for rel in expected - {"rubric-public.yaml"}:
         assert (release / "grader" / rel).read_bytes() == (kit.GRADER / rel).read_bytes(), rel
-    ours = {p.relative_to(ROOT).as_posix() for p in (ROOT / "slurm").rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts}
-    assert ours == {p.relative_to(release).as_posix() for p in (release / "slurm").rglob("*") if p.is_file()}
+    for folder in ("slurm", "lab"):
+        ours = {p.relative_to(ROOT).as_posix() for p in (ROOT / folder).rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts}
+        assert ours == {p.relative_to(release).as_posix() for p in (release / folder).rglob("*") if p.is_file()}
 
 
 def test_the_release_command_line_offers_only_the_student_tools(release):

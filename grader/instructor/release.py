@@ -7,6 +7,7 @@ writes
     README.md, requirements.txt        from student/: what students do, in order; what to install
     assignment_4/                      the skeleton, utils.py and the handout (never reference/)
     slurm/                             the job scripts and the launcher, whole
+    lab/                               the lecture's lab, whole
     grader/                            the shared modules and the rooms the student tools need
                                        (rerun, pipeline, student): folder copies, so its command
                                        line offers only check and package; rubric-public.yaml in
@@ -142,7 +143,7 @@ def build_release(out, root: Path = ROOT) -> Release:
         _copy(root / "student" / name, out / name, written, out)
     for name in HANDOUT:
         _copy(root / "assignment_4" / name, out / "assignment_4" / name, written, out)
-    for path in sorted((root / "slurm").rglob("*")):
+    for path in sorted([*(root / "slurm").rglob("*"), *(root / "lab").rglob("*")]):
         rel = path.relative_to(root).as_posix()
         if path.is_file() and not JUNK.search(rel):
             _copy(path, out / rel, written, out)

@@ -1,0 +1,10 @@
+"""The lecture's lab: its collective demos, a bandwidth benchmark, and data, tensor and pipeline
+parallelism on a deep MLP with their backward passes. Each file runs on its own (lab/README.md):
+
+    torchrun --standalone --nproc-per-node 4 lab/run_all.py     # all of it, in one world
+    torchrun --standalone --nproc-per-node 4 lab/collectives.py # one part; `python lab/<file>.py`: one rank
+
+Import directions: every file imports `lab.common` and the kit's `assignment_4/utils.py`; the three
+parallel MLPs import `lab.mlp` (their single-process ground truth); `lab.run_all` imports them all.
+Nothing here imports `grader/` or `slurm/`, and nothing in the kit imports `lab/`.
+"""

@@ -1,0 +1,53 @@
+"""The whole lab in one world, as the Slurm job (slurm/lab.sbatch) runs it: the collectives, data,
+tensor and pipeline parallelism on the MLP, then the bandwidth benchmark.
+
+    torchrun --standalone --nproc-per-node 4 lab/run_all.py
+    python lab/run_all.py                                       # one rank
+    A4_LAB_MAX_SIZE=64M A4_LAB_OUT=runs torchrun --standalone --nproc-per-node 4 lab/run_all.py
+
+Each part logs its own lines (see the part's file); every rank ends with
+
+    [lab:all][Rank <r>] ok: True | collectives, data_parallel, tensor_parallel, pipeline_parallel
+
+and the exit status is 1 when a part did not match. The benchmark takes its largest size from
+A4_LAB_MAX_SIZE and writes its CSV and plot into A4_LAB_OUT (lab/bandwidth.py's defaults otherwise).
+"""
+
+import sys
+from pathlib import Path
+
+_KIT = str(Path(__file__).resolve().parents[1])
+if _KIT not in sys.path:        # run as a script only lab/ is on the path; `lab` lives one above
+    sys.path.insert(0, _KIT)
+
+import torch.distributed as dist  # noqa: E402
+
+from lab import bandwidth, collectives, data_parallel, pipeline_parallel, tensor_parallel  # noqa: E402
+from lab.common import result_line  # noqa: E402
+from utils import init_distributed, leave  # noqa: E402
+
+# The checked parts, in the lecture's order; each show(rank, world_size) logs and returns whether it matched.
+PARTS = {
+    "collectives": collectives.show,
+    "data_parallel": data_parallel.show,
+    "tensor_parallel": tensor_parallel.show,
+    "pipeline_parallel": pipeline_parallel.show,
+}
+
+
+def main():
+    rank, _, world_size = init_distributed()
+    outcome = {}
+    for name, show in PARTS.items():
+        outcome[name] = show(rank, world_size)
+        dist.barrier()           # keep one part's lines before the next part's
+    bandwidth.show(rank, world_size, argv=[])   # its knobs come from the environment here
+    ok = all(outcome.values())
+    failed = [name for name, good in outcome.items() if not good]
+    result_line("all", rank, ok, ", ".join(outcome) + ("" if ok else f" | did not match: {', '.join(failed)}"))
+    dist.destroy_process_group()
+    leave(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

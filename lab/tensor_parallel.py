@@ -1,0 +1,139 @@
+"""Tensor parallelism on the lecture's MLP, forward and backward: each rank holds a slice of every
+layer's columns; checked against the single-process MLP (lab/mlp.py).
+
+    torchrun --standalone --nproc-per-node 4 lab/tensor_parallel.py
+    python lab/tensor_parallel.py                                    # one rank: the plain MLP
+
+Each layer is column-parallel: W_i = [W_i^0 ... W_i^{n-1}] split along its columns, rank r holds
+W_i^r of shape [d, d/n]. With the whole activation x [B, d] on every rank, one layer is
+
+    x  -> f (copy to the parallel region)      x                     forward: identity
+                                                                     backward: all-reduce
+       -> y_r = gelu(x @ W_i^r)                [B, d/n]              this rank's columns
+       -> gather from the parallel region      [y_0 ... y_{n-1}]     forward: all-gather (last dim)
+                                               [B, d]                backward: split (keep own columns)
+
+Backward, why both: x feeds every rank's y_r, so dL/dx = sum_r dL/dy_r @ (W_i^r)^T, a sum over
+ranks; each rank computes one term, f's all-reduce adds them. Every rank then holds the same full
+dL/dx, and the gather's backward hands each y_r its own columns of it. The names and meanings are
+Megatron-LM's (mpu/mappings.py; f is the paper's f). The lecture's forward only all-gathered
+("backward pass: homework"); without f, every layer but the last gets wrong weight gradients.
+"""
+
+import sys
+from pathlib import Path
+
+_KIT = str(Path(__file__).resolve().parents[1])
+if _KIT not in sys.path:        # run as a script only lab/ is on the path; `lab` lives one above
+    sys.path.insert(0, _KIT)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from lab.common import world  # noqa: E402
+from lab.mlp import MLPConfig, Result, init_weights, loss_of, make_data, reference, report  # noqa: E402
+from utils import divide, get_device, init_distributed, leave  # noqa: E402
+
+
+# --- the communication primitives: each is the identity on a one-rank world ---------------------
+
+def _reduce(x: torch.Tensor) -> torch.Tensor:
+    """The sum of x over all ranks, in a new tensor (x itself is left alone: autograd may reuse it)."""
+    if world()[1] == 1:
+        return x
+    total = x.contiguous().clone()
+    dist.all_reduce(total)
+    return total
+
+
+def _gather_along_last_dim(x: torch.Tensor) -> torch.Tensor:
+    """[..., k] on each rank -> [..., n*k], rank 0's columns first."""
+    _, n = world()
+    if n == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=-1)
+
+
+def _split_along_last_dim(x: torch.Tensor) -> torch.Tensor:
+    """[..., n*k] -> this rank's [..., k]: columns r*k .. (r+1)*k-1."""
+    rank, n = world()
+    if n == 1:
+        return x
+    k = divide(x.shape[-1], n, "the last dimension", "world_size")
+    return x[..., rank * k:(rank + 1) * k].contiguous()
+
+
+# --- the regions: autograd Functions named after where the tensor goes --------------------------
+
+class CopyToParallelRegion(torch.autograd.Function):
+    """Megatron's f. forward: identity; backward: all-reduce."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce(grad)
+
+
+class GatherFromParallelRegion(torch.autograd.Function):
+    """forward: all-gather along the last dimension; backward: split along it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _gather_along_last_dim(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split_along_last_dim(grad)
+
+
+def column_parallel_layer(x: torch.Tensor, w_shard: torch.Tensor) -> torch.Tensor:
+    """gelu(x @ W) with W split by columns: x [B, d] on every rank, w_shard [d, d/n] -> [B, d]."""
+    x = CopyToParallelRegion.apply(x)            # backward: add up every rank's share of dL/dx
+    y = F.gelu(x @ w_shard)                      # [B, d/n]; gelu is elementwise, so per shard is exact
+    return GatherFromParallelRegion.apply(y)     # [B, d]: the next layer needs every column
+
+
+def run_tensor_parallel(rank: int, world_size: int, cfg: MLPConfig = MLPConfig(), device=None) -> Result:
+    """One forward and backward pass with this rank's column shards; returns the loss (the same on
+    every rank) and the gradients of the shards W_i^r, each [d, d/n]."""
+    device = get_device() if device is None else device
+    k = divide(cfg.dim, world_size, "dim", "world_size")
+    # Draw the full weights from the one seed, keep this rank's columns.
+    shards = [w[:, rank * k:(rank + 1) * k].clone().requires_grad_() for w in init_weights(cfg, device)]
+    x = make_data(cfg, device)                   # every rank has the whole batch
+    for w in shards:
+        x = column_parallel_layer(x, w)
+    loss = loss_of(x)                            # every rank holds all of x_L, so the same loss
+    loss.backward()
+    return Result(loss.item(), [w.grad for w in shards])
+
+
+def expected_grads(ref: Result, rank: int, world_size: int) -> list:
+    """The columns of the single-process gradients that rank `rank` holds."""
+    k = ref.grads[0].shape[1] // world_size
+    return [g[:, rank * k:(rank + 1) * k] for g in ref.grads]
+
+
+def show(rank: int, world_size: int, cfg: MLPConfig = MLPConfig()) -> bool:
+    got = run_tensor_parallel(rank, world_size, cfg)
+    k = cfg.dim // world_size
+    got.notes.append(f"holds columns {rank * k}..{(rank + 1) * k - 1} of each of the {cfg.num_layers} layers")
+    ref = reference(cfg)
+    return report("tensor_parallel", rank, got, ref.loss, expected_grads(ref, rank, world_size))
+
+
+def main():
+    rank, _, world_size = init_distributed()
+    ok = show(rank, world_size)
+    dist.destroy_process_group()
+    leave(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
