@@ -3,6 +3,7 @@
 #   make test        the test suite (real gloo worlds, real torchrun)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
+#                    and the integrity report over every pair of 500 hand-ins
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
 #   make release     write the tree students receive into build/release
 SHELL := /bin/bash
@@ -25,14 +26,17 @@ venv: $(STAMP)
 
 # A student's story, told with the reference solution: run it on 4 CPU ranks as the Slurm job
 # would (leaving assignment4-<id>.log and .err), check it, package it into the hand-in zip (which
-# checks the zip again), and grade that zip as a TA would.
+# checks the zip again), grade that zip as a TA would, and end with the final gradebook under the
+# example course policy (grader/grades/example/: a hand-in 2 hours late, a student who handed in nothing).
 demo: $(STAMP)
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" slurm/run-local.sh --nproc 4 --out $(DEMO) assignment_4/reference/assignment4.py
 	$(PY) -m grader check assignment_4/reference --log $(DEMO)/assignment4-*.log
 	$(PY) -m grader package assignment_4/reference --log $(DEMO)/assignment4-*.log -o $(DEMO)/demo-student.zip
 	$(PY) -m grader grade $(DEMO)/demo-student.zip --out $(DEMO)/grades
-	@echo; cat $(DEMO)/grades/grades.csv; echo "feedback: $(DEMO)/grades/demo-student/feedback.md"
+	@echo; cat $(DEMO)/grades/grades.csv; echo "feedback: $(DEMO)/grades/demo-student/feedback.md"; echo
+	$(PY) -m grader gradebook $(DEMO)/grades --policy grader/grades/example/policy.yaml -o $(DEMO)/final.csv
+	@echo; cat $(DEMO)/final.csv
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slurm"
@@ -44,6 +48,7 @@ test-slurm: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/grading_throughput.py
+	$(PY) benchmarks/integrity_pairs.py
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton

@@ -14,6 +14,7 @@ and on what else runs on it.
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shutil
@@ -139,10 +140,10 @@ def log_speed(log: str) -> float:
     return len(data) / (1 << 20) / best
 
 
-def grade(inbox, out, jobs, executor, files=None):
+def grade(inbox, out, jobs, executor, files=None, sandbox="auto"):
     paths = [inbox / f for f in files] if files else [inbox]
     started = time.monotonic()
-    summary = grade_batch(paths, out, jobs=jobs, executor=executor, progress=False)
+    summary = grade_batch(paths, out, jobs=jobs, executor=executor, sandbox=sandbox, progress=False)
     return summary, time.monotonic() - started
 
 
@@ -165,7 +166,8 @@ def main(argv=None) -> int:
         warm, warm_s = grade(tmp / "inbox", tmp / "warm", args.jobs, "warm")
         memory.stop()
         files = sorted(p.name for p in (tmp / "inbox").iterdir())[: args.baseline_handins]
-        cold, cold_s = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", files)
+        # The baseline has no sandbox (torchrun starts its own processes): a plain process per rank.
+        cold, cold_s = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", files, sandbox="off")
         mb_s = log_speed(log)
         warm_rate = warm.graded / warm_s * 60
         cold_rate = cold.graded / cold_s * 60
@@ -176,6 +178,9 @@ def main(argv=None) -> int:
         tenth = max(len(grader_mb) // 10, 1)
         print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), "
               f"each re-run at 4 checks; --jobs {args.jobs}")
+        isolation = json.loads(next((tmp / "warm").glob("*/grading.json")).read_text())["isolation"]
+        print(f"sandbox:           {isolation.get('sandbox', 'none')}: {isolation.get('files')}; "
+              f"{isolation.get('network')}; {isolation.get('processes')}; {isolation.get('user')}")
         print(f"warm executor:     {warm.graded} hand-ins in {warm_s:.1f} s = {warm_rate:.0f} hand-ins/min "
               f"({warm.worlds} worlds, {latency:.3f} s each from start to report, {args.jobs} at a time)")
         print(f"torchrun baseline: {cold.graded} hand-ins in {cold_s:.1f} s = {cold_rate:.1f} hand-ins/min "

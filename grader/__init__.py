@@ -4,14 +4,21 @@ The house, one room per job; a hand-in travels down the list:
 
     shared       kit (paths, atomic writes, the source digest), parts, rubric (and its limits),
                  results (statuses and result dataclasses), cli (the command line)
-    rerun/       the engine: run hand-in code in sandboxed gloo worlds and bring back its weights
-                 (executor, zygote, world, supervise, worker, hooks, protocol, channel, sandbox, check)
-    pipeline/    grade one hand-in: handin (unpack), logs (the .log and .err), compare, score,
-                 report, grade
-    batch/       grade many: on this machine (local), as a Slurm job array (array), the gradebook (run)
+    rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
+                 its weights (executor, zygote, world, supervise, worker, hooks, protocol, channel,
+                 sandbox, check; doctor says which sandbox layers work on a machine)
+    pipeline/    grade one hand-in: handin (unpack), logfile and errfile (the .log and .err),
+                 compare, score, report, grade
+    batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
+                 grades.csv and summary.md over every result in OUT (gradebook)
+    grades/      final grades from graded results: the course policy (deadline, late penalty,
+                 extensions, overrides), submission times, roster, LMS files (book, policy, sources,
+                 lms), and what a regrade moved (diff)
     student/     the student tools: check and package
     gradescope/  grading inside Gradescope's container, and the bundle that sets it up
     instructor/  the skeleton generated from the reference, and the student release
+    integrity/   the pairs of hand-ins a person should compare, from graded results and the hand-ins
+                 (code, facts, similar, evidence, report); it runs no code
 
 Import rules (tests/test_layout.py holds the code to them):
 - shared modules import no torch and no room; nothing imports cli, and cli imports a command's room
@@ -19,6 +26,8 @@ Import rules (tests/test_layout.py holds the code to them):
 - rerun imports only shared modules; pipeline adds rerun;
 - batch, student and gradescope may use everything above, never each other;
 - instructor imports only shared modules (no engine, no pipeline);
+- grades imports only shared modules: it reads results, never runs code;
+- integrity imports shared modules and pipeline (to unpack hand-ins and read their logs);
 - no module imports, directly or not, one that imports it.
 """
 

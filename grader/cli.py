@@ -7,6 +7,7 @@
     python -m grader release --out DIR
     python -m grader check [PATH] [--log FILE] [--err FILE]
     python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
+    python -m grader integrity OUT [PATH...] [--common N] [--rubric FILE]
 
 A tree that lacks a command's room (the student release, the Gradescope bundle) does not offer it.
 Nothing here imports torch: `--help` and `skeleton` start at once.
@@ -54,9 +55,10 @@ def _grade_arguments(p) -> None:
                        help="memory of a task (default: the partition's; a task needs about jobs x 4 GB)")
     slurm.add_argument("--slurm-cluster", choices=("auto", "slurm", "local"), default="auto",
                        help="local: run the array on this machine through submitit's local executor")
-    p.add_argument("--sandbox", choices=("auto", "strict", "off"), default="auto",
-                   help="auto: every isolation layer this machine allows (default); strict: all of them "
-                        "or infra_error; off: resource limits only")
+    p.add_argument("--sandbox", choices=("auto", "off"), default="auto",
+                   help="auto: run hand-in code only inside the sandbox (bubblewrap), and refuse to grade "
+                        "where it cannot start (default); off: no sandbox, resource limits only (hand-in "
+                        "code runs with your rights and network; results and summary.md say so)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -68,6 +70,14 @@ def _gradescope_arguments(p) -> None:
     p.add_argument("--metadata", default="/autograder/submission_metadata.json", metavar="FILE",
                    help="Gradescope's submission metadata, for the student's id")
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
+    p.add_argument("--protect", action="store_true",
+                   help="as root: make the grader's folder and the submission readable to root only "
+                        "before hand-in code runs (run_autograder passes it)")
+
+
+def _doctor_arguments(p) -> None:
+    p.add_argument("--sandbox", choices=("auto", "off", "best"), default="auto",
+                   help="the mode to try, as grade would (default auto)")
 
 
 def _bundle_arguments(p) -> None:
@@ -94,10 +104,46 @@ def _package_arguments(p) -> None:
     p.add_argument("-o", "--output", metavar="ZIP", help="the zip to write (default: assignment4-handin.zip)")
 
 
+def _gradebook_arguments(p) -> None:
+    p.add_argument("out", metavar="OUT", help="the --out folder of python -m grader grade")
+    p.add_argument("--policy", required=True, metavar="POLICY.yaml",
+                   help="deadline, late penalty, extensions, overrides, submission times, roster")
+    p.add_argument("-o", "--output", metavar="FINAL.csv", help="the final gradebook (default OUT/final.csv)")
+    p.add_argument("--keep-stale-overrides", action="store_true",
+                   help="apply overrides made for other bytes than the hand-in graded now (flagged override_stale)")
+    p.add_argument("--lms", action="append", metavar="canvas:FILE|moodle:FILE",
+                   help="fill the final grades into Canvas's gradebook export or Moodle's grading worksheet; "
+                        "writes FILE's name + -import.csv beside the final gradebook")
+    p.add_argument("--assignment", metavar="NAME", help="Canvas: the assignment column to fill (part of its name)")
+
+
+def _diff_arguments(p) -> None:
+    p.add_argument("old", metavar="OLD_OUT", help="the results before the regrade")
+    p.add_argument("new", metavar="NEW_OUT", help="the results after it")
+
+
+def _integrity_arguments(p) -> None:
+    p.add_argument("out", metavar="OUT", help="the folder `grade --out` wrote (its grading.json files; nothing is re-run)")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="the hand-ins given to `grade`, to compare their .log, .err and code too")
+    p.add_argument("--common", type=int, metavar="N",
+                   help="evidence shared by more than N hand-ins is common, counted but not listed "
+                        "(default: 2%% of the hand-ins, at least 3)")
+    p.add_argument("--rubric", metavar="FILE", help="the rubric given to `grade` (for its student id pattern)")
+
+
 # command: (room, handler, arguments, help, description)
 COMMANDS = {
     "grade": ("batch", "grader.batch.commands:grade_command", _grade_arguments,
               "grade a folder of hand-in zips", None),
+    "gradebook": ("grades", "grader.grades.commands:gradebook_command", _gradebook_arguments,
+                  "the final gradebook: autograde results, late policy, extensions, overrides, roster, LMS file",
+                  "Compute every final grade from the graded results in OUT and the course policy (never "
+                  "re-running code), and write the final gradebook and, with --lms, the file to import."),
+    "diff": ("grades", "grader.grades.commands:diff_command", _diff_arguments,
+             "what a regrade moved: scores and part statuses, old and new; exit 1 when a score went down", None),
+    "doctor": ("batch", "grader.rerun.doctor:doctor_command", _doctor_arguments,
+               "say which sandbox layers work on this machine, and why not", None),
     "gradescope": ("gradescope", "grader.gradescope.run:run", _gradescope_arguments,
                    "grade one submission inside Gradescope's autograder", None),
     "gradescope-bundle": ("gradescope", "grader.gradescope.bundle:bundle_command", _bundle_arguments,
@@ -114,6 +160,11 @@ COMMANDS = {
                 "build the hand-in zip, then check it",
                 "Zip assignment4.py, utils.py and the newest run's .log and .err, refusing a run that did "
                 "not finish or ran other code; then check the zip."),
+    "integrity": ("integrity", "grader.integrity.commands:integrity_command", _integrity_arguments,
+                  "list the pairs of graded hand-ins a person should compare",
+                  "Read a graded batch (and its hand-ins) for evidence only this grader has: the same run, the "
+                  "same wrong weights, the same code beyond the skeleton, the same code sha256. Writes "
+                  "OUT/integrity.csv and OUT/integrity.md: evidence for a person to weigh, never a verdict."),
 }
 
 

@@ -24,7 +24,7 @@ REQUIREMENTS = ROOT / "requirements.txt"
 
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
 SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "parts.py", "results.py", "rubric.py")
-ROOMS = ("rerun", "pipeline", "batch", "student", "gradescope", "instructor")
+ROOMS = ("rerun", "pipeline", "batch", "student", "gradescope", "instructor", "integrity", "grades")
 
 
 def _read_umask() -> int:
@@ -68,13 +68,25 @@ def pinned(*names: str, requirements: Path = REQUIREMENTS) -> str:
     """The `name==version` lines of requirements.txt for `names`, in that order, one per line."""
     versions = {}
     for line in requirements.read_text().splitlines():
-        match = re.match(r"\s*([A-Za-z0-9_.-]+)==(\S+)", line)
+        match = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s;]+)", line)
         if match:
             versions[match.group(1).lower()] = match.group(2)
     missing = [n for n in names if n.lower() not in versions]
     if missing:
         raise KeyError(f"{requirements} pins no {', '.join(missing)}")
     return "".join(f"{n}=={versions[n.lower()]}\n" for n in names)
+
+
+def read_yaml(path: Path, what: str, error: type):
+    """The YAML document at `path` (a rubric, a policy, ...); `error` naming the file when it cannot
+    be read or parsed."""
+    import yaml
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what} ({e.strerror})") from e
+    except yaml.YAMLError as e:
+        raise error(f"{path}: not valid YAML ({e})") from e
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -62,6 +62,7 @@ class CheckOutcome(ToDict):
     error: str = ""                    # exception line or why the world ended
     traceback: str = ""                # head of the traceback (public checks only)
     flaky: bool = False                # a failure that passed when run again
+    weight_digest: str = ""            # failed on a wrong weight: compare.weight_digest (grader.integrity)
 
 
 @dataclass

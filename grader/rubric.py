@@ -14,14 +14,28 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from grader import kit
 from grader.limits import Limits
 from grader.parts import PART_IDS
 
 DEFAULT_RUBRIC = kit.RUBRIC
 PUBLIC_RUBRIC = kit.PUBLIC_RUBRIC
+
+
+# LMS bulk downloads name each hand-in after its student; `files.student_id_pattern` may name one.
+# Moodle: "Jane Doe_12345_assignsubmission_file_hw4.zip" or ".../Jane Doe_12345_assignsubmission_file/hw4.zip"
+# (12345: the participant id, "Participant 12345" in Moodle's grading worksheet). Canvas:
+# "doejane_12345_67890_hw4.zip", "doejane_LATE_12345_67890_hw4.zip" (12345: the Canvas user id, the
+# gradebook's `ID` column; 67890: the submission's file).
+ID_PATTERNS = {
+    "moodle": r"^(?P<name>[^_/]+)_(?P<id>\d+)_assign(?:submission|feedback)_",
+    "canvas": r"^(?P<name>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_",
+}
+
+
+def id_regex(pattern: str) -> str:
+    """`files.student_id_pattern` as a regex: a preset's (ID_PATTERNS) or the pattern itself."""
+    return ID_PATTERNS.get(pattern, pattern)
 
 
 class RubricError(ValueError):
@@ -75,10 +89,17 @@ class Files:
     penalty_missing_log: float = 0.0     # points off when the .log is missing (its log points are lost anyway)
     penalty_missing_err: float = 2.0     # points off when the .err is missing
     penalty_modified_utils: float = 0.0  # points off when utils.py differs from the provided one
-    student_id_pattern: str = r"(?P<id>.+)"  # regex on the hand-in's file name without extension
+    student_id_pattern: str = r"(?P<id>.+)"  # regex on the hand-in's file name without extension, or moodle, canvas
+    invalid_scores_zero: bool = False    # an invalid hand-in (unreadable zip, no code) scores 0, not no score
     max_member_mb: float = 20.0          # largest single file in a zip
     max_total_mb: float = 100.0          # largest total unpacked size
     max_members: int = 500               # most files in a zip
+
+
+@dataclass
+class Gradescope:
+    max_submissions: int = 0     # graded submissions per student (0: no limit); later ones keep the last result
+    window_hours: float = 0.0    # counted over this many hours before the submission's created_at (0: all)
 
 
 @dataclass
@@ -91,6 +112,7 @@ class Rubric:
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
     files: Files = field(default_factory=Files)
+    gradescope: Gradescope = field(default_factory=Gradescope)
 
     @property
     def max_score(self) -> float:
@@ -181,8 +203,11 @@ def _validate(rubric: Rubric, source: str) -> None:
         for key, value in dataclasses.asdict(getattr(rubric, section)).items():
             if value <= 0:
                 raise RubricError(f"{source}.{section}.{key}: must be positive")
+    for key, value in dataclasses.asdict(rubric.gradescope).items():
+        if value < 0:
+            raise RubricError(f"{source}.gradescope.{key}: must be 0 (no limit) or more")
     try:
-        pattern = re.compile(rubric.files.student_id_pattern)
+        pattern = re.compile(id_regex(rubric.files.student_id_pattern))
     except re.error as e:
         raise RubricError(f"{source}.files.student_id_pattern: not a valid regular expression ({e})") from e
     if "id" not in pattern.groupindex:
@@ -190,12 +215,7 @@ def _validate(rubric: Rubric, source: str) -> None:
 
 
 def _read(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise RubricError(f"{path}: cannot read the rubric ({e.strerror})") from e
-    except yaml.YAMLError as e:
-        raise RubricError(f"{path}: not valid YAML ({e})") from e
+    data = kit.read_yaml(path, "rubric", RubricError)
     if data is not None and not isinstance(data, dict):
         raise RubricError(f"{path}: a rubric is a mapping of keys (parts, checks, tolerance, ...)")
     return data or {}

@@ -25,7 +25,6 @@ class Attack:
     status: tuple = ("passed",)   # statuses the baseline may get
     words: str = ""            # words its message must contain
     base: str = "reference"    # "reference", or "three_parts" (tensor parallel left TODO)
-    needs_full_sandbox: bool = False
 
 
 ATTACKS = {
@@ -49,9 +48,20 @@ ATTACKS = {
         "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n", ("crashed",), "thread"),
     # 3. reach the network
     "network": Attack(
-        "import socket\nfor address in (('127.0.0.1', {port}), ('1.1.1.1', 80), (socket.gethostname(), {port})):\n"
+        "import socket\nfor address in (('127.0.0.1', {port}), ('::1', {port}), (socket.gethostname(), {port})):\n"
         "    try:\n        socket.create_connection(address, timeout=1).sendall(b'ESCAPED')\n"
         "    except OSError:\n        pass\n"),
+    # The port of a listener the grader's own environment names: from this process's environment,
+    # or any visible process's.
+    "port_from_graders_environment": Attack(
+        "import glob, os, re, socket\nfound = set(re.findall(r'A4_TEST_PORT=(\\d+)', str(os.environ)))\n"
+        "for path in glob.glob('/proc/*/environ'):\n"
+        "    try:\n        found |= set(re.findall(rb'A4_TEST_PORT=(\\d+)', open(path, 'rb').read()))\n"
+        "    except OSError:\n        pass\n"
+        "for port in found:\n"
+        "    try:\n        socket.create_connection(('127.0.0.1', int(port)), timeout=1).sendall(b'ESCAPED')\n"
+        "    except OSError:\n        pass\n"
+        "if found:\n    raise RuntimeError(f'LEAK grader environment {{found}}')\n"),
     # 4. read what it must not
     "read_secrets": Attack(
         "import glob, os\nleaks = []\n"
@@ -60,6 +70,26 @@ ATTACKS = {
         "    for path in glob.glob(pattern, recursive=True):\n"
         "        try:\n            leaks.append((path, open(path, 'rb').read(64)))\n"
         "        except OSError:\n            pass\n"
+        "if leaks:\n    raise RuntimeError(f'LEAK {{leaks[:3]}}')\n"),
+    # The kit through another process's view of the file system: its working folder or its root.
+    "read_kit_through_proc": Attack(
+        "import glob, os\nleaks = []\n"
+        "for link in glob.glob('/proc/*/cwd') + glob.glob('/proc/*/root'):\n"
+        "    for rel in ('assignment_4/reference/assignment4.py', 'grader/rubric.yaml', {reference!r}[1:], {rubric!r}[1:]):\n"
+        "        try:\n            leaks.append((link, rel, open(os.path.join(link, rel), 'rb').read(64)))\n"
+        "        except OSError:\n            pass\n"
+        "if leaks:\n    raise RuntimeError(f'LEAK {{leaks[:3]}}')\n"),
+    # Every file it can list, anywhere: a rubric, a reference solution or another hand-in's code.
+    "walk_the_file_system": Attack(
+        "import os, time\nleaks = []\nown = os.path.dirname(os.path.abspath(__file__))  # this hand-in's own code\n"
+        "deadline = time.monotonic() + 3\n"
+        "for folder, dirs, files in os.walk('/'):\n"
+        "    dirs[:] = [d for d in dirs if os.path.join(folder, d) not in ('/proc', '/sys', '/dev')]\n"
+        "    if folder == own or time.monotonic() > deadline:\n        continue\n"
+        "    for name in files:\n"
+        "        if (name.startswith('rubric') and name.endswith('.yaml')) or name == 'assignment4.py' \\\n"
+        "                or (name.endswith('.zip') and 'handin' in name) or '/assignment_4' in folder:\n"
+        "            leaks.append(os.path.join(folder, name))\n"
         "if leaks:\n    raise RuntimeError(f'LEAK {{leaks[:3]}}')\n"),
     # Reads every readable mapping of its own process for the hidden checks' names, the rubric's
     # keys and the reference's markers (spelt backwards here, so that only the needles themselves,
@@ -89,8 +119,7 @@ ATTACKS = {
     # Its parent is the namespace's init (signals from inside are ignored) and, as root, of another
     # user (the kill is refused): either way only its own part can suffer.
     "kill_parent": Attack("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", ("passed", "crashed")),
-    "kill_everything_it_can": Attack("import os, signal\nos.kill(-1, signal.SIGKILL)\n",
-                                     ("crashed",), "", needs_full_sandbox=True),
+    "kill_everything_it_can": Attack("import os, signal\nos.kill(-1, signal.SIGKILL)\n", ("crashed",)),
     "close_stdout_and_stderr": Attack("import os\nos.close(1)\nos.close(2)\n"),
     "flood_output": Attack(
         "import sys\ntry:\n    for _ in range(20000):\n        sys.stdout.write('x' * 10000 + '\\n')\n"
@@ -158,12 +187,10 @@ def zip_attacks() -> dict:
     }
 
 
-def all_handins(values: dict, log: str, err: str, full_sandbox: bool) -> dict:
-    """name -> zip bytes, for every attack that applies here, plus the reference itself."""
+def all_handins(values: dict, log: str, err: str) -> dict:
+    """name -> zip bytes, for every attack, plus the reference itself."""
     handins = {"reference": zip_bytes(Files(code=REFERENCE.read_text(), log=log, err=err))}
-    for name, attack in ATTACKS.items():
-        if attack.needs_full_sandbox and not full_sandbox:
-            continue
+    for name in ATTACKS:
         handins[name] = zip_bytes(build(name, values, log, err))
     handins.update({name: data for name, (data, _) in zip_attacks().items()})
     return handins

@@ -10,6 +10,7 @@ import pytest
 
 from grader import kit, results as results_module
 from grader.batch.run import grade_batch
+from grader.rerun.executor import SandboxUnavailable
 from grader.parts import PART_IDS
 from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, skeleton,
                           write_zip, zip_bytes)
@@ -139,9 +140,9 @@ def test_a_missing_err_costs_its_penalty(graded):
     assert r["score"] == 98 and r["penalties"] == {"missing_err": 2.0} and "missing_err" in r["flags"]
 
 
-def test_a_handin_without_code_is_invalid_with_a_message(graded):
+def test_a_handin_without_code_is_invalid_with_a_message_and_no_score(graded):
     r = graded[1]["no_code"]
-    assert (r["status"], r["score"]) == ("invalid", 0)
+    assert (r["status"], r["score"]) == ("invalid", None)   # not a 0: the student hands in again
     assert "no assignment4.py in the hand-in" in r["message"]
 
 
@@ -155,17 +156,20 @@ def test_a_handin_written_to_the_handout_word_for_word_gets_full_marks_on_cpu(gr
 def test_grades_csv_has_a_row_per_handin_and_a_column_per_part(graded):
     out, results, _, _, _ = graded
     rows = list(csv.DictReader((out / "grades.csv").open()))
-    assert list(rows[0]) == ["student", "score", "max_score", "status", *PART_IDS, "flags"]
+    assert list(rows[0]) == ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
     assert {row["student"] for row in rows} == set(results)
     ref = next(row for row in rows if row["student"] == "reference")
     assert (ref["score"], ref["baseline"], ref["tensor_parallel"], ref["status"]) == ("100", "10", "35", "graded")
+    assert ref["source"] == "reference.zip"
+    no_code = next(row for row in rows if row["student"] == "no_code")
+    assert (no_code["score"], no_code["status"]) == ("", "invalid")
 
 
 def test_results_json_follows_gradescope_schema(graded):
     out = graded[0]
     for path in out.glob("*/results.json"):
         doc = json.loads(path.read_text())
-        assert doc["output_format"] == "md" and isinstance(doc["score"], (int, float))
+        assert doc["output_format"] == "md" and isinstance(doc["score"], (int, float))   # invalid: 0 there
         assert set(doc["extra_data"]) >= {"sha256", "flags", "parts", "status"}
         for test in doc["tests"]:
             assert test["status"] in ("passed", "failed") and "max_score" in test
@@ -176,6 +180,10 @@ def test_results_json_follows_gradescope_schema(graded):
     doc = json.loads((out / "dp_summed" / "results.json").read_text())
     dp = next(t for t in doc["tests"] if t["name"].startswith("data_parallel") and "re-run" in t["name"])
     assert dp["status"] == "failed" and "summed over the 4 ranks" in dp["output"]
+    hidden = [t for t in doc["tests"] if t["name"].endswith("hidden checks")]
+    assert len(hidden) == 4 and {t["visibility"] for t in hidden} == {"after_due_date"}
+    shown = json.dumps({k: v for k, v in doc.items() if k != "extra_data"})
+    assert "hidden check 1" in shown and not any(name in shown for name in ("two-ranks", "odd-sizes", "single-rank"))
 
 
 def test_feedback_names_hidden_checks_but_never_their_values(graded):
@@ -254,12 +262,18 @@ def test_the_source_digest_covers_every_grader_source_and_utils(tmp_path):
 def test_the_torchrun_executor_grades_like_the_warm_one(graded, tmp_path):
     rubric = fast_rubric(tmp_path, checks=[{"name": "default"}])
     summary = grade_batch([graded[3] / "dp_summed.zip"], tmp_path / "out", rubric_path=rubric,
-                          executor="torchrun", progress=False)
+                          executor="torchrun", sandbox="off", progress=False)
     r = json.loads((tmp_path / "out" / "dp_summed" / "grading.json").read_text())
     assert summary.graded == 1
     assert r["parts"]["data_parallel"]["status"] == "failed"
     assert "summed over the 4 ranks" in r["parts"]["data_parallel"]["message"]
     assert parts_status(r)["tensor_parallel"] == "passed"
+    assert r["isolation"]["sandbox"] == "none"
+
+
+def test_the_torchrun_executor_refuses_to_run_hand_ins_unless_the_sandbox_is_off(graded, tmp_path):
+    with pytest.raises(SandboxUnavailable, match="--sandbox off"):
+        grade_batch([graded[3] / "dp_summed.zip"], tmp_path / "out", executor="torchrun", progress=False)
 
 
 def test_when_gloo_cannot_start_every_result_is_infra_error_and_no_score_is_written(graded, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 from grader.gradescope.run import grade_submission
 from grader import kit
 from grader.gradescope.bundle import build_bundle
-from tests.corpus import REFERENCE, UTILS, fast_rubric
+from tests.corpus import REFERENCE, UTILS, fast_rubric, refingerprint
 
 
 @pytest.fixture
@@ -78,3 +78,40 @@ def test_the_bundle_is_self_contained_and_holds_no_solution(submission, tmp_path
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(results.read_text())
     assert doc["score"] == 100, doc["output"]
+
+
+@pytest.mark.timeout(300)
+def test_without_user_namespaces_the_rubric_and_grader_stay_unreadable_to_student_code(submission, tmp_path):
+    """Gradescope's container: root, and bwrap fails as Docker's default profile makes it fail. The
+    ranks then run under a user id of their own, and --protect leaves the grader's folder (the
+    rubric, hidden checks included) and the submission readable to root only."""
+    bundle = build_bundle(tmp_path / "autograder.zip", fast_rubric(tmp_path, checks=[{"name": "default"}]))
+    source = tmp_path / "source"
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(source)
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    secrets = [source / "grader" / "rubric.yaml", source / "grader" / "kit.py", submission / "assignment4-77.log"]
+    probe = ("    for path in %r:\n        try:\n            open(path).read()\n"
+             "            raise RuntimeError('LEAK ' + path)\n        except OSError:\n            pass\n"
+             % [str(p) for p in secrets])
+    code = REFERENCE.read_text()
+    anchor = "    device = get_device() if device is None else device\n"
+    code = code.replace(anchor, anchor + probe, 1)
+    (submission / "assignment4.py").write_text(code)
+    log = submission / "assignment4-77.log"
+    log.write_text(refingerprint(log.read_text(), code))   # a run of this very code
+    results = tmp_path / "results" / "results.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"A4_BWRAP": str(fake)}
+    proc = subprocess.run([sys.executable, "-m", "grader", "gradescope", "--submission", str(submission),
+                           "--results", str(results), "--metadata", str(tmp_path / "submission_metadata.json"),
+                           "--protect"], cwd=source, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(results.read_text())
+    assert "LEAK" not in json.dumps(doc)
+    assert doc["score"] == 100, doc["output"]
+    isolation = doc["extra_data"]["isolation"]
+    assert isolation["sandbox"] == "none" and isolation["user"] == "an unprivileged user id of its own per world"
+    assert "Operation not permitted" in " ".join(isolation["problems"])
+    assert stat.S_IMODE(source.stat().st_mode) == 0o700

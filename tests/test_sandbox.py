@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grader.rerun import sandbox
 from grader.parts import PART_IDS
-from tests.corpus import REFERENCE, ROOT
+from tests import tas
+from tests.corpus import ROOT
 from tests.hostile import ATTACKS, MARKER, all_handins, zip_attacks
 
 RUBRIC = {"checks": [{"name": "default"},
@@ -59,9 +59,9 @@ class Listener:
         self.sock.close()
 
 
-def escaped_markers() -> list:
+def escaped_markers(home=None) -> list:
     found = []
-    for top in ("/tmp", "/var/tmp", "/dev/shm", str(Path.home()), str(ROOT.parent)):
+    for top in ("/tmp", "/var/tmp", "/dev/shm", str(Path.home()), str(ROOT.parent), *([str(home)] if home else [])):
         for folder, dirs, files in os.walk(top):
             if folder.startswith(("/proc", "/sys")):
                 continue
@@ -81,31 +81,79 @@ def leftover_processes() -> list:
     return left
 
 
-@pytest.fixture(scope="module")
-def hostile(reference_run, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hostile")
+# Where TAs grade: as root (CI), as an ordinary user with the system's Python, and as an ordinary
+# user whose Python and packages live in their private home directory (pyenv, conda, a venv in ~).
+CONFIGS = ("root", "user", "user_home")
+# What the TA configurations run: every attack on isolation, and the reference.
+ISOLATION_ATTACKS = ("reference", "network", "port_from_graders_environment", "read_secrets", "read_kit_through_proc",
+                     "walk_the_file_system", "scan_own_memory", "write_results", "kill_parent",
+                     "kill_everything_it_can", "fork_bomb", "daemon_that_escapes_its_group", "top_level_command")
+
+
+def _sandbox_here() -> str:
+    from grader.rerun.executor import SandboxUnavailable, WarmExecutor
+    executor = WarmExecutor("auto")
+    try:
+        executor.start()
+        return ""
+    except SandboxUnavailable as e:
+        return str(e)
+    finally:
+        executor.close()
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def hostile(request, reference_run, tmp_path_factory):
+    why = _sandbox_here()
+    if why:
+        userns = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode == 0
+        if userns:   # this machine can sandbox: the grader failing to is a bug, not a limitation
+            pytest.fail(f"user namespaces work here, yet the grader refuses to run hand-ins: {why}")
+        pytest.skip(f"no user namespaces on this machine; the grader refuses to run hand-ins: {why}")
+    config, ta = request.param, None
+    if config != "root":
+        missing = tas.available()
+        if missing:
+            pytest.skip(f"no TA configuration here: {missing}")
+        ta = tas.ta_setup(config)
+    try:
+        yield _grade_hostile(config, ta, reference_run, tmp_path_factory)
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+
+
+def _grade_hostile(config, ta, reference_run, tmp_path_factory) -> dict:
+    tmp = ta.home / "work" if ta else tmp_path_factory.mktemp("hostile")
+    kit = ta.kit if ta else ROOT
     inbox, out = tmp / "inbox", tmp / "out"
-    inbox.mkdir()
+    inbox.mkdir(parents=True)
     (tmp / "rubric.yaml").write_text(yaml.safe_dump(RUBRIC))
-    isolation = sandbox.probe()
-    full = isolation.pid and isolation.net and isolation.mount and isolation.own_uid
     listener = Listener()
-    values = {"port": listener.port, "reference": str(REFERENCE), "rubric": str(ROOT / "grader" / "rubric.yaml"),
-              "out": str(out)}
-    handins = all_handins(values, *reference_run, full_sandbox=full)
+    values = {"port": listener.port, "reference": str(kit / "assignment_4" / "reference" / "assignment4.py"),
+              "rubric": str(kit / "grader" / "rubric.yaml"), "out": str(out)}
+    handins = all_handins(values, *reference_run)
+    if ta:
+        handins = {name: data for name, data in handins.items() if name in ISOLATION_ATTACKS}
     for name, data in handins.items():
         (inbox / f"{name}.zip").write_bytes(data)
+    args = ["-m", "grader", "grade", str(inbox), "--out", str(out), "--jobs", "2", "--rubric", str(tmp / "rubric.yaml"),
+            "--quiet"]
     before = escaped_markers()
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(inbox), "--out", str(out), "--jobs", "2",
-                           "--rubric", str(tmp / "rubric.yaml"), "--quiet"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if ta:
+        subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
+        proc = ta.run([str(ta.python), *args], timeout=900, env={"A4_TEST_PORT": listener.port})
+    else:
+        proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                              env=dict(os.environ, A4_TEST_PORT=str(listener.port)))
     elapsed = time.monotonic() - started
     time.sleep(0.5)
     listener.close()
     results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
-    return dict(proc=proc, elapsed=elapsed, results=results, listener=listener, handins=handins,
-                escaped=[m for m in escaped_markers() if m not in before], isolation=isolation, full=full, out=out)
+    return dict(config=config, proc=proc, elapsed=elapsed, results=results, listener=listener, handins=handins,
+                escaped=[m for m in escaped_markers(ta.home if ta else None) if m not in before], out=out, kit=kit,
+                user=ta.user if ta else "root")
 
 
 @pytest.mark.timeout(900)
@@ -113,7 +161,7 @@ def test_the_batch_exits_cleanly_inside_the_sum_of_its_timeouts(hostile):
     proc = hostile["proc"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    assert len(hostile["handins"]) >= 25
+    assert len(hostile["handins"]) >= (28 if hostile["config"] == "root" else len(ISOLATION_ATTACKS))
     assert set(hostile["results"]) == set(hostile["handins"])
     # Every check of every hand-in may wait for its part timeout twice (the retry) and its start-up.
     per_handin = len(RUBRIC["checks"]) * 2 * (len(PART_IDS) * 5 + 30)
@@ -128,8 +176,8 @@ def test_the_reference_still_gets_full_marks_among_them(hostile):
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_each_code_attack_gets_its_verdict_and_costs_only_its_part(hostile, name):
     attack = ATTACKS[name]
-    if attack.needs_full_sandbox and not hostile["full"]:
-        pytest.skip("needs the full sandbox (PID namespace and an own uid), not available here")
+    if name not in hostile["handins"]:
+        pytest.skip(f"{hostile['config']} runs the attacks on isolation only")
     r = hostile["results"][name]
     assert r["status"] == "graded", r["message"]
     baseline = r["parts"]["baseline"]
@@ -145,8 +193,10 @@ def test_each_code_attack_gets_its_verdict_and_costs_only_its_part(hostile, name
 
 @pytest.mark.parametrize("name", sorted(zip_attacks()))
 def test_each_zip_attack_is_refused_with_a_message(hostile, name):
+    if name not in hostile["handins"]:
+        pytest.skip(f"{hostile['config']} runs the attacks on isolation only")
     r = hostile["results"][name]
-    assert (r["status"], r["score"]) == ("invalid", 0)
+    assert (r["status"], r["score"]) == ("invalid", None)   # no score: the student hands in again
     assert zip_attacks()[name][1] in r["message"]
 
 
@@ -155,17 +205,33 @@ def test_nothing_escaped(hostile):
     assert hostile["escaped"] == []
     assert leftover_processes() == []
     for path in [hostile["out"] / "reference" / "results.json", hostile["out"] / "grades.csv",
-                 ROOT / "grader" / "rubric.yaml"]:
+                 hostile["kit"] / "grader" / "rubric.yaml"]:
         assert "TAMPERED" not in path.read_text()
 
 
 def test_every_result_says_which_isolation_was_active(hostile):
-    r = hostile["results"]["network"]
-    assert r["isolation"]["network"] == ("own network namespace, loopback only" if hostile["isolation"].net
-                                         else "NOT isolated")
-    assert r["isolation"]["mode"] == "auto"
+    """Every layer, in every result, whoever grades and wherever their Python lives."""
+    for name, r in hostile["results"].items():
+        if r["status"] == "invalid":
+            continue
+        isolation = r["isolation"]
+        assert isolation["sandbox"].startswith("bubblewrap"), (name, isolation)
+        assert isolation["files"] == "private root: system, Python and the hand-in only", (name, isolation)
+        assert isolation["network"] == "own network namespace, loopback only", (name, isolation)
+        assert isolation["processes"] == "own PID namespace, one per world", (name, isolation)
+        assert isolation["mode"] == "auto" and isolation["problems"] == [], (name, isolation)
+        assert isolation["user"] == ("an unprivileged user id of its own per world" if hostile["config"] == "root"
+                                     else "the grader's user, in a user namespace of its own"), (name, isolation)
+
+
+def test_no_hand_in_read_the_kit_or_reached_the_grader(hostile):
+    for name, r in hostile["results"].items():
+        text = json.dumps(r)
+        assert "LEAK" not in text and "BEGIN SOLUTION" not in text and "student_id_pattern" not in text, name
 
 
 def test_output_floods_are_capped(hostile):
+    if "flood_output" not in hostile["handins"]:
+        pytest.skip(f"{hostile['config']} runs the attacks on isolation only")
     r = hostile["results"]["flood_output"]
     assert len(json.dumps(r)) < 200_000

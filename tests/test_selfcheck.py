@@ -101,3 +101,22 @@ def test_when_gloo_cannot_start_check_says_it_is_not_the_students_code(public_ru
     report = check(handin, rubric_path=public_rubric)   # its own executor, started with the broken setting
     assert report.status == Status.INFRA_ERROR and not report.passed and report.rows == []
     assert "could not run on this machine, which says nothing about your code" in report.problems[0]
+
+
+@pytest.mark.timeout(180)
+def test_where_the_sandbox_cannot_start_check_runs_without_it_and_says_so_in_one_line(
+        public_rubric, reference_run, tmp_path, monkeypatch):
+    """A student's laptop without user namespaces (bwrap fails as it does there): their own code is
+    checked all the same, with one line saying so, never as a failure of the grader."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("A4_BWRAP", str(fake))
+    log, err = reference_run
+    handin = write_zip(tmp_path / "mine.zip", Files(code=REFERENCE.read_text(), log=log, err=err))
+    report = check(handin, rubric_path=public_rubric)
+    assert report.passed and report.status == Status.GRADED, format_report(report)
+    text = format_report(report)
+    lines = [line for line in text.splitlines() if "without the grader's sandbox" in line]
+    assert len(lines) == 1 and "Permission denied" in lines[0]
+    assert "machinery" not in text

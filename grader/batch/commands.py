@@ -3,7 +3,8 @@
 import sys
 
 from grader.batch.array import ScaleError
-from grader.batch.run import grade_batch
+from grader.batch.run import InputError, grade_batch
+from grader.rerun.executor import SandboxUnavailable
 from grader.rubric import RubricError
 
 
@@ -15,13 +16,22 @@ def grade_command(args) -> int:
                               slurm={"partition": args.partition, "array_parallelism": args.array_parallelism,
                                      "chunk": args.chunk, "time_min": args.slurm_time, "mem_gb": args.slurm_mem_gb,
                                      "cluster": None if args.slurm_cluster == "auto" else args.slurm_cluster})
-    except (RubricError, ScaleError) as e:
+    except (RubricError, ScaleError, SandboxUnavailable) as e:
         print(f"grader: {e}", file=sys.stderr)
+        return 2
+    except InputError as e:
+        for line in str(e).splitlines():
+            print(f"grader: {line}", file=sys.stderr)
+        print("grader: nothing was graded", file=sys.stderr)
         return 2
     counts = ", ".join(f"{s} {n}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
     print(f"graded {summary.graded} hand-in(s) and reused {summary.cached} earlier result(s) "
           f"in {summary.seconds:g} s; by status: {counts}")
-    print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md and a folder per student")
+    print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md (every result in it) and a folder per hand-in")
+    for line in summary.replaced:
+        print(f"replaced: {line}")
+    if summary.duplicates:
+        print(f"{summary.duplicates} student(s) have several hand-ins (flagged duplicate): see summary.md")
     if summary.trouble:
         print(f"{summary.trouble} hand-in(s) could not be graded (error or infra_error): see summary.md",
               file=sys.stderr)

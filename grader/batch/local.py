@@ -27,7 +27,7 @@ def canary(executor, rubric, scratch: Path) -> str:
     """Re-run the reference at every check; return what failed ('' when everything passed)."""
     if not kit.REFERENCE.exists():
         return ""
-    code = prepare_code(kit.REFERENCE, scratch)
+    code = prepare_code(kit.REFERENCE)
     for check in rubric.checks:
         for part, outcome in judge_check(executor, code, check, rubric, scratch).items():
             if outcome.status != Status.PASSED:
@@ -75,11 +75,12 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = 
         return results, worlds, world_seconds
     scratch = Path(scratch_dir("a4-grade-"))
     bar = Progress(len(todo), progress)
-    executors = [make_executor(executor, sandbox) for _ in range(max(1, min(jobs, len(todo))))]
+    executors = [make_executor(executor, sandbox, rubric.limits) for _ in range(max(1, min(jobs, len(todo))))]
     idle = queue.Queue()
     for ex in executors:
         idle.put(ex)
     try:
+        executors[0].start()   # SandboxUnavailable before anything runs, where hand-ins cannot be isolated
         broken = canary(executors[0], rubric, scratch)
         if broken:
             broken += "; the grading machine is not working"
@@ -93,7 +94,7 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = 
                     result = grade_handin(h, rubric, ex, scratch)
                 finally:
                     idle.put(ex)
-            report.write_handin(result, out)
+            report.write_handin(result, out, {c.name: c.weight for c in rubric.checks})
             score = "no score" if result.score is None else f"{result.score:g}/{result.max_score:g}"
             bar.step(h.student, f"{result.status}, {score}")
             return result.student, report.gradebook_view(result.to_dict())

@@ -1,46 +1,114 @@
 """Grade a batch: every hand-in under the given paths, into one output folder.
 
-- Hand-ins already graded with the same bytes, rubric and grader code (grader.kit.source_digest) are not graded again
-  (their out/<student>/grading.json is reused) unless `force`.
+- A path that does not exist, a file that is not a zip, a folder with no hand-in in it and an
+  `--only` id that matches no hand-in are the TA's mistakes, never a student's: InputError, and
+  nothing is graded.
+- A hand-in is kept in OUT/<student>/ (grading.json, results.json, feedback.md). Hand-ins are told
+  apart by student id and file name (`source`): a file of the same name with other bytes is the
+  student's newer hand-in and replaces the earlier result (kept in OUT/.replaced/, listed in
+  summary.md); a further hand-in of the same student under another name goes into
+  OUT/<student>~<first 8 hex digits of its sha256>/ and both are flagged `duplicate`.
+- Hand-ins already graded with the same bytes, rubric and grader code (grader.kit.source_digest)
+  are not graded again (their grading.json is reused) unless `force`.
 - The hand-ins left are graded on this machine (grader.batch.local: the canary first, `jobs` at
   once) or by the tasks of a Slurm job array (grader.batch.array).
-- Every hand-in's files are written as soon as it is graded, atomically; grades.csv and
-  summary.md at the end, from all of them.
+- Every hand-in's files are written as soon as it is graded, atomically; then grades.csv and
+  summary.md from every result in OUT, whatever this invocation graded (grader.batch.gradebook).
 """
 
+import difflib
+import hashlib
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.batch import gradebook
 from grader.batch.local import grade_handins
 from grader.pipeline import handin as handins, report
 from grader.results import Status, grader_digest, new_result, ungraded
 from grader.rubric import load_rubric
 
 
+class InputError(ValueError):
+    """The paths or ids given name no hand-in; nothing was graded. One problem per line."""
+
+
 @dataclass
 class BatchSummary:
     graded: int = 0
     cached: int = 0
-    statuses: dict = field(default_factory=dict)
+    statuses: dict = field(default_factory=dict)   # over every result in `out`
     out: str = ""
     seconds: float = 0.0
     worlds: int = 0               # re-run worlds started, the canary's included
     world_seconds: float = 0.0    # their time, summed over the executors
+    replaced: list = field(default_factory=list)   # sentences: results replaced by a newer hand-in
+    duplicates: int = 0           # students with several hand-ins in `out`
 
     @property
     def trouble(self) -> int:
         return sum(self.statuses.get(s, 0) for s in ("error", "infra_error"))
 
 
-def _unique_students(found: list) -> None:
-    seen = {}
-    for h in found:
-        base = h.student
-        seen[base] = seen.get(base, 0) + 1
-        if seen[base] > 1:
-            h.student = f"{base}-{seen[base]}"
+def _index(out: Path) -> dict:
+    """folder -> (student id, source, sha256) of every result in `out`."""
+    index = {}
+    for path in out.glob("*/grading.json") if out.is_dir() else []:
+        if path.parent.name.startswith("."):
+            continue
+        try:
+            data = json.loads(path.read_text())
+            index[path.parent.name] = (report.student_of(data["student"]), data["source"], data.get("sha256", ""))
+        except (OSError, ValueError, KeyError):
+            continue
+    return index
+
+
+def _place(items: list, index: dict) -> dict:
+    """Give each hand-in (or unreadable one) its folder, as `.student`; return {folder: the sha256 of
+    the result it replaces} for those whose earlier result had other bytes."""
+    by_source = {(sid, source): folder for folder, (sid, source, _) in index.items()}
+    claimed, replaces = set(), {}
+    for h in sorted(items, key=lambda h: (h.student, h.name)):
+        ident = h.student
+        folder = by_source.get((ident, h.name))
+        if folder is None or folder in claimed:
+            digest = h.sha256 or hashlib.sha256(h.name.encode()).hexdigest()
+            folder, width = ident, 8
+            while folder in claimed or (folder in index and index[folder][:2] != (ident, h.name)):
+                folder, width = f"{ident}{report.SEP}{digest[:width]}", width + 4
+        elif index[folder][2] != h.sha256:
+            replaces[folder] = index[folder][2]
+        claimed.add(folder)
+        h.student = folder
+    return replaces
+
+
+def _select(items: list, only) -> tuple:
+    """The items `only` names (by student id or folder), and the problems with `only`."""
+    if not only:
+        return items, []
+    ids = {report.student_of(h.student) for h in items} | {h.student for h in items}
+    problems = []
+    for wanted in only:
+        if wanted not in ids:
+            near = difflib.get_close_matches(wanted, sorted(ids), n=3)
+            problems.append(f"--only {wanted}: no hand-in of that id among the {len(items)} found"
+                            + (f" (did you mean {', '.join(near)}?)" if near else ""))
+    chosen = [h for h in items if h.student in only or report.student_of(h.student) in only]
+    return chosen, problems
+
+
+def _set_aside(out: Path, folder: str, sha256: str, h) -> str:
+    target = out / ".replaced" / f"{folder}-{(sha256 or 'unknown')[:8]}"
+    if target.exists():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (out / folder).rename(target)
+    return (f"{report.student_of(folder)}: {h.name} has other bytes than when it was graded; graded again, "
+            f"the earlier result is in {target.relative_to(out)}/")
 
 
 def _cached(out: Path, h, rubric):
@@ -65,26 +133,28 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     started = time.monotonic()
     rubric = load_rubric(rubric_path)
     out = Path(out)
+    found = handins.find_handins(paths, rubric.files.student_id_pattern)
+    items = found.handins + found.unreadable
+    replaces = _place(items, _index(out))
+    items, only_problems = _select(items, only)
+    problems = [message for _, message in found.errors] + only_problems
+    if problems:
+        raise InputError("\n".join(problems))
     out.mkdir(parents=True, exist_ok=True)
-    found, problems = handins.discover(paths, rubric.files.student_id_pattern)
-    _unique_students(found)
-    if only:
-        wanted = set(only)
-        found = [h for h in found if h.student in wanted]
-        problems = []
     summary = BatchSummary(out=str(out))
-    results = {}
-    for name, message in problems:
-        student = handins.student_id(name, rubric.files.student_id_pattern)
-        result = ungraded(new_result(student, name, "", rubric), rubric, Status.INVALID, message,
-                          "not run: the hand-in could not be read", score=0.0)
-        report.write_handin(result, out)
-        results[student] = report.gradebook_view(result.to_dict())
+    weights = {c.name: c.weight for c in rubric.checks}
+    for h in items:
+        if h.student in replaces:
+            summary.replaced.append(_set_aside(out, h.student, replaces[h.student], h))
+    for u in (i for i in items if isinstance(i, handins.Unreadable)):
+        result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
+                          "not run: the hand-in could not be read",
+                          score=0.0 if rubric.files.invalid_scores_zero else None)
+        report.write_handin(result, out, weights)
     todo = []
-    for h in found:
+    for h in (i for i in items if isinstance(i, handins.Handin)):
         cached = None if force else _cached(out, h, rubric)
         if cached is not None:
-            results[h.student] = report.gradebook_view(cached)
             summary.cached += 1
         else:
             todo.append(h)
@@ -95,11 +165,11 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     else:
         graded, summary.worlds, summary.world_seconds = grade_handins(todo, out, rubric, jobs, executor,
                                                                       sandbox, progress)
-    results.update(graded)
     summary.graded = len(graded)
-    all_results = list(results.values())
-    report.write_gradebook(all_results, out, rubric.max_score)
-    for r in all_results:
+    views = gradebook.load_views(out)
+    gradebook.write_gradebook(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced)
+    for r in views:
         summary.statuses[r["status"]] = summary.statuses.get(r["status"], 0) + 1
+    summary.duplicates = len(gradebook.duplicates(views))
     summary.seconds = round(time.monotonic() - started, 2)
     return summary

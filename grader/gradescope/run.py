@@ -13,14 +13,16 @@ student code runs in the same container, and anything there could end up in its 
 """
 
 import json
+import os
 import shutil
 import traceback
 from pathlib import Path
 
+from grader import kit
 from grader.kit import write_json
 from grader.pipeline.grade import grade_handin
 from grader.pipeline.handin import Handin, folder_digest
-from grader.pipeline.report import gradescope_results
+from grader.pipeline.report import gradescope_results, limited_results
 from grader.rerun.executor import make_executor
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status, new_result, ungraded
@@ -36,11 +38,29 @@ def _student(metadata: Path) -> str:
         return "submission"
 
 
+def protect(submission: Path) -> None:
+    """Make the grader, its rubric (hidden checks included) and the submission's own folder
+    unreadable to hand-in code. Gradescope's container runs everything as root, usually without
+    user namespaces, so there is no bubblewrap sandbox; but ranks then run under a user id of their
+    own (grader.rerun.sandbox), and files only root may read need no namespace. Their code reaches
+    them over the zygote's pipe, so they need nothing of these folders."""
+    if os.geteuid() != 0:
+        return
+    for folder in (kit.ROOT, submission):
+        if folder.is_dir():
+            os.chmod(folder, 0o700)
+
+
 def grade_submission(submission="/autograder/submission", results="/autograder/results/results.json",
-                     metadata="/autograder/submission_metadata.json", rubric_path=None) -> dict:
+                     metadata="/autograder/submission_metadata.json", rubric_path=None,
+                     protect_files: bool = False) -> dict:
     """Grade one Gradescope submission folder and write its results.json; return what was written."""
     submission, results = Path(submission), Path(results)
     rubric = load_rubric(rubric_path)
+    limited = limited_results(Path(metadata), rubric.gradescope.max_submissions, rubric.gradescope.window_hours)
+    if limited is not None:    # over the course's limit of graded submissions: say so, run nothing
+        write_json(results, limited)
+        return limited
     handin = Handin(name=submission.name, student=_student(Path(metadata)), sha256="")
     result = new_result(handin.student, handin.name, handin.sha256, rubric)
     scratch = Path(scratch_dir("a4-gradescope-"))
@@ -48,7 +68,9 @@ def grade_submission(submission="/autograder/submission", results="/autograder/r
     try:
         handin.folder = submission
         handin.sha256 = result.sha256 = folder_digest(submission)
-        executor = make_executor("warm")
+        if protect_files:
+            protect(Path(submission))
+        executor = make_executor("warm", "best")
         result = grade_handin(handin, rubric, executor, scratch)
     except Exception as e:  # noqa: BLE001 - the result file is written whatever happens
         ungraded(result, rubric, Status.ERROR, f"grading failed: {type(e).__name__}: {e}", "not run: grading failed")
@@ -57,12 +79,13 @@ def grade_submission(submission="/autograder/submission", results="/autograder/r
         if executor is not None:
             executor.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    doc = gradescope_results(result.to_dict())
+    doc = gradescope_results(result.to_dict(), {c.name: c.weight for c in rubric.checks})
     write_json(results, doc)
     return doc
 
 
 def run(args) -> int:
-    doc = grade_submission(args.submission, args.results, args.metadata, args.rubric)
-    print(f"wrote {args.results}: {doc['extra_data']['status']}, score {doc.get('score', 'none')}")
+    doc = grade_submission(args.submission, args.results, args.metadata, args.rubric, args.protect)
+    print(f"wrote {args.results}: {doc['extra_data'].get('status', 'rate limited')}, "
+          f"score {doc.get('score', 'none')}")
     return 0

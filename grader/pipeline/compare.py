@@ -10,6 +10,7 @@ When a weight differs, `diagnose` tests the usual mistakes in turn, each by comp
 that mistake would produce and comparing.
 """
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -148,6 +149,20 @@ def comm_check(part: str, check, ranks: dict) -> tuple:
     return True, ""
 
 
+WEIGHT_DECIMALS = 6   # weight_digest rounds to this: the same wrong answer summed in another order still agrees
+
+
+def weight_digest(ranks: dict) -> str:
+    """sha256 over every rank's returned weight, in rank order: rank, shape, and values in float64
+    rounded to WEIGHT_DECIMALS decimals. Equal digests at a check: the same wrong weight."""
+    digest = hashlib.sha256()
+    for rank, r in sorted(ranks.items()):
+        w = r.weight.detach().to("cpu", torch.float64)
+        rounded = torch.round(w, decimals=WEIGHT_DECIMALS) + 0.0   # -0.0 and 0.0 alike
+        digest.update(f"{rank}:{list(w.shape)}:".encode() + rounded.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def judge(run, exp: Expected, part: str, check, tol) -> CheckOutcome:
     """The outcome of one part at one check, from its PartRun."""
     outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size,
@@ -186,6 +201,7 @@ def judge(run, exp: Expected, part: str, check, tol) -> CheckOutcome:
         first = failing[0]
         outcome.status = Status.FAILED
         outcome.diagnosis = diagnose(run.ranks[first].weight, exp, part, check, first, tol)
+        outcome.weight_digest = weight_digest(run.ranks)
         where = "every rank" if len(failing) == len(run.ranks) else \
             f"rank{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))}"
         outcome.message = f"wrong weight on {where}: {outcome.diagnosis}"

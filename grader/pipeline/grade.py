@@ -1,8 +1,9 @@
 """Grade one hand-in: unpack -> log evidence -> re-run at every check -> compare -> score.
 
 `grade_handin` always returns a HandinResult: a hand-in that cannot be graded as handed in is
-`invalid` (score 0, with the reason), a crash of the grader itself is `error` (no score), and a
-failure of the re-run machinery is `infra_error` (no score).
+`invalid` (with the reason; no score unless the rubric's `files.invalid_scores_zero`), a crash of
+the grader itself is `error` (no score), and a failure of the re-run machinery is `infra_error`
+(no score).
 """
 
 import difflib
@@ -94,7 +95,7 @@ def _log_evidence(result: HandinResult, files: dict, code_sha256: str, rubric) -
 
 def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: Path, deadline: float) -> dict:
     """Every part at every check of the rubric, within the hand-in's time: part -> [CheckOutcome]."""
-    code = rerun.prepare_code(assignment, work)
+    code = rerun.prepare_code(assignment)
     outcomes = {p: [] for p in PART_IDS}
     for check in rubric.checks:
         if time.monotonic() > deadline:
@@ -120,15 +121,15 @@ def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
             unpacked = handins.unpack(handin, work / "files", rubric.files)
         except handins.HandinError as e:
             return ungraded(result, rubric, Status.INVALID, str(e), "not run: the hand-in could not be unpacked",
-                            score=0.0)
+                            score=0.0 if rubric.files.invalid_scores_zero else None)
         files = unpacked.files
         result.notes += unpacked.notes
         result.files = {role: str(path.relative_to(unpacked.root)) for role, path in files.items()}
         code_sha256 = hashlib.sha256(files["assignment"].read_bytes()).hexdigest()
         _file_notes(result, files, rubric)
         log_report, log_usable = _log_evidence(result, files, code_sha256, rubric)
-        result.isolation = dict(getattr(executor, "isolation", {}))
         outcomes = _rerun_all(result, files["assignment"], rubric, executor, work, started + rubric.timeouts.handin)
+        result.isolation = dict(getattr(executor, "isolation", {}))   # as it was for these re-runs
         score_handin(result, outcomes, rubric, log_report, log_usable)
     except Exception as e:  # noqa: BLE001 - one hand-in's grading bug must not end the batch
         ungraded(result, rubric, Status.ERROR, f"grading this hand-in failed: {type(e).__name__}: {e}",

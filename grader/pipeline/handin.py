@@ -7,6 +7,10 @@ not only as declared), and writes nothing outside the hand-in's own folder. Junk
 (`__MACOSX/`, `.DS_Store`, `__pycache__/`, `._*`), a single leading folder is stripped, and one
 nested zip is opened. The files are then found by name: `assignment4.py`, `utils.py`, the `.log`
 and the `.err`.
+
+`find_handins` tells three things apart: hand-ins, hand-ins that cannot be read (a broken zip: the
+student must hand in again), and paths that are not hand-ins at all (a typo, an empty folder: the
+TA's mistake, never graded as a student).
 """
 
 import hashlib
@@ -16,6 +20,8 @@ import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+from grader.rubric import id_regex
 
 JUNK = re.compile(r"(^|/)(__MACOSX|__pycache__|\.git|\.ipynb_checkpoints)(/|$)|(^|/)(\.DS_Store|\._[^/]*|Thumbs\.db)$")
 CHUNK = 1 << 16
@@ -42,12 +48,38 @@ class Unpacked:
     notes: list = field(default_factory=list)   # what normalising did, for feedback
 
 
-def student_id(name: str, pattern: str) -> str:
-    """The id in a hand-in's name (for a zip in a bulk download, its path there) by `pattern`'s `id` group."""
+@dataclass
+class Unreadable:
+    """A hand-in found but not readable (a broken zip): graded `invalid`, never skipped."""
+    name: str
+    student: str
+    sha256: str
+    message: str
+
+
+@dataclass
+class Found:
+    handins: list = field(default_factory=list)      # Handin
+    unreadable: list = field(default_factory=list)   # Unreadable
+    errors: list = field(default_factory=list)       # (path, "PATH: why it holds no hand-in"): nothing to grade
+
+
+def _stem(name: str) -> str:
     stem = name.split("!")[-1]
-    stem = stem[:-4] if stem.lower().endswith(".zip") else stem
-    match = re.search(pattern, stem)
-    ident = match.group("id") if match and match.group("id") else stem
+    return stem[:-4] if stem.lower().endswith(".zip") else stem
+
+
+def id_match(name: str, pattern: str):
+    """The match of `pattern` (a regex or an LMS preset) on a hand-in's name, or None."""
+    match = re.search(id_regex(pattern), _stem(name))
+    return match if match and match.group("id") else None
+
+
+def student_id(name: str, pattern: str) -> str:
+    """The id in a hand-in's name (for a zip in a bulk download, its path there) by `pattern`'s `id`
+    group; a name that does not match keeps its whole name (summary.md lists those)."""
+    match = id_match(name, pattern)
+    ident = match.group("id") if match else _stem(name)
     return re.sub(r"[^A-Za-z0-9._@+-]+", "_", ident).strip("._") or "unnamed"
 
 
@@ -76,12 +108,21 @@ def folder_digest(folder: Path) -> str:
 
 def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
     """The hand-ins under `paths`, and the problems met finding them ([(name, message)])."""
+    found = find_handins(paths, pattern)
+    return found.handins, [(u.name, u.message) for u in found.unreadable] + \
+        [(path.name, message) for path, message in found.errors]
+
+
+def find_handins(paths, pattern: str = r"(?P<id>.+)") -> Found:
+    """The hand-ins under `paths`, those that cannot be read, and the paths that hold none."""
     found, problems = [], []
+    unreadable = []
 
     def add_zip(name, data):
         members = _zip_members(data)
         if members is None:
-            problems.append((name, f"{name}: not a readable zip file; ask for the hand-in again"))
+            unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
+                                         f"{name}: not a readable zip file; ask for the hand-in again"))
             return
         content = [m for m in members if not m.endswith("/") and not JUNK.search(m)]
         inner = [m for m in content if m.lower().endswith(".zip")]
@@ -91,7 +132,8 @@ def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
             with zipfile.ZipFile(io.BytesIO(data)) as z:
                 for m in inner:
                     if z.getinfo(m).file_size > 200 << 20:
-                        problems.append((f"{name}!{m}", f"{name}!{m}: over 200 MB, not opened"))
+                        unreadable.append(Unreadable(f"{name}!{m}", student_id(f"{name}!{m}", pattern), "",
+                                                     f"{name}!{m}: over 200 MB, not opened"))
                     else:
                         add_zip(f"{name}!{m}", z.read(m))
             return
@@ -99,24 +141,27 @@ def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
                             sha256=hashlib.sha256(data).hexdigest(), zip_bytes=data))
 
     for path in map(Path, paths):
+        before = len(found) + len(unreadable)
+        if not path.exists():
+            problems.append((path, f"{path}: no such file or folder"))
+            continue
         if path.is_file() and path.suffix.lower() == ".zip":
             add_zip(path.name, path.read_bytes())
         elif path.is_dir() and _is_handin_folder(path):
             found.append(Handin(name=path.name, student=student_id(path.name, pattern),
                                 sha256=folder_digest(path), folder=path))
         elif path.is_dir():
-            entries = sorted(path.iterdir())
-            for entry in entries:
+            for entry in sorted(path.iterdir()):
                 if entry.is_file() and entry.suffix.lower() == ".zip":
                     add_zip(entry.name, entry.read_bytes())
                 elif entry.is_dir() and _is_handin_folder(entry):
                     found.append(Handin(name=entry.name, student=student_id(entry.name, pattern),
                                         sha256=folder_digest(entry), folder=entry))
-            if not any(e.suffix.lower() == ".zip" or e.is_dir() for e in entries):
-                problems.append((path.name, f"{path}: no hand-in zips or folders in it"))
+            if len(found) + len(unreadable) == before:
+                problems.append((path, f"{path}: no hand-in in it (no .zip file, no folder with assignment4.py)"))
         else:
-            problems.append((path.name, f"{path}: not a zip file or a folder"))
-    return found, problems
+            problems.append((path, f"{path}: not a zip file or a folder of hand-ins"))
+    return Found(handins=found, unreadable=unreadable, errors=problems)
 
 
 def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:

@@ -1,28 +1,37 @@
-"""Write what grading found: per hand-in results.json (Gradescope) and feedback.md, and the batch's
-grades.csv and summary.md. Every file is written atomically (a temporary file, then a rename).
+"""Write what grading found for one hand-in: grading.json (everything, for TAs), feedback.md and
+Gradescope's results.json. Every file is written atomically (a temporary file, then a rename).
+(The batch's grades.csv and summary.md are grader.batch.gradebook's.)
 
 Hidden checks are named, never their values: their messages have every number replaced by `#`
-and their tracebacks are left out. The full result, for TAs, is `grading.json`.
+and their tracebacks are left out. In Gradescope's results.json they go further: each part's
+hidden checks are a test of their own, shown to students only after the due date
+(`after_due_date`) and under neutral names ("hidden check 2"); what students see before then,
+the top-level output included, holds only the public checks.
 """
 
-import csv
-import io
+import json
 import re
-from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from grader.kit import atomic_write, write_json
-from grader.parts import BY_ID, PART_IDS, PARTS
+from grader.parts import BY_ID
 
-CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags"]
+SEP = "~"   # a further hand-in of a student is graded as "<id>~<sha256[:8]>" (grader.batch.run)
+
+
+def student_of(key: str) -> str:
+    """The student id of a result's key (its folder name)."""
+    return key.split(SEP)[0]
 
 
 def redact(text: str) -> str:
     return re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", text or "")
 
 
-def _check_line(o) -> str:
-    name = f"hidden check `{o['check']}`" if o["hidden"] else f"check `{o['check']}` (world size {o['world_size']})"
+def _check_line(o, label: str = None) -> str:
+    name = label or (f"hidden check `{o['check']}`" if o["hidden"] else
+                     f"check `{o['check']}` (world size {o['world_size']})")
     message = redact(o["message"]) if o["hidden"] else o["message"]
     flaky = " *(passed when run again: flagged for a person to look at)*" if o.get("flaky") else ""
     return f"- {name}: **{o['status']}**, {message}{flaky}"
@@ -32,11 +41,28 @@ def _fmt(points) -> str:
     return f"{points:g}" if points is not None else "-"
 
 
-def _part_markdown(part: dict) -> str:
+def _public_view(part: dict) -> tuple:
+    """(status, message) of a part at its public checks only."""
+    public = [o for o in part["checks"] if not o["hidden"]]
+    if len(public) == len(part["checks"]):
+        return part["status"], part["message"] if part["status"] != "passed" else "Passed every re-run check."
+    failing = [o for o in public if o["status"] != "passed"]
+    if failing:
+        return failing[0]["status"], f"check '{failing[0]['check']}': {failing[0]['message']}"
+    comm = [o for o in public if not o.get("comm_ok", True)]
+    if comm:
+        return "failed", f"right weights, but {comm[0]['comm_message']}; no re-run points"
+    return "passed", "Passed every public check."
+
+
+def _part_markdown(part: dict, public_only: bool = False) -> str:
     info = BY_ID[part["part"]]
-    lines = [f"## {info.title}: {part['status']} ({_fmt(part['score'])} / {_fmt(part['max_score'])})", "",
-             f"**{part['message'] if part['status'] != 'passed' else 'Passed every re-run check.'}**", ""]
-    lines += [_check_line(o) for o in part["checks"]]
+    status, message = _public_view(part) if public_only else (part["status"], part["message"])
+    if status == "passed" and not public_only:
+        message = "Passed every re-run check."
+    lines = [f"## {info.title}: {status} ({_fmt(part['score'])} / {_fmt(part['max_score'])})", "",
+             f"**{message}**", ""]
+    lines += [_check_line(o) for o in part["checks"] if not (public_only and o["hidden"])]
     shown = next((o for o in part["checks"] if not o["hidden"] and o.get("traceback")), None)
     if shown:
         head = "\n".join(shown["traceback"].strip().splitlines()[-12:])
@@ -51,16 +77,18 @@ def _part_markdown(part: dict) -> str:
     return "\n".join(lines)
 
 
-def feedback_markdown(result: dict) -> str:
-    """The student's feedback: the verdict and message first, then the evidence."""
+def feedback_markdown(result: dict, public_only: bool = False) -> str:
+    """The student's feedback: the verdict and message first, then the evidence. `public_only`
+    leaves the hidden checks' results out (Gradescope shows them after the due date)."""
     if result["score"] is None:
         head = f"**No score yet** ({result['status']}): {result['message']}"
     else:
         head = f"**Score: {_fmt(result['score'])} / {_fmt(result['max_score'])}**. {result['message']}"
-    lines = [f"# Assignment 4: feedback for {result['student']}", "", head, "",
+    lines = [f"# Assignment 4: feedback for {student_of(result['student'])}", "", head, "",
              "| part | re-run | points |", "| --- | --- | --- |"]
     for part in result["parts"].values():
-        lines.append(f"| {BY_ID[part['part']].title} | {part['status']} | {_fmt(part['score'])} / {_fmt(part['max_score'])} |")
+        status = _public_view(part)[0] if public_only else part["status"]
+        lines.append(f"| {BY_ID[part['part']].title} | {status} | {_fmt(part['score'])} / {_fmt(part['max_score'])} |")
     if result["penalties"]:
         lines.append(f"| penalties | | -{_fmt(sum(result['penalties'].values()))} |")
     lines.append("")
@@ -68,9 +96,13 @@ def feedback_markdown(result: dict) -> str:
     public_ok = all(o["status"] == "passed" for p in result["parts"].values() for o in p["checks"] if not o["hidden"])
     if result["parts"] and public_ok and any(p["checks"] for p in result["parts"].values()):
         lines += ["All public checks passed." + (" Hidden checks run your code at other sizes, seeds and "
-                                                 "world sizes; they are listed by name below." if hidden else ""), ""]
+                                                 "world sizes; they are listed by name below."
+                                                 if hidden and not public_only else ""), ""]
+    if public_only and hidden:
+        lines += ["Hidden checks run your code at other sizes, seeds and world sizes: their results are "
+                  "shown after the due date, as tests of their own.", ""]
     for part in result["parts"].values():
-        lines += [_part_markdown(part), ""]
+        lines += [_part_markdown(part, public_only), ""]
     if result["notes"]:
         lines += ["## Notes on the hand-in", ""] + [f"- {n}" for n in result["notes"]] + [""]
     lines += ["---", f"Hand-in `{result['source']}`, sha256 `{result['sha256'][:16]}...`, graded "
@@ -78,39 +110,127 @@ def feedback_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gradescope_results(result: dict) -> dict:
-    """Gradescope's results.json: a test per part's re-run and per part's log evidence."""
+def _neutral_names(result: dict) -> dict:
+    """Hidden check name -> "hidden check N", numbered in the rubric's order."""
+    names = []
+    for part in result["parts"].values():
+        names += [o["check"] for o in part["checks"] if o["hidden"] and o["check"] not in names]
+    return {name: f"hidden check {i}" for i, name in enumerate(names, start=1)}
+
+
+def _neutral(text: str, names: dict) -> str:
+    for name, label in names.items():
+        text = re.sub(rf"hidden check [`']{re.escape(name)}[`']", label, text)
+    return text
+
+
+def _check_points(part: dict, weights: dict) -> dict:
+    """Check name -> (points earned, points possible) of the part's re-run points."""
+    total = sum(weights.get(o["check"], 1.0) for o in part["checks"]) or 1.0
+    share = {o["check"]: part["rerun_max"] * weights.get(o["check"], 1.0) / total for o in part["checks"]}
+    earned = part["rerun_points"] > 0    # a part that skipped its collective earns no re-run point anywhere
+    return {o["check"]: (share[o["check"]] if earned and o["status"] == "passed" else 0.0, share[o["check"]])
+            for o in part["checks"]}
+
+
+def _test(name, score, max_score, passed, output, visibility="visible") -> dict:
+    return {"name": name, "score": round(score, 4), "max_score": round(max_score, 4),
+            "status": "passed" if passed else "failed", "output": output, "output_format": "md",
+            "visibility": visibility}
+
+
+def gradescope_results(result: dict, weights: dict = None) -> dict:
+    """Gradescope's results.json: per part a test for its re-run at the public checks, one for its
+    log evidence, and one for its hidden checks (after the due date, neutral names). `weights`:
+    check name -> weight (the rubric's; equal when not given)."""
+    weights, names = weights or {}, _neutral_names(result)
     tests = []
     for part in result["parts"].values():
         title = f"{part['part']}: {BY_ID[part['part']].title}"
-        checks = "\n".join(_check_line(o) for o in part["checks"])
-        tests.append({"name": f"{title}, re-run", "score": part["rerun_points"], "max_score": part["rerun_max"],
-                      "status": "passed" if part["status"] == "passed" else "failed",
-                      "output": f"**{part['message']}**\n\n{checks}".strip(), "output_format": "md",
-                      "visibility": "visible"})
+        points = _check_points(part, weights)
+        public = [o for o in part["checks"] if not o["hidden"]]
+        hidden = [o for o in part["checks"] if o["hidden"]]
+        status, message = _public_view(part)
+        if not part["checks"]:
+            status, message, points = part["status"], part["message"], {}
+        lines = "\n".join(_check_line(o) for o in public)
+        tests.append(_test(f"{title}, re-run" + (" (public checks)" if hidden else ""),
+                           sum(points[o["check"]][0] for o in public) if part["checks"] else part["rerun_points"],
+                           sum(points[o["check"]][1] for o in public) if part["checks"] else part["rerun_max"],
+                           status == "passed", f"**{message}**\n\n{lines}".strip()))
         log = part.get("log") or {"points": 0.0, "message": "no log evidence for this part"}
-        tests.append({"name": f"{title}, log evidence", "score": log["points"], "max_score": part["log_max"],
-                      "status": "passed" if log["points"] >= part["log_max"] else "failed",
-                      "output": log["message"], "output_format": "md", "visibility": "visible"})
-    if result["score"] is None:
-        for test in tests:
+        tests.append(_test(f"{title}, log evidence", log["points"], part["log_max"],
+                           log["points"] >= part["log_max"], log["message"]))
+        if hidden:
+            lines = "\n".join(_check_line(o, names[o["check"]]) for o in hidden)
+            tests.append(_test(f"{title}, hidden checks", sum(points[o["check"]][0] for o in hidden),
+                               sum(points[o["check"]][1] for o in hidden),
+                               all(o["status"] == "passed" for o in hidden), lines, "after_due_date"))
+    score = result["score"]
+    if score is None and result["status"] == "invalid":
+        score = 0.0    # Gradescope needs a number; the output says why, and the student hands in again
+    for test in tests:
+        test["output"] = _neutral(test["output"], names)
+        if score is None:
             test.pop("score")
-    doc = {"output": feedback_markdown(result), "output_format": "md", "test_output_format": "md",
-           "visibility": "visible", "stdout_visibility": "hidden", "tests": tests,
+    doc = {"output": _neutral(feedback_markdown(result, public_only=bool(names)), names), "output_format": "md",
+           "test_output_format": "md", "visibility": "visible", "stdout_visibility": "hidden", "tests": tests,
            "extra_data": {"student": result["student"], "sha256": result["sha256"], "status": result["status"],
                           "flags": result["flags"], "parts": {p: v["status"] for p, v in result["parts"].items()},
-                          "grader_version": result["grader_version"], "rubric_sha256": result["rubric_sha256"]}}
-    if result["score"] is not None:
-        doc["score"] = result["score"]
+                          "grader_version": result["grader_version"], "rubric_sha256": result["rubric_sha256"],
+                          "isolation": result.get("isolation", {}),
+                          "hidden_checks": {label: name for name, label in names.items()}}}
+    if score is not None:
+        doc["score"] = score
     return doc
 
 
-def write_handin(result, out: Path) -> Path:
+def _when(text: str) -> datetime:
+    text = text.strip()
+    return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+
+
+def limited_results(metadata: Path, max_submissions: int, window_hours: float = 0.0):
+    """The results.json to write instead of grading when this submission is past the limit of
+    `max_submissions` graded submissions (in the `window_hours` before it; 0: ever), else None.
+
+    Counted from Gradescope's submission_metadata.json: the previous submissions that were graded
+    (not themselves refused), by their submission_time against this one's `created_at`, never the
+    clock (a re-run of the autograder must decide as the first run did). A refused submission
+    keeps the result of the latest graded one, with a message on top."""
+    if not max_submissions:
+        return None
+    try:
+        data = json.loads(Path(metadata).read_text())
+        created = _when(data["created_at"])
+        previous = [(p, _when(p["submission_time"])) for p in data.get("previous_submissions") or []]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None    # nothing to count by: grade it
+    since = created - timedelta(hours=window_hours) if window_hours else None
+    graded = [(p, t) for p, t in previous if t <= created and (since is None or t > since)
+              and not ((p.get("results") or {}).get("extra_data") or {}).get("rate_limited")]
+    if len(graded) < max_submissions:
+        return None
+    last, when = max(graded, key=lambda pt: pt[1])
+    window = f" in {window_hours:g} hours" if window_hours else ""
+    free = min(t for _, t in graded) + timedelta(hours=window_hours)
+    again = f" You can be graded again from {free:%Y-%m-%d %H:%M %Z}." if window_hours else ""
+    doc = dict(last.get("results") or {})
+    doc["output"] = (f"**Not graded:** you have had {len(graded)} graded submissions{window}, the most this "
+                     f"assignment grades.{again} Shown: the result of your submission of "
+                     f"{when:%Y-%m-%d %H:%M %Z}.\n\n" + doc.get("output", ""))
+    if "score" not in doc and last.get("score") is not None and not doc.get("tests"):
+        doc["score"] = float(last["score"])
+    doc["extra_data"] = {**(doc.get("extra_data") or {}), "rate_limited": True}
+    return doc
+
+
+def write_handin(result, out: Path, weights: dict = None) -> Path:
     """Write grading.json, results.json and feedback.md of one hand-in into out/<student>/."""
     data = result.to_dict()
     folder = out / result.student
     write_json(folder / "grading.json", data, sort_keys=True)
-    write_json(folder / "results.json", gradescope_results(data))
+    write_json(folder / "results.json", gradescope_results(data, weights))
     atomic_write(folder / "feedback.md", feedback_markdown(data))
     return folder
 
@@ -121,69 +241,6 @@ def gradebook_view(result: dict) -> dict:
     parts = {p: {**{k: v for k, v in part.items() if k not in ("checks", "log")},
                  "checks": [{k: o.get(k) for k in keep_check} for o in part.get("checks", [])]}
              for p, part in result.get("parts", {}).items()}
-    return {k: result.get(k) for k in ("student", "source", "status", "score", "max_score", "message", "flags")} | \
-        {"parts": parts}
-
-
-def grades_csv(results: list) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for r in sorted(results, key=lambda r: r["student"]):
-        row = {"student": r["student"], "score": "" if r["score"] is None else _fmt(r["score"]),
-               "max_score": _fmt(r["max_score"]), "status": r["status"], "flags": ";".join(r["flags"])}
-        for part in PART_IDS:
-            p = r["parts"].get(part)
-            row[part] = "" if p is None or r["score"] is None else _fmt(p["score"])
-        writer.writerow(row)
-    return buffer.getvalue()
-
-
-def summary_markdown(results: list, max_score: float) -> str:
-    n = len(results)
-    lines = [f"# Assignment 4: summary of {n} hand-in{'s' if n != 1 else ''}", ""]
-    statuses = Counter(r["status"] for r in results)
-    lines += ["| status | hand-ins |", "| --- | --- |"] + [f"| {s} | {c} |" for s, c in statuses.most_common()] + [""]
-    scored = [r for r in results if r["score"] is not None]
-    lines += ["## Parts", "", "| part | passed | pass rate | most common failures |", "| --- | --- | --- | --- |"]
-    for part in PARTS:
-        outcomes = [r["parts"][part.id] for r in scored if part.id in r["parts"]]
-        passed = sum(p["status"] == "passed" for p in outcomes)
-        rate = f"{100 * passed / len(outcomes):.0f}%" if outcomes else "-"
-        reasons = Counter(_reason(p) for p in outcomes if p["status"] != "passed")
-        common = "; ".join(f"{reason} ({count})" for reason, count in reasons.most_common(3))
-        lines.append(f"| {part.title} | {passed} / {len(outcomes)} | {rate} | {common} |")
-    lines += ["", "## Scores", ""]
-    if scored:
-        scores = sorted(r["score"] for r in scored)
-        mean = sum(scores) / len(scores)
-        lines.append(f"mean {mean:.1f}, median {scores[len(scores) // 2]:g}, min {scores[0]:g}, "
-                     f"max {scores[-1]:g} (of {max_score:g})")
-        lines += ["", "| score | hand-ins |", "| --- | --- |"]
-        step = max_score / 10 or 1
-        buckets = Counter(min(int(s // step), 9) for s in scores)
-        for b in range(10):
-            lo, hi = b * step, (b + 1) * step
-            lines.append(f"| {lo:g}-{hi:g}{'' if b == 9 else ' (excl.)'} | {'#' * buckets.get(b, 0)} {buckets.get(b, 0)} |")
-    flags = Counter(f for r in results for f in r["flags"])
-    if flags:
-        lines += ["", "## Flags", "", "| flag | hand-ins |", "| --- | --- |"] + [f"| {f} | {c} |" for f, c in flags.most_common()]
-    need_look = [r for r in results if r["status"] in ("error", "infra_error", "invalid") or "flaky" in r["flags"]]
-    if need_look:
-        lines += ["", "## For a person to look at", ""] + [f"- {r['student']} ({r['source']}): {r['status']}, {r['message']}"
-                                                          for r in need_look]
-    return "\n".join(lines) + "\n"
-
-
-def _reason(part: dict) -> str:
-    first = next((o for o in part["checks"] if o["status"] != "passed"), None)
-    if first is None:
-        return part["message"]
-    if first.get("diagnosis"):
-        return redact(first["diagnosis"])
-    return str(first["status"]) if first["status"] != "failed" else redact(first["message"])[:60]
-
-
-def write_gradebook(results: list, out: Path, max_score: float) -> None:
-    atomic_write(out / "grades.csv", grades_csv(results))
-    atomic_write(out / "summary.md", summary_markdown(results, max_score))
+    keep = ("student", "source", "sha256", "status", "score", "max_score", "message", "flags", "penalties")
+    return {k: result.get(k) for k in keep} | {"parts": parts,
+                                                 "sandbox": (result.get("isolation") or {}).get("mode", "")}

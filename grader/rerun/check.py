@@ -41,12 +41,11 @@ class PartRun:
     output: str = ""             # what the ranks printed (head and tail), for crashes
 
 
-def prepare_code(assignment: Path, scratch: Path) -> Path:
-    """A folder with the hand-in's assignment4.py and the trusted utils.py, nothing else."""
-    code = Path(scratch_dir("code-", scratch))
-    shutil.copyfile(assignment, code / "assignment4.py")
-    shutil.copyfile(kit.UTILS, code / "utils.py")
-    return code
+def prepare_code(assignment: Path) -> dict:
+    """What a world runs: the hand-in's assignment4.py beside the provided utils.py, nothing else.
+    It travels inside the job, so no file of the grader's is ever shared with the world."""
+    return {"assignment4.py": Path(assignment).read_bytes().decode("utf-8", "replace"),
+            "utils.py": kit.UTILS.read_text()}
 
 
 def _rank_run(rank: int, result: protocol.Result) -> RankRun:
@@ -116,9 +115,9 @@ def _failed_part(part: str, report: WorldReport) -> PartRun:
     return PartRun(part=part, status=status, ranks=ranks, detail=detail, output=output)
 
 
-def _world_job(code: Path, work: Path, check, rubric, parts: list) -> WorldJob:
+def _world_job(code: dict, work: Path, check, rubric, parts: list) -> WorldJob:
     config = {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight", "world_size")}
-    return WorldJob(work_dir=str(work), code_dir=str(code), store=str(work / "store"),
+    return WorldJob(work_dir=str(work), code=code, store=str(work / "store"),
                     world_size=check.world_size, parts=list(parts), check=config,
                     pg_timeout=rubric.timeouts.process_group, limits=asdict(rubric.limits),
                     timeouts=protocol.Timeouts(world_start=rubric.timeouts.world_start, part=rubric.timeouts.part))
@@ -140,8 +139,8 @@ def _unstarted_parts(parts: list, report: WorldReport) -> dict:
             for part in parts}
 
 
-def run_check(executor, code: Path, check, rubric, scratch: Path, parts=PART_IDS) -> dict:
-    """Run `parts` of the code in `code` at `check`; return part id -> PartRun, for every part."""
+def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS) -> dict:
+    """Run `parts` of `code` (prepare_code's) at `check`; return part id -> PartRun, for every part."""
     remaining = list(parts)
     runs = {}
     while remaining:

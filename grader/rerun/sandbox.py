@@ -1,39 +1,42 @@
-"""The sandbox around hand-in code: namespaces for a world, limits and an unprivileged user for a rank.
+"""The sandbox inside the job sandbox: a namespace set per world, limits per rank, a clean slate
+between worlds. grader.rerun.bwrap builds the job sandbox around all of it.
 
-A world's ranks share (Linux, where the kernel allows it; `probe` finds out once):
-- a PID namespace: the world is killed as a whole (every process it forked, whatever session or
-  group it moved to), and its processes see nothing outside it;
-- a network namespace with only its own loopback: gloo works between the ranks, nothing else is
-  reachable, the grader's own 127.0.0.1 included;
-- a mount namespace with a private root: the system's programs and libraries and Python (read
-  only), the hand-in's code (read only), the world's folder, and a small /tmp. The reference
-  solution, the rubric, the grader's outputs and other hand-ins are not in it;
-- as root, a user id of its own, no privileges, no way to gain any. Without root, a user namespace
-  provides the others where the kernel lets unprivileged users have one.
-Every rank has limits on address space, processes (threads count), file size, CPU time, and one
-compute thread. Which layers were active is reported with every result.
+bubblewrap isolates the zygote from the machine; this module isolates one world from the next
+inside it, and that part stays hand-written: a warm zygote forks worlds from a process that has
+imported torch once, and bwrap can only start a new process. So each world's leader, before it
+forks any rank,
+
+- unshares PID, network and IPC namespaces of its own: a world's processes see no other world's,
+  its loopback is its own, its SysV objects die with it; and, so that the process limit counts
+  this world alone, either a user id no other world has (when the grader is root, bwrap's user
+  namespace maps a range of ids) or a user namespace of its own (an ordinary user's single id:
+  limits count per user namespace);
+- is the parent of ranks that drop every capability, set no_new_privs, and take the rubric's
+  limits on address space, processes, file size and CPU time, with one compute thread each.
+
+Between worlds the zygote kills every other process it can see and empties /tmp and /dev/shm.
+Without bwrap (`--sandbox off`, a student's own machine, a container without user namespaces)
+none of the namespaces exist; ranks run as a user id of their own when the grader is root, so
+files only root may read stay unreadable. `Isolation.summary()` says what held, for every result.
 """
 
 import ctypes
+import fcntl
 import os
-import platform
 import random
 import resource
+import shutil
 import signal
 import socket
 import struct
 import sys
-import fcntl
 from dataclasses import dataclass, field
 
 from grader.limits import Limits
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-MNT_DETACH = 2
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
-SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
-READ_ONLY = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys"]
+CAPABILITY_VERSION_3 = 0x20080522
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -48,34 +51,38 @@ def _check(result, what):
         raise SandboxError(err, f"{what}: {os.strerror(err)}")
 
 
-def _mount(source, target, fstype=None, flags=0, data=None):
-    _check(_libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
-                       ctypes.c_ulong(flags), data and data.encode()), f"mount {target}")
-
-
 def prctl(option, value):
     _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl {option}")
 
 
 @dataclass
 class Isolation:
-    """Which layers a world gets; `probe` fills it in, results report it."""
-    mode: str = "auto"                      # auto: what works; strict: all or infra_error; off: limits only
-    pid: bool = False
-    net: bool = False
-    mount: bool = False
-    user: bool = False                      # an unprivileged user namespace (running without root)
-    own_uid: bool = False                   # ranks run as a user id of their own (running as root)
+    """Which layers hold; the zygote fills it in from inside (`probe`), every result reports it."""
+    mode: str = "auto"          # auto: the full sandbox, or grade refuses; off: limits only; best: what works
+    sandbox: str = ""           # "bubblewrap 0.11.0" when the zygote runs inside it
+    files: bool = False         # a private root: system, Python and the engine only
+    network: bool = False       # an own network namespace with only its loopback
+    processes: bool = False     # an own PID namespace: nothing outside is visible or signalable
+    per_world: bool = False     # each world in namespaces of its own inside the sandbox
+    own_uid: bool = False       # without namespaces, as root: ranks under a user id of their own
+    id_range: int = 1           # user ids the sandbox maps (more than 1: a fresh one per world)
+    uid: int = -1               # the user id the zygote runs as
     problems: list = field(default_factory=list)
 
+    @property
+    def complete(self) -> bool:
+        return self.files and self.network and self.processes
+
     def summary(self) -> dict:
-        return {"mode": self.mode,
-                "processes": "own PID namespace, killed as a whole" if self.pid else "process group",
-                "network": "own network namespace, loopback only" if self.net else "NOT isolated",
-                "files": ("private root: system, Python and the hand-in only" if self.mount else
+        return {"mode": self.mode, "sandbox": self.sandbox or "none",
+                "processes": ("own PID namespace" + (", one per world" if self.per_world else "")
+                              if self.processes else "process group"),
+                "network": "own network namespace, loopback only" if self.network else "NOT isolated",
+                "files": ("private root: system, Python and the hand-in only" if self.files else
                           "NOT isolated: the hand-in sees what its user may read"),
-                "user": ("own unprivileged uid" if self.own_uid else
-                         "user namespace" if self.user else "the grader's own user"),
+                "user": ("an unprivileged user id of its own per world" if self.own_uid or self.id_range > 1 else
+                         "the grader's user, in a user namespace of its own" if self.sandbox else
+                         f"the grader's own user (uid {self.uid})"),
                 "limits": "address space, processes, file size, CPU time, 1 thread per rank",
                 "problems": list(self.problems)}
 
@@ -94,76 +101,33 @@ def _write(path, text):
 
 
 def unshare_world(isolation: Isolation) -> None:
-    """In a world's leader, before it forks: new namespaces for everything forked after."""
-    flags = (CLONE_NEWPID if isolation.pid else 0) | (CLONE_NEWNET if isolation.net else 0) | \
-            (CLONE_NEWNS if isolation.mount else 0)
-    if not flags:
-        return
+    """In a world's leader, before it forks: PID, network and IPC namespaces of its own for
+    everything it forks after (the leader's next child is the new PID namespace's init), and a user
+    namespace too unless its ranks get an id of their own."""
     uid, gid = os.getuid(), os.getgid()
-    if isolation.user:
-        _check(_libc.unshare(CLONE_NEWUSER | flags), "unshare")
+    own_user = isolation.id_range <= 1
+    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC),
+           "unshare")
+    if own_user:
+        prctl(PR_SET_DUMPABLE, 1)   # an undumpable process may not write its own /proc/self files
         _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"0 {uid} 1")
-        _write("/proc/self/gid_map", f"0 {gid} 1")
-    else:
-        _check(_libc.unshare(flags), "unshare")
-    if isolation.net:
-        _lo_up()
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        prctl(PR_SET_DUMPABLE, 0)
+    _lo_up()
 
 
-def _bind(source, target, read_only=True, recursive=True):
-    os.makedirs(target, exist_ok=True)
-    _mount(source, target, None, MS_BIND | (MS_REC if recursive else 0))
-    if read_only:
-        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-
-
-def private_root(isolation: Isolation, limits: Limits, code_dir: str, work_dir: str) -> dict:
-    """In the world's first process inside the new namespaces: build and enter its private root.
-
-    Returns the paths the ranks use inside it: {"code_dir", "work_dir", "store"}.
-    """
-    if not isolation.mount:
-        return {"code_dir": code_dir, "work_dir": work_dir, "store": os.path.join(work_dir, "store")}
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    root = os.path.join(work_dir, "root")
-    os.makedirs(root, exist_ok=True)
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-    # The world's own /dev and /tmp first: Python itself may live under /tmp (a checkout there).
-    os.makedirs(root + "/dev")
-    _mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
-    for device in ("null", "zero", "random", "urandom"):
-        open(f"{root}/dev/{device}", "w").close()
-        _mount(f"/dev/{device}", f"{root}/dev/{device}", None, MS_BIND)
-    os.makedirs(root + "/dev/shm")
-    _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.tmp_mb}m,mode=1777")
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.tmp_mb}m,mode=1777")
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    for path in READ_ONLY + sorted(prefixes):
-        if os.path.isdir(path) and not os.path.islink(path) and not any(
-                path.startswith(top + "/") for top in READ_ONLY if os.path.isdir(top)):
-            _bind(path, root + path)
-        elif os.path.islink(path):
-            os.symlink(os.readlink(path), root + path)
-    _bind(code_dir, root + "/a4/code", recursive=False)
-    _bind(work_dir, root + "/a4/world", read_only=False, recursive=False)
-    os.makedirs(root + "/proc")
-    os.makedirs(root + "/.old")
-    _check(_libc.syscall(SYS_PIVOT_ROOT, root.encode(), (root + "/.old").encode()), "pivot_root")
-    os.chdir("/")
-    _check(_libc.umount2(b"/.old", MNT_DETACH), "umount old root")
-    os.rmdir("/.old")
-    if isolation.pid:
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
-    return {"code_dir": "/a4/code", "work_dir": "/a4/world", "store": "/a4/world/store"}
+def _drop_capabilities() -> None:
+    """No capability left, in any set: a world's user namespace gives its leader all of them."""
+    header = struct.pack("Ii", CAPABILITY_VERSION_3, 0)
+    data = ctypes.create_string_buffer(bytes(24))
+    _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
 
 
 def scratch_dir(prefix: str, parent=None) -> str:
     """A new temporary folder of the grader's that other users may pass through but not list: a
-    world's own user reaches the folder made for it (by name, which it is given) and nothing else
-    (sibling folders have random names it cannot read). Without a mount namespace that is all that
-    keeps one hand-in's ranks from another hand-in's files."""
+    rank running under its own user id reaches the folder made for it (by name, which it is given)
+    and nothing else."""
     import tempfile
     path = tempfile.mkdtemp(prefix=prefix, dir=parent)
     os.chmod(path, 0o711)
@@ -171,12 +135,15 @@ def scratch_dir(prefix: str, parent=None) -> str:
 
 
 def world_uid(isolation: Isolation) -> int:
-    """A user id of the world's own (as root), so that the process limit counts this world alone."""
-    return random.randint(200000, 2000000000) if isolation.own_uid else os.getuid()
+    """The user id a world's ranks run as: a fresh one of the sandbox's range, or (without a sandbox,
+    as root) a fresh one of the machine's, else our own."""
+    if isolation.id_range > 1:
+        return random.randint(1, isolation.id_range - 1)
+    return random.randint(200_000, 1_000_000_000) if isolation.own_uid else os.getuid()
 
 
 def limit_rank(limits: Limits, uid: int) -> None:
-    """In a rank, after its files are open and before any hand-in code: limits, then drop privileges."""
+    """In a rank, after its files are open and before any hand-in code: limits, then no privileges."""
     def cap(kind, value):
         soft, hard = resource.getrlimit(kind)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -192,28 +159,64 @@ def limit_rank(limits: Limits, uid: int) -> None:
         os.setuid(uid)
     cap(resource.RLIMIT_NPROC, limits.processes)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+    if os.environ.get("A4_IN_SANDBOX") or uid != 0:
+        try:
+            _drop_capabilities()
+        except SandboxError:
+            pass   # no capabilities to drop outside a user namespace of our own
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = "1"
 
 
-def _try_layer(isolation: Isolation, layer: str, scratch: str) -> str:
-    """Why `layer` cannot be set up ('' when it can), tried in a throw-away process."""
-    trial = Isolation(**{**isolation.__dict__, "pid": False, "net": False, "mount": False, layer: True})
+def clean_between_worlds() -> None:
+    """In the zygote, inside the sandbox only: kill every other process it can see (bwrap's init is
+    immune), reap its children, and empty /tmp and /dev/shm for the next world."""
+    if not os.environ.get("A4_IN_SANDBOX"):
+        return
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                break
+        except ChildProcessError:
+            break
+    with open("/proc/self/mounts") as f:
+        mounts = {line.split()[1] for line in f if line.split()[1].startswith(("/tmp/", "/dev/shm/"))}
+    for top in ("/tmp", "/dev/shm"):
+        _empty(top, mounts)
+
+
+def _empty(folder: str, mounts: set) -> None:
+    """Remove everything in `folder` but the mount points in `mounts` (a Python bound under /tmp)
+    and the folders that lead to them."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if path in mounts:
+            continue
+        if any(m.startswith(path + "/") for m in mounts):
+            _empty(path, mounts)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _per_world_works(isolation: Isolation) -> str:
+    """Why a world cannot have namespaces of its own here ('' when it can), tried in a child."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            unshare_world(trial)
-            if layer == "mount":
-                work, code = os.path.join(scratch, layer, "work"), os.path.join(scratch, layer, "code")
-                os.makedirs(work)
-                os.makedirs(code)
-                private_root(trial, Limits(), code, work)
-                assert os.path.isdir("/a4/code") and not os.path.exists(scratch), "the private root leaks"
-                assert os.path.isdir(os.path.realpath(sys.prefix)), "Python is not in the private root"
+            unshare_world(isolation)
             os._exit(0)
-        except BaseException as e:  # noqa: BLE001 - any failure means the layer is not available
+        except BaseException as e:  # noqa: BLE001 - any failure means the layer is not there
             os.write(write_fd, f"{type(e).__name__}: {e}"[:300].encode())
             os._exit(1)
     os.close(write_fd)
@@ -222,32 +225,27 @@ def _try_layer(isolation: Isolation, layer: str, scratch: str) -> str:
     return "" if os.waitpid(pid, 0)[1] == 0 else why or "it failed"
 
 
-def probe(mode: str = "auto") -> Isolation:
-    """Find out which layers work on this machine; in strict mode, missing ones are problems."""
-    isolation = Isolation(mode=mode)
-    if mode == "off" or sys.platform != "linux" or SYS_PIVOT_ROOT is None:
-        if mode == "strict":
-            isolation.problems.append("namespaces need Linux on x86_64 or aarch64")
+def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
+    """What holds for the processes of this zygote, seen from inside: `kit_root` (the kit's folder on
+    the machine) must not be visible, only the loopback, only this sandbox's processes."""
+    isolation = Isolation(mode=mode, sandbox=sandbox, uid=os.getuid())
+    if not os.environ.get("A4_IN_SANDBOX") or sys.platform != "linux":
+        isolation.own_uid = os.geteuid() == 0
         return isolation
-    import shutil
-    import tempfile
-    root = os.geteuid() == 0
-    isolation.user = not root
-    isolation.own_uid = root
-    scratch = tempfile.mkdtemp(prefix="a4-probe-")
-    # A4_SANDBOX_DISABLE=net,mount turns layers off by hand (one that misbehaves on a machine).
-    disabled = {x.strip() for x in os.environ.get("A4_SANDBOX_DISABLE", "").split(",") if x.strip()}
-    why = {}
-    try:
-        for layer in ("pid", "net", "mount"):
-            why[layer] = "turned off by A4_SANDBOX_DISABLE" if layer in disabled else \
-                _try_layer(isolation, layer, scratch)
-            setattr(isolation, layer, not why[layer])
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    names = {"pid": "PID namespace", "net": "network namespace", "mount": "mount namespace"}
-    missing = [f"{names[layer]} ({why[layer]})" for layer in names if not getattr(isolation, layer)]
+    with open("/proc/self/uid_map") as f:
+        isolation.id_range = sum(int(line.split()[2]) for line in f if line.strip())
+    # The kit's folder may show (a venv inside it is bound), but nothing of the kit itself.
+    isolation.files = bool(kit_root) and not any(
+        os.path.exists(os.path.join(kit_root, name)) for name in ("grader", "assignment_4", "requirements.txt"))
+    isolation.network = [name for _, name in socket.if_nameindex()] == ["lo"]
+    with open("/proc/1/cmdline", "rb") as f:
+        isolation.processes = b"bwrap" in f.read() and len([p for p in os.listdir("/proc") if p.isdigit()]) < 16
+    why = _per_world_works(isolation)
+    isolation.per_world = not why
+    names = {"files": "a private root", "network": "a network namespace", "processes": "a PID namespace"}
+    missing = [text for layer, text in names.items() if not getattr(isolation, layer)]
     if missing:
-        isolation.problems.append(f"not available on this machine: {'; '.join(missing)}"
-                                  + ("" if root else " (without root they need unprivileged user namespaces)"))
+        isolation.problems.append(f"the sandbox started without {', '.join(missing)}")
+    if why:
+        isolation.problems.append(f"worlds share the job sandbox's namespaces ({why})")
     return isolation

@@ -2,7 +2,7 @@
 
 `lead_world(job, ...)` runs in a process forked for this world alone (from a parent that has
 imported torch and nothing of any hand-in): it enters the world's namespaces (grader.rerun.sandbox),
-forks `world_size` ranks, each with its limits, stdout and stderr going to a file of its own, and
+writes the hand-in's code into the world's folder, forks `world_size` ranks, each with its limits, stdout and stderr going to a file of its own, and
 hands them to grader.rerun.supervise, which decides when the world ends and at which part.
 
 The caller (grader.rerun.check) starts a new world for the parts after the one that ended a world,
@@ -49,7 +49,7 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             os.dup2(out, 2)
             os.dup2(write_fd, 3)  # the result pipe is fd 3; every other descriptor is closed
             _close_inherited(3)
-            os.chdir(job.cwd or job.work_dir)
+            os.chdir(job.work_dir)
             sandbox.limit_rank(limits, uid)
             worker.rank_main(job, rank, 3, prepared)
         finally:
@@ -76,12 +76,17 @@ def run_world(job: WorldJob, uid: int, limits: Limits) -> WorldReport:
     return supervise(job, fds, pids, pgid)
 
 
-def _readable(path: str) -> None:
-    """Let the world's user read the hand-in's code (and nothing else of ours)."""
-    for folder, dirs, files in os.walk(path):
-        os.chmod(folder, 0o755)
-        for name in files:
-            os.chmod(os.path.join(folder, name), 0o644)
+def write_code(job: WorldJob, code_dir: str) -> str:
+    """Write the job's code into `code_dir`, readable to any user (a rank may run under its own)."""
+    os.makedirs(code_dir, exist_ok=True)
+    os.chmod(code_dir, 0o755)
+    for name, text in job.code.items():
+        assert "/" not in name and not name.startswith("."), name
+        path = os.path.join(code_dir, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(path, 0o644)
+    return code_dir
 
 
 def _as_init(job: WorldJob):
@@ -98,21 +103,20 @@ def _as_init(job: WorldJob):
 
 
 def lead_world(job: WorldJob, isolation, control_out: int) -> None:
-    """The life of a world's leader: sandbox, ranks, supervision, report. Never returns."""
+    """The life of a world's leader: namespaces, code, ranks, supervision, report. Never returns."""
     report = None
     try:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
         uid = sandbox.world_uid(isolation)
-        _readable(job.code_dir)
+        os.makedirs(job.work_dir, exist_ok=True)
+        job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(job.work_dir, "code")))
         if uid != os.getuid():
             os.chown(job.work_dir, uid, uid)
-        sandbox.unshare_world(isolation)
-        if isolation.pid:
+        if isolation.per_world:
+            sandbox.unshare_world(isolation)
             report = _as_init(job)
         if report is None:
-            paths = sandbox.private_root(isolation, limits, job.code_dir, job.work_dir)
-            job = dataclasses.replace(job, **paths, cwd="/tmp" if isolation.mount else paths["work_dir"])
             sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
             report = run_world(job, uid, limits)
     except sandbox.SandboxError as e:

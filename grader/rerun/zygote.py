@@ -14,7 +14,7 @@ from grader.rerun import protocol
 from grader.limits import Limits
 
 
-def _zygote(mode: str) -> None:
+def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     """The warm helper: for each world, fork a leader that reads the job, runs it and reports.
 
     The zygote itself never reads a job: no check's values are ever in its memory, and so none in
@@ -31,7 +31,8 @@ def _zygote(mode: str) -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stray prints must not reach the control pipe
     sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
     sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)
-    isolation = sandbox.probe(mode)
+    import encodings.idna  # noqa: F401 - a hand-in's socket to "127.0.0.1" needs it; load it once here
+    isolation = sandbox.probe(mode, kit_root, sandbox_name)
     protocol.send(control_out, protocol.Hello(isolation=isolation.summary()))
     while True:
         request = protocol.receive(0, (protocol.WorldRequest, protocol.Exit))
@@ -40,12 +41,10 @@ def _zygote(mode: str) -> None:
         pid = os.fork()
         if pid == 0:
             job = protocol.receive(0, (protocol.WorldJob,))
-            if isolation.mode == "strict" and isolation.problems:
-                protocol.send(control_out, world.infra_report(
-                    job, "strict sandbox: " + "; ".join(isolation.problems)))
-                os._exit(0)
             world.lead_world(job, isolation, control_out)
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        # Nothing of this world may outlive it: no process, no file in /tmp or /dev/shm.
+        sandbox.clean_between_worlds()
         if code != 0:
             # The leader was killed before it could report: say so, so the grader need not wait.
             protocol.send(control_out, world.lost_report(None, f"the world's leader was killed ({code})"))
@@ -64,9 +63,9 @@ def _torchrun_rank(job_file: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--zygote"]:
-        _zygote(sys.argv[2] if len(sys.argv) > 2 else "auto")
+    if sys.argv[1:2] == ["--zygote"] and len(sys.argv) >= 4:
+        _zygote(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")
     elif sys.argv[1:2] == ["--torchrun-rank"]:
         _torchrun_rank(sys.argv[2])
     else:
-        sys.exit("usage: python -m grader.rerun.zygote --zygote | --torchrun-rank JOB_FILE (used by the grader)")
+        sys.exit("usage: python -m grader.rerun.zygote --zygote MODE KIT [SANDBOX] | --torchrun-rank JOB_FILE (the grader runs it)")

@@ -1,0 +1,163 @@
+"""The batch's gradebook: grades.csv and summary.md over every result in the output folder.
+
+Whatever one invocation graded (`--only`, a late folder graded into the same `--out`), the
+gradebook is made from every `<folder>/grading.json` in OUT: a row per hand-in, its `source`
+(file name) telling apart several hand-ins of one student, who are flagged `duplicate` (the final
+gradebook, `python -m grader gradebook`, decides which counts). A hand-in with no score (invalid,
+error, infra_error) has an empty score and says why in its status.
+
+"For a person to look at" in summary.md lists every hand-in whose grade a person should check:
+no score, a score of 0, a flag that can change a grade (any but the .err's `err_*` notes and an
+unpenalised `modified_utils`), several hand-ins of one student. Sections other commands add to
+summary.md (between `<!-- NAME: begin -->` and `<!-- NAME: end -->`, e.g. the integrity note) are
+kept when it is written again.
+"""
+
+import csv
+import io
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+from grader.kit import atomic_write
+from grader.parts import PART_IDS, PARTS
+from grader.pipeline.handin import id_match
+from grader.pipeline.report import gradebook_view, redact, student_of
+
+CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
+MARKED = re.compile(r"<!-- ([\w-]+): begin -->.*?<!-- \1: end -->", re.S)   # other commands' sections
+
+
+def load_views(out: Path) -> list:
+    """The gradebook view of every result in `out`, in folder order."""
+    views = []
+    for path in sorted(Path(out).glob("*/grading.json")):
+        if path.parent.name.startswith("."):
+            continue
+        try:
+            views.append(gradebook_view(json.loads(path.read_text())))
+        except (OSError, ValueError):
+            continue   # written atomically: only a file damaged by hand; the next run grades it again
+    return views
+
+
+def duplicates(views: list) -> dict:
+    """Student id -> their results, for students with hand-ins of different bytes."""
+    by_id = {}
+    for v in views:
+        by_id.setdefault(student_of(v["student"]), []).append(v)
+    return {s: vs for s, vs in by_id.items() if len({v["sha256"] for v in vs}) > 1}
+
+
+def _fmt(points) -> str:
+    return f"{points:g}" if points is not None else "-"
+
+
+def grade_changing(view: dict) -> list:
+    return [f for f in view["flags"] if not f.startswith("err_")
+            and not (f == "modified_utils" and "modified_utils" not in (view.get("penalties") or {}))]
+
+
+def look_reasons(view: dict) -> list:
+    """Why a person should look at this hand-in's grade ([] when nothing)."""
+    reasons = []
+    if view["status"] in ("error", "infra_error", "invalid"):
+        reasons.append(f"{view['status']}, {'no score' if view['score'] is None else 'scored ' + _fmt(view['score'])}: "
+                       f"{view['message']}")
+    elif view["score"] == 0:
+        reasons.append(f"scored 0: {view['message']}")
+    flags = grade_changing(view)
+    if flags:
+        reasons.append("flags " + ", ".join(flags))
+    return reasons
+
+
+def grades_csv(views: list) -> str:
+    twice = duplicates(views)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for r in sorted(views, key=lambda r: (student_of(r["student"]), r["source"])):
+        flags = r["flags"] + (["duplicate"] if student_of(r["student"]) in twice else [])
+        row = {"student": student_of(r["student"]), "score": "" if r["score"] is None else _fmt(r["score"]),
+               "max_score": _fmt(r["max_score"]), "status": r["status"], "flags": ";".join(flags),
+               "source": r["source"]}
+        for part in PART_IDS:
+            p = r["parts"].get(part)
+            row[part] = "" if p is None or r["score"] is None else _fmt(p["score"])
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def _reason(part: dict) -> str:
+    first = next((o for o in part["checks"] if o["status"] != "passed"), None)
+    if first is None:
+        return part["message"]
+    if first.get("diagnosis"):
+        return redact(first["diagnosis"])
+    return str(first["status"]) if first["status"] != "failed" else redact(first["message"])[:60]
+
+
+def _scores(scored: list, max_score: float) -> list:
+    scores = sorted(r["score"] for r in scored)
+    mean = sum(scores) / len(scores)
+    lines = [f"mean {mean:.1f}, median {scores[len(scores) // 2]:g}, min {scores[0]:g}, "
+             f"max {scores[-1]:g} (of {max_score:g})", "", "| score | hand-ins |", "| --- | --- |"]
+    step = max_score / 10 or 1
+    buckets = Counter(min(int(s // step), 9) for s in scores)
+    for b in range(10):
+        lo, hi = b * step, (b + 1) * step
+        lines.append(f"| {lo:g}-{hi:g}{'' if b == 9 else ' (excl.)'} | {'#' * buckets.get(b, 0)} {buckets.get(b, 0)} |")
+    return lines
+
+
+def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)", replaced=()) -> str:
+    n = len(views)
+    lines = [f"# Assignment 4: summary of {n} hand-in{'s' if n != 1 else ''}", ""]
+    unsandboxed = sum(r.get("sandbox") == "off" for r in views)
+    if unsandboxed:
+        lines += [f"> **Warning:** {unsandboxed} hand-in(s) were graded with `--sandbox off`: their code ran "
+                  f"with the grader's user's rights and network (`isolation` in their grading.json).", ""]
+    statuses = Counter(r["status"] for r in views)
+    lines += ["| status | hand-ins |", "| --- | --- |"] + [f"| {s} | {c} |" for s, c in statuses.most_common()] + [""]
+    scored = [r for r in views if r["score"] is not None]
+    lines += ["## Parts", "", "| part | passed | pass rate | most common failures |", "| --- | --- | --- | --- |"]
+    for part in PARTS:
+        outcomes = [r["parts"][part.id] for r in scored if part.id in r["parts"]]
+        passed = sum(p["status"] == "passed" for p in outcomes)
+        rate = f"{100 * passed / len(outcomes):.0f}%" if outcomes else "-"
+        reasons = Counter(_reason(p) for p in outcomes if p["status"] != "passed")
+        common = "; ".join(f"{reason} ({count})" for reason, count in reasons.most_common(3))
+        lines.append(f"| {part.title} | {passed} / {len(outcomes)} | {rate} | {common} |")
+    lines += ["", "## Scores", ""] + (_scores(scored, max_score) if scored else [])
+    flags = Counter(f for r in views for f in r["flags"])
+    if flags:
+        lines += ["", "## Flags", "", "| flag | hand-ins |", "| --- | --- |"]
+        lines += [f"| {f} | {c} |" for f, c in flags.most_common()]
+    look = [f"- {student_of(r['student'])} ({r['source']}): {'; '.join(why)}"
+            for r in sorted(views, key=lambda r: r["student"]) if (why := look_reasons(r))]
+    for student, vs in sorted(duplicates(views).items()):
+        shown = ", ".join(f"{v['source']} ({_fmt(v['score'])})" for v in vs)
+        look.append(f"- {student}: {len(vs)} hand-ins, {shown}: the final gradebook counts the latest by "
+                    f"submission time when each has one, else the one its policy's `handins` names")
+    if look:
+        lines += ["", "## For a person to look at", ""] + look
+    unmatched = sorted({r["source"] for r in views if id_match(r["source"], pattern) is None})
+    if unmatched:
+        lines += ["", "## Names the student id pattern does not match", "",
+                  f"Their whole name became the id (`files.student_id_pattern`: `{pattern}`):", ""]
+        lines += [f"- {name}" for name in unmatched]
+    if replaced:
+        lines += ["", "## Results replaced by a newer hand-in of the same name", ""] + [f"- {r}" for r in replaced]
+    return "\n".join(lines) + "\n"
+
+
+def write_gradebook(views: list, out: Path, max_score: float, pattern: str = r"(?P<id>.+)", replaced=()) -> None:
+    atomic_write(out / "grades.csv", grades_csv(views))
+    text = summary_markdown(views, max_score, pattern, replaced)
+    try:
+        kept = [m.group(0) for m in MARKED.finditer((out / "summary.md").read_text())]
+    except OSError:
+        kept = []
+    atomic_write(out / "summary.md", text + "".join(f"\n{section}\n" for section in kept))

@@ -1,0 +1,127 @@
+"""Where submission times, group members and student ids come from. Never from the clock.
+
+- a CSV `student,submitted_at[,source]` (an LMS export): one row per hand-in; `source`, when given,
+  is the hand-in's file name as grading.json records it, so that several hand-ins of one student
+  can be told apart. Times are ISO 8601 with a zone (2026-04-14T23:59:00+02:00, or ...Z).
+- Gradescope's `submission_metadata.json` (one object, or a list of them): `created_at` is the
+  submission time, `users` the students (all of a group hand-in), each by `sid`, else `email`,
+  else `id` (as `python -m grader gradescope` names a submission).
+- LMS bulk-download file names (grader.rubric.ID_PATTERNS): Moodle's
+  `Full Name_12345_assignsubmission_file_...` and Canvas's `name_12345_67890_file.zip`, whose
+  `LATE` marker (`name_LATE_12345_67890_file.zip`) says the LMS saw it after the due date; it is
+  reported, never turned into a time.
+- the roster: a CSV with a `student` column; its other columns are kept in the final gradebook.
+"""
+
+import csv
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from grader.grades.policy import PolicyError, parse_time
+from grader.rubric import ID_PATTERNS
+
+
+@dataclass
+class Submission:
+    students: tuple          # every student it counts for (a group hand-in has several)
+    submitted_at: datetime
+    source: str = ""         # the hand-in's file name, when the record names it
+    origin: str = ""         # where the record comes from ("submissions.csv line 3"), for messages
+
+
+def _read_csv(path: Path, what: str) -> tuple:
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read the {what} ({e.strerror})") from e
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not UTF-8 text; save the {what} as CSV UTF-8") from None
+    reader = csv.DictReader(text.splitlines())
+    columns = [c.strip() for c in reader.fieldnames or []]
+    rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+    return columns, rows
+
+
+def read_submissions_csv(path: Path) -> list:
+    columns, rows = _read_csv(path, "submission times")
+    missing = [c for c in ("student", "submitted_at") if c not in columns]
+    if missing:
+        raise PolicyError(f"{path}: no column '{missing[0]}'; the columns must be student,submitted_at "
+                          f"(and source, optionally); found: {', '.join(columns) or 'none'}")
+    found = []
+    for line, row in enumerate(rows, start=2):
+        if not row["student"]:
+            continue
+        where = f"{path} line {line}"
+        found.append(Submission((row["student"],), parse_time(row["submitted_at"], where),
+                                row.get("source", ""), where))
+    return found
+
+
+def _gradescope_user(user: dict) -> str:
+    return str(user.get("sid") or user.get("email") or user.get("id") or "").strip()
+
+
+def read_gradescope_metadata(path: Path) -> list:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read it ({e.strerror})") from e
+    except ValueError as e:
+        raise PolicyError(f"{path}: not valid JSON ({e})") from e
+    found = []
+    for i, item in enumerate(data if isinstance(data, list) else [data]):
+        where = f"{path}[{i}]" if isinstance(data, list) else str(path)
+        if not isinstance(item, dict) or "created_at" not in item:
+            raise PolicyError(f"{where}: not Gradescope submission metadata (no created_at)")
+        students = tuple(s for s in (_gradescope_user(u) for u in item.get("users") or [] if isinstance(u, dict)) if s)
+        if not students:
+            raise PolicyError(f"{where}: no users with an sid, email or id")
+        found.append(Submission(students, parse_time(item["created_at"], f"{where}.created_at"), "", where))
+    return found
+
+
+def read_submissions(paths) -> list:
+    """Every Submission in the files `paths` (a .json is Gradescope metadata, anything else a CSV)."""
+    found = []
+    for path in map(Path, paths):
+        found += read_gradescope_metadata(path) if path.suffix.lower() == ".json" else read_submissions_csv(path)
+    return found
+
+
+def read_roster(path: Path) -> tuple:
+    """(the roster's other columns, {student: {column: value}}) in the roster's order."""
+    columns, rows = _read_csv(Path(path), "roster")
+    if "student" not in columns:
+        raise PolicyError(f"{path}: no column 'student' (the ids the hand-ins are graded under); "
+                          f"found: {', '.join(columns) or 'none'}")
+    roster = {}
+    for line, row in enumerate(rows, start=2):
+        student = row.pop("student")
+        if not student:
+            continue
+        if student in roster:
+            raise PolicyError(f"{path} line {line}: {student} is on the roster twice")
+        roster[student] = row
+    return [c for c in columns if c != "student"], roster
+
+
+def lms_marks(source: str) -> dict:
+    """What an LMS bulk-download name says of a hand-in: {"lms": "moodle"|"canvas", "id", "late"} or {}."""
+    name = re.split(r"[!]", source)[-1]
+    for lms, pattern in ID_PATTERNS.items():
+        match = re.search(pattern, name)
+        if match:
+            return {"lms": lms, "id": match.group("id"), "late": bool(match.groupdict().get("late"))}
+    return {}
+
+
+def same_source(recorded: str, source: str) -> bool:
+    """Whether a record's `source` names the hand-in graded from `source` (its file name, or the
+    name of a zip inside a bulk download)."""
+    if not recorded:
+        return False
+    return recorded == source or recorded == source.split("!")[-1] or recorded == Path(source.split("!")[-1]).name

