@@ -15,8 +15,9 @@
     log(...)             print one whole line, even when several ranks share one stdout
     leave()              end the process at once after a run that went well
 
-Environment knobs: A4_BACKEND=gloo forces CPU even where GPUs exist; A4_TIMEOUT_S (default 300) is
-how long a collective may wait for a missing rank before the run fails instead of hanging.
+Environment knobs: A4_BACKEND=gloo forces CPU even where GPUs exist; A4_TIMEOUT_S (default 60) is
+how long a collective may wait for a missing rank before the run fails instead of hanging (this
+assignment's collectives take milliseconds: a rank that skipped one is not coming).
 """
 
 import atexit
@@ -86,7 +87,7 @@ def init_distributed():
     node = os.environ.get("SLURM_NODEID", "N/A")
 
     backend = _pick_backend(local_rank, local_world_size)
-    timeout = datetime.timedelta(seconds=float(os.environ.get("A4_TIMEOUT_S", 300)))
+    timeout = datetime.timedelta(seconds=float(os.environ.get("A4_TIMEOUT_S", 60)))
     device_id = None
     if backend == "nccl":
         # Each process on a node drives the GPU numbered by its local rank.

@@ -22,8 +22,9 @@ HERE = Path(__file__).resolve().parent
 EXECUTOR_CHOICES = ("warm", "torchrun", "slurm")   # grader.rerun.executor.EXECUTORS and the job array
 PATH_HELP = ("the folder with your assignment4.py (default: assignment_4/, else the current folder), "
              "or the file itself")
-LOG_HELP = "the run's .log (default: the newest in PATH's folder or the current folder)"
-ERR_HELP = "the run's .err (default: the one beside the .log)"
+LOG_HELP = ("the run's stdout, whatever its name (.log, Slurm's slurm-<id>.out, .txt ...; default: the best run "
+            "in PATH's folder or the current folder)")
+ERR_HELP = "the run's stderr (default: the one beside the stdout, or the stdout itself when it holds both)"
 
 
 def _handler(target: str):

@@ -59,14 +59,27 @@ class Check:
     output_dim: int = 32
     accumulation_steps: int = 4
     hidden: bool = False   # named in feedback, its values never shown
-    weight: float = 1.0    # share of each part's re-run points
+    weight: float = 1.0    # share of each part's re-run points (of the parts it runs)
+    nodes: int = 1         # the world laid out as this many nodes of world_size / nodes ranks each
+                           # (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, SLURM_NODEID as on a cluster)
+    kind: str = "step"     # step: every part takes its SGD step; backward: Part 4's layer alone,
+                           # forward and backward, its output and gradients against the single-device layer's
+
+    def parts(self) -> tuple:
+        """The parts this check runs."""
+        return PART_IDS if self.kind == "step" else ("tensor_parallel",)
 
     def label(self) -> str:
         if self.hidden:
             return f"hidden check '{self.name}'"
-        return (f"check '{self.name}' (world size {self.world_size}, seed {self.seed}, batch "
+        layout = f", {self.nodes} nodes" if self.nodes > 1 else ""
+        what = ", the layer's backward" if self.kind == "backward" else ""
+        return (f"check '{self.name}' (world size {self.world_size}{layout}, seed {self.seed}, batch "
                 f"{self.global_batch_size}, W {self.input_dim}x{self.output_dim}, "
-                f"{self.accumulation_steps} micro-batches)")
+                f"{self.accumulation_steps} micro-batches{what})")
+
+
+KINDS = ("step", "backward")
 
 
 @dataclass
@@ -109,6 +122,9 @@ class Rubric:
     tolerance: Tolerance = field(default_factory=Tolerance)
     learning_rate: float = 0.5   # the handout fixes it at 0.5; checks do not vary it
     log_min_world_size: int = 4  # the fewest ranks the run in the .log may have (4 nodes; more with GPUs)
+    log_min_nodes: int = 1       # the fewest nodes (distinct hosts) the run in the .log may have
+    log_slurm_job: bool = False  # the .log must come from a Slurm job: not slurm/run-local.sh's
+                                 # "[Job] id=local-...", not torchrun's output redirected by hand
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
     files: Files = field(default_factory=Files)
@@ -197,8 +213,16 @@ def _validate(rubric: Rubric, source: str) -> None:
                                   f"{parts} ({getattr(check, parts)})")
         if check.weight <= 0:
             raise RubricError(f"{where}.weight: must be positive")
-    if not any(not c.hidden for c in rubric.checks):
-        raise RubricError(f"{source}.checks: at least one check must be public (hidden: false)")
+        if check.nodes < 1 or check.world_size % check.nodes:
+            raise RubricError(f"{where}.nodes: must be at least 1 and divide world_size ({check.world_size}); "
+                              f"each node runs world_size / nodes ranks")
+        if check.kind not in KINDS:
+            raise RubricError(f"{where}.kind: '{check.kind}' is not a kind of check; valid kinds: {', '.join(KINDS)}")
+    if rubric.log_min_world_size < 1 or rubric.log_min_nodes < 1:
+        raise RubricError(f"{source}.log_min_world_size, log_min_nodes: must be at least 1")
+    if not any(not c.hidden and c.kind == "step" for c in rubric.checks):
+        raise RubricError(f"{source}.checks: at least one check must be public (hidden: false) and of "
+                          f"kind step (the .log is held against the first)")
     for section in ("timeouts", "limits"):
         for key, value in dataclasses.asdict(getattr(rubric, section)).items():
             if value <= 0:

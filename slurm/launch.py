@@ -1,6 +1,6 @@
 """Submit the assignment from Python with submitit, wait for it, and leave the sbatch job's logs.
 
-    p = plan(profile="slurm/clusters/local.yaml", nodes=4)   # what will run, resolved
+    p = plan(profile="slurm/clusters/mycluster.yaml", nodes=4)   # what will run, resolved
     print(sbatch_script(p))                                  # the sbatch script submitit submits
     outcome = run(p)                                         # submit, wait, write .log/.err
     print(outcome.message)
@@ -14,8 +14,11 @@ executor: one node, with as many ranks as the cluster run would have.
 """
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
@@ -69,6 +72,7 @@ class Plan:
     name: str
     folder: Path          # submitit's folder for this job (%j: the job id)
     out: Path             # where <name>-<jobid>.log and .err go
+    temporary: bool = False   # `folder` is removed once the logs are collected
 
     @property
     def world_size(self) -> int:
@@ -95,11 +99,16 @@ class RunOutcome:
 
 
 def plan(profile=None, nodes=4, gpus_per_node=None, local=False, script="assignment_4/assignment4.py",
-         name="assignment4", folder="build/submitit/%j", out=".") -> Plan:
+         name="assignment4", folder=None, out=".") -> Plan:
     """Resolve one run. `profile`: a YAML file or a name in slurm/clusters/ (None: the defaults of
-    slurm/assignment4.sbatch); `gpus_per_node` overrides the profile's; `local` runs on this
-    machine, one node with nodes x nproc_per_node ranks; relative paths are from the current folder."""
-    prof = load_profile(profile) if profile is not None else ClusterProfile()
+    slurm/assignment4.sbatch, or with `local` its CPU variant: one rank per node, so the handout's
+    4 ranks); `gpus_per_node` overrides the profile's; `local` runs on this machine, one node with
+    nodes x nproc_per_node ranks; `folder` is submitit's (None: build/submitit/%j for a Slurm run,
+    a temporary folder removed afterwards for a local one); relative paths are from the current folder."""
+    if profile is not None:
+        prof = load_profile(profile)
+    else:
+        prof = ClusterProfile(gpus_per_node=0) if local and gpus_per_node is None else ClusterProfile()
     if gpus_per_node is not None:
         if gpus_per_node < 0:
             raise LaunchError(f"--gpus-per-node must be 0 or more, not {gpus_per_node}")
@@ -112,7 +121,10 @@ def plan(profile=None, nodes=4, gpus_per_node=None, local=False, script="assignm
     nproc = prof.ranks_per_node
     if local:
         nodes, nproc = 1, nodes * nproc
-    return Plan(prof, nodes, nproc, local, script_path, name, Path(folder).absolute(), Path(out).absolute())
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="a4-submitit-") if local else "build/submitit/%j"
+    return Plan(prof, nodes, nproc, local, script_path, name, Path(folder).absolute(), Path(out).absolute(),
+                temporary=local and str(folder).startswith(tempfile.gettempdir()))
 
 
 def slurm_parameters(p: Plan) -> dict:
@@ -135,10 +147,28 @@ class _ScriptOnlyExecutor(SlurmExecutor):
         return 1
 
 
+def node_command(p: Plan) -> str:
+    """The command every node runs, as a person would type it (for --dry-run): the same function
+    builds the one the node really runs."""
+    endpoint = "localhost:<a free port>" if p.local else "<first node of the job>:<a free port there>"
+    run = "local-<id>" if p.local else "<job id>"
+    python = p.profile.python or sys.executable
+    command = node_task.torchrun_command(python, p.nodes, p.nproc_per_node, run, endpoint, str(p.script))
+    return " ".join(shlex.quote(c) if not c.startswith("--rdzv") else c for c in command)
+
+
+def dry_run(p: Plan) -> str:
+    """What --dry-run prints: the sbatch script (a Slurm run) and the torchrun command of each node."""
+    where = f"on each of the {p.nodes} nodes" if not p.local else "on this machine"
+    text = "" if p.local else sbatch_script(p) + "\n"
+    return (text + f"# {where}, from {KIT} (backend {p.profile.backend if not p.local else 'auto'}, "
+            f"{p.world_size} ranks in all):\n{node_command(p)}\n")
+
+
 def sbatch_script(p: Plan) -> str:
-    """The sbatch script submitit submits for this run, by submitit's own code (for --dry-run)."""
+    """The sbatch script submitit submits for this run, by submitit's own code."""
     if p.local:
-        raise LaunchError("--dry-run shows the sbatch script of a Slurm run; it has none with --local")
+        raise LaunchError("a local run has no sbatch script")
     ex = _ScriptOnlyExecutor(p.folder, **({"python": p.profile.python} if p.profile.python else {}))
     ex.update_parameters(**slurm_parameters(p))
     return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
@@ -284,6 +314,8 @@ def run(p: Plan, progress=None) -> RunOutcome:
     status, message = outcome(rid, state, statuses, p.local and (job_dir / "time-limit").exists())
     finished = status not in (JobStatus.TIMED_OUT, JobStatus.CANCELLED)
     log, err = collect_logs(job, p, rid, statuses, finished)
+    if p.temporary:
+        shutil.rmtree(p.folder, ignore_errors=True)
     return RunOutcome(rid, status, state, f"{message}; logs: {log} and {err}", log, err)
 
 

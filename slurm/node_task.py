@@ -77,6 +77,12 @@ def _child_setup():
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
+def torchrun_command(python: str, nnodes: int, nproc_per_node: int, run: str, endpoint: str, script: str) -> list:
+    """The command each node runs: torchrun for its ranks, meeting the other nodes at `endpoint`."""
+    return [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}",
+            "--max_restarts=0", f"--rdzv_id={run}", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", script]
+
+
 @dataclass(frozen=True)
 class NodeTask:
     """Run torchrun for this node; raise TorchrunFailed when it ends with a non-zero status."""
@@ -111,9 +117,7 @@ class NodeTask:
         backend = self.backend or _detect_backend(self.nproc_per_node)
         child_env = dict(os.environ, A4_BACKEND=backend, A4_JOB_NAME=self.name,
                          PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
-                   f"--nproc_per_node={self.nproc_per_node}", "--max_restarts=0",
-                   f"--rdzv_id={rid}", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", self.script]
+        command = torchrun_command(sys.executable, nnodes, self.nproc_per_node, rid, endpoint, self.script)
         sys.stderr.write(f"[node {node}] {this_host}: rendezvous at {endpoint}, "
                          f"{nnodes} nodes x {self.nproc_per_node} ranks, {backend}\n")
         sys.stderr.flush()

@@ -168,7 +168,7 @@ def profile_from_dict(data: dict, source: str = "profile") -> ClusterProfile:
 
 
 def resolve_profile_path(name_or_path) -> Path:
-    """A path as given, or the name of a profile in slurm/clusters/ ("local" -> clusters/local.yaml)."""
+    """A path as given, or the name of a profile in slurm/clusters/ ("mycluster" -> clusters/mycluster.yaml)."""
     path = Path(name_or_path)
     if path.exists() or path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
         return path

@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -f "$script" ] || { echo "run-local.sh: no such script: $script" >&2; exit 2; }
-command -v torchrun >/dev/null || { echo "run-local.sh: torchrun not found; activate the venv (make venv)" >&2; exit 2; }
+command -v torchrun >/dev/null || { echo "run-local.sh: torchrun not found; activate the environment you installed requirements.txt into (source .venv/bin/activate)" >&2; exit 2; }
 
 # shellcheck source=slurm/common.sh
 source "$here/common.sh"
@@ -37,6 +37,9 @@ if python -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= $npr
    && [ "${A4_BACKEND:-}" != gloo ]; then
   backend=nccl
 fi
+
+# How long a collective waits for a rank that skipped it before the run fails (utils.py's default).
+export A4_TIMEOUT_S=${A4_TIMEOUT_S:-60}
 
 status=0
 {

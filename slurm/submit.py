@@ -2,8 +2,8 @@
 
     python -m slurm.submit --profile slurm/clusters/mycluster.yaml        # 4 nodes, as the profile says
     python -m slurm.submit --profile mycluster --nodes 2 --gpus-per-node 2
-    python -m slurm.submit --profile mycluster --dry-run                  # print the sbatch script only
-    python -m slurm.submit --local                                        # this machine, no Slurm
+    python -m slurm.submit --profile mycluster --dry-run                  # the sbatch script and each node's torchrun
+    python -m slurm.submit --local                                        # this machine, no Slurm: 4 ranks
 
 Run it from the kit's top folder. It prints a progress line while the job waits and runs, then
 leaves <name>-<jobid>.log and <name>-<jobid>.err in --out, in the form slurm/assignment4.sbatch
@@ -16,7 +16,7 @@ import argparse
 import inspect
 import sys
 
-from slurm.launch import LaunchError, plan, progress_printer, run, sbatch_script
+from slurm.launch import LaunchError, dry_run, plan, progress_printer, run
 from slurm.profile import ProfileError, profile_keys
 
 DEFAULTS = {k: v.default for k, v in inspect.signature(plan).parameters.items()}
@@ -34,29 +34,33 @@ def parse_args(argv):
                     help="GPUs per node, one rank each; 0: CPUs and gloo (default: the profile's)")
     ap.add_argument("--local", action="store_true", default=s,
                     help="run on this machine through submitit's local executor: one node with as "
-                         "many ranks as the cluster run would have")
-    ap.add_argument("--dry-run", action="store_true", help="print the sbatch script; submit nothing")
+                         "many ranks as the cluster run would have (without --profile: the handout's "
+                         "4 ranks, on the CPU)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the sbatch script and the torchrun command each node runs; submit nothing")
     ap.add_argument("--script", default=s, metavar="PATH",
                     help=f"the script every rank runs (default: {DEFAULTS['script']})")
     ap.add_argument("--name", default=s, help=f"job name, and the logs' prefix (default: {DEFAULTS['name']})")
     ap.add_argument("--out", default=s, metavar="DIR", help="where the .log and .err go (default: here)")
     ap.add_argument("--folder", default=s, metavar="DIR",
-                    help="submitit's working folder, %%j is the job id (default: " + DEFAULTS['folder'].replace('%', '%%') + ")")
+                    help="submitit's working folder, %%j is the job id (default: build/submitit/%%j on "
+                         "Slurm, on a file system the nodes share; with --local a temporary folder, removed "
+                         "once the logs are written)")
     ap.add_argument("--help-profile", action="store_true", help="list the keys a profile may have")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = vars(parse_args(argv))
-    dry_run, help_profile = args.pop("dry_run"), args.pop("help_profile")
+    dry, help_profile = args.pop("dry_run"), args.pop("help_profile")
     if help_profile:
         for key, (default, text) in profile_keys().items():
             print(f"{key:15} {text} (default: {default!r})")
         return 0
     try:
         p = plan(**args)
-        if dry_run:
-            print(sbatch_script(p))
+        if dry:
+            print(dry_run(p), end="")
             return 0
         where = "this machine" if p.local else f"{p.nodes} nodes"
         print(f"[submit] {p.name}: {p.script} on {where}, {p.world_size} ranks", file=sys.stderr)

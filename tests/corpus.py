@@ -44,6 +44,8 @@ class Mutant:
     diagnosis: str = ""       # words the part's message must contain
     others: str = "passed"    # the status of every other part
     slow: bool = False        # waits for a timeout
+    hidden_only: bool = False  # passes every public check: only a hidden check catches it (so the
+                               # log, which the public check corroborates, still counts)
 
 
 MUTANTS = {
@@ -106,6 +108,53 @@ MUTANTS = {
         ("    local_output_dim = divide(output_dim, world_size, \"output_dim\", \"world_size\")\n",
          "    __import__('time').sleep(10 ** 6)\n")],
         status="timeout", diagnosis="did not finish", slow=True),
+    # Shards joined along the wrong dimension, permuted, or aliased in the gather list.
+    "tp_cat_rows": Mutant("tensor_parallel", [
+        ("    global_updated_weight = torch.cat(weight_shards, dim=1)\n",
+         "    global_updated_weight = torch.cat(weight_shards, dim=0).reshape(input_dim, output_dim)\n")],
+        diagnosis="joined along dimension 0 (the rows) and then reshaped"),
+    "tp_reversed": Mutant("tensor_parallel", [
+        ("    global_updated_weight = torch.cat(weight_shards, dim=1)\n",
+         "    global_updated_weight = torch.cat(weight_shards[::-1], dim=1)\n")],
+        diagnosis="every shard is right but they were put together in the wrong order"),
+    "tp_aliased_gather_list": Mutant("tensor_parallel", [
+        ("    weight_shards = [torch.empty_like(local_updated_weight) for _ in range(world_size)]\n",
+         "    weight_shards = [torch.empty_like(local_updated_weight)] * world_size\n")],
+        diagnosis="every block of columns is the same shard, the last rank's"),
+    # Part 4's layer: f left out, f's backward broken, the gather's backward broken.
+    "tp_no_f": Mutant("tensor_parallel", [("        X = BroadcastParallel.apply(X)\n", "        X = X\n")],
+                      diagnosis="gradient of X is only its own columns' share, G_r W_r^T: f (BroadcastParallel", hidden_only=True),
+    "tp_f_backward_without_all_reduce": Mutant("tensor_parallel", [
+        ("        dist.all_reduce(grad, op=dist.ReduceOp.SUM)\n        return grad\n", "        return grad\n")],
+        diagnosis="only its own columns' share", hidden_only=True),
+    "tp_gather_backward_rank0": Mutant("tensor_parallel", [
+        ("        return grad_slices[dist.get_rank()].contiguous()\n", "        return grad_slices[0].contiguous()\n")],
+        diagnosis="every rank's shard took the step of rank 0's columns: the gather's backward"),
+    # The world laid out as 4 nodes: the shard picked by the local rank.
+    "tp_local_rank": Mutant("tensor_parallel", [
+        ("    rank, world_size = dist.get_rank(), dist.get_world_size()\n    local_output_dim",
+         "    rank, world_size = int(os.environ[\"LOCAL_RANK\"]), dist.get_world_size()\n    local_output_dim")],
+        diagnosis="every rank held the columns of its LOCAL_RANK", hidden_only=True),
+    # Accumulation: one micro-batch every time; a micro-batch count written into the code.
+    "acc_same_micro_batch": Mutant("grad_accumulation", [
+        ("        start_idx = i * micro_batch_size\n", "        start_idx = 0\n")],
+        diagnosis="every accumulation step used the first micro-batch"),
+    "acc_hard_coded_steps": Mutant("grad_accumulation", [
+        ("        scaled_loss = micro_loss / accumulation_steps\n", "        scaled_loss = micro_loss / 4\n")],
+        diagnosis="each micro-batch loss was divided by 4 written into the code, not by accumulation_steps",
+        hidden_only=True),
+    # Data parallel: reduce for all-reduce; a world size written into the code; one slice for all.
+    "dp_reduce": Mutant("data_parallel", [
+        ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n",
+         "        dist.reduce(param.grad, dst=0, op=dist.ReduceOp.SUM)\n")],
+        diagnosis="only rank 0 ends with the right weight: the gradients went through dist.reduce"),
+    "dp_hard_coded_world_size": Mutant("data_parallel", [
+        ("        param.grad.div_(world_size)\n", "        param.grad.div_(4)\n")],
+        diagnosis="the summed gradient was divided by 4 written into the code, not by world_size",
+        hidden_only=True),
+    "dp_same_slice": Mutant("data_parallel", [
+        ("    start_idx = rank * local_batch_size\n", "    start_idx = 0\n")],
+        diagnosis="on every rank the update is the gradient of rank 0's slice of the batch alone"),
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }
@@ -141,13 +190,15 @@ class Files:
     utils: str = field(default_factory=lambda: UTILS.read_text())
     log_name: str = "assignment4-1234.log"
     extra: dict = field(default_factory=dict)   # more members: name -> bytes
+    err_name: str = None                        # default: the log's name with .err for its extension
 
 
 def zip_bytes(files: Files, folder: str = "") -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        err_name = files.err_name or files.log_name.rsplit(".", 1)[0] + ".err"
         members = {"assignment4.py": files.code, "utils.py": files.utils, files.log_name: files.log,
-                   files.log_name[:-4] + ".err": files.err}
+                   err_name: files.err}
         for name, text in members.items():
             if text is not None:
                 z.writestr(folder + name, text)

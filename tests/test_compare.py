@@ -4,13 +4,22 @@ import pytest
 import torch
 
 from grader.pipeline.compare import comm_check, diagnose, expected, judge
+from grader.pipeline.diagnose import local_ranks, tp_step
+from grader.pipeline.say import Say
 from grader.rerun.check import PartRun, RankRun
 from grader.results import Status
 from grader.rubric import Check, Tolerance, load_rubric, rubric_from_dict, RubricError
 from tests.worlds import closed_form_step
 
 CHECK = Check(name="t", world_size=4, seed=5, global_batch_size=24, input_dim=7, output_dim=8, accumulation_steps=3)
+HIDDEN = Check(name="h", hidden=True, world_size=4, seed=5, global_batch_size=24, input_dim=7, output_dim=8,
+               accumulation_steps=3)
 TOL = Tolerance()
+
+
+def shards(w, p=4):
+    cols = w.shape[1] // p
+    return [w[:, j * cols:(j + 1) * cols] for j in range(p)]
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +46,75 @@ def test_expected_is_the_closed_form_seeded_like_the_handout(exp):
     ("tensor_parallel", lambda e: torch.cat([e.w1[:, 2:4], e.w1[:, :2], e.w1[:, 4:]], 1), "wrong order"),
     ("tensor_parallel", lambda e: e.w1 * float("nan"), "NaN or inf"),
     ("tensor_parallel", lambda e: e.w1 + 0.1, "differs from the reference by up to 1.000e-01"),
+    # Shards joined along the wrong dimension, aliased, from the wrong gradient columns.
+    ("tensor_parallel", lambda e: torch.cat(shards(e.w1), 0).reshape(7, 8), "joined along dimension 0 (the rows)"),
+    ("tensor_parallel", lambda e: torch.stack(shards(e.w1), -1).reshape(7, 8), "interleaves their columns"),
+    ("tensor_parallel", lambda e: torch.cat([shards(e.w1)[3]] * 4, 1), "the same shard, the last rank's"),
+    ("tensor_parallel", lambda e: torch.cat([shards(e.w1)[1]] * 2 + shards(e.w1)[2:], 1), "appear more than once"),
+    ("tensor_parallel", lambda e: e.w0 - (e.w0 - e.w1)[:, :2].repeat(1, 4), "took the step of rank 0's columns"),
+    ("tensor_parallel", lambda e: e.w0 + 4 * (e.w1 - e.w0), "the mean over its own columns only"),
+    # A micro-batch repeated, or the loop cut short; one rank's slice for every rank.
+    ("grad_accumulation", lambda e: e.step(slice(0, 8)), "every accumulation step used the first micro-batch"),
+    ("grad_accumulation", lambda e: e.step(slice(16, 24)), "every accumulation step used the last micro-batch"),
+    ("grad_accumulation", lambda e: e.step(slice(0, 8), 1 / 3), "only the first micro-batch's gradient"),
 ])
 def test_each_usual_mistake_is_named(exp, part, make, words):
     assert words in diagnose(make(exp).double(), exp, part, CHECK, 0, TOL)
+
+
+def test_one_ranks_slice_on_every_rank_is_told_from_each_rank_on_its_own(exp):
+    first = exp.step(slice(0, 6))
+    same = {r: first for r in range(4)}
+    assert "on every rank the update is the gradient of rank 0's slice of the batch alone" in \
+        diagnose(first, exp, "data_parallel", CHECK, 0, TOL, weights=same)
+    own = {r: exp.step(slice(6 * r, 6 * r + 6)) for r in range(4)}
+    assert "rank 0 stepped on its own slice" in diagnose(own[0], exp, "data_parallel", CHECK, 0, TOL, weights=own)
+
+
+@pytest.mark.parametrize("part,key", [("data_parallel", "world_size"), ("grad_accumulation", "accumulation_steps")])
+def test_a_number_written_into_the_code_is_told_from_dividing_twice(part, key):
+    """At 2 ranks (2 micro-batches) a hard-coded 4 and dividing twice give the same weight; only the
+    check the part passed, where 4 was right, tells them apart."""
+    here = Check(name="two", hidden=True, world_size=2, seed=3, global_batch_size=12, input_dim=5, output_dim=4,
+                 accumulation_steps=2)
+    e = expected(here, 0.5)
+    half = e.w0 + (e.w1 - e.w0) / 2
+    twice = diagnose(half, e, part, here, 0, TOL, Say(here))
+    assert "once too often" in twice or "averaged twice" in twice
+    fixed = diagnose(half, e, part, here, 0, TOL, Say(here), passed=[Check(name="default")])
+    assert fixed.endswith(f"divided by 4 written into the code, not by {key}; it was right only at check 'default'")
+    public = Check(**{**here.__dict__, "hidden": False})
+    assert f"not by {key} (2 at this check)" in diagnose(half, e, part, public, 0, TOL, passed=[Check(name="default")])
+
+
+def test_the_local_rank_where_the_global_rank_belongs_on_four_nodes():
+    nodes = Check(name="n", world_size=4, nodes=4, seed=9, global_batch_size=8, input_dim=5, output_dim=8)
+    e = expected(nodes, 0.5)
+    assert local_ranks(nodes) == [0, 0, 0, 0] and local_ranks(Check(world_size=4, nodes=2)) == [0, 1, 0, 1]
+    one_node = [Check(name="default", world_size=4)]
+    tp = diagnose(tp_step(e, nodes, [0, 0, 0, 0]), e, "tensor_parallel", nodes, 0, TOL, passed=one_node)
+    assert "every rank held the columns of its LOCAL_RANK" in tp and "dist.get_rank()" in tp
+    assert torch.allclose(tp_step(e, nodes, [0, 1, 2, 3]), e.w1)
+    dp = diagnose(e.step(slice(0, 2)), e, "data_parallel", nodes, 1, TOL, passed=one_node)
+    assert "every rank used the slice of the batch of its LOCAL_RANK" in dp
+    # Code that fails on one node as well is not blamed on the layout.
+    assert "LOCAL_RANK" not in diagnose(e.step(slice(0, 2)), e, "data_parallel", nodes, 1, TOL)
+
+
+def test_a_hidden_checks_numbers_are_never_said():
+    e = expected(HIDDEN, 0.5)
+    for got, part in [(e.w0 + 0.75 * (e.w1 - e.w0), "baseline"), (e.w1 + 0.1, "baseline"),
+                      (e.w0 + 4 * (e.w1 - e.w0), "data_parallel"), (e.w1[:, :2], "tensor_parallel"),
+                      (torch.cat([e.w1[:, :2], e.w0[:, 2:]], 1), "tensor_parallel")]:
+        said = diagnose(got, e, part, HIDDEN, 0, TOL, Say(HIDDEN))
+        assert not any(ch.isdigit() for ch in said), said
+    assert diagnose(e.w0 + 0.75 * (e.w1 - e.w0), e, "baseline", HIDDEN, 0, TOL, Say(HIDDEN)) == \
+        "the update points the right way but is the wrong length (a constant factor off the reference's)"
+    say = Say(HIDDEN, public=[CHECK])   # every number it has is a public check's: none is secret
+    assert say.secrets == []
+    say = Say(HIDDEN, public=[Check(name="default")])
+    assert say.text("global_batch_size (24) is not divisible by 11 in assignment4.py, line 24") == \
+        "global_batch_size (#) is not divisible by 11 in assignment4.py, line #"
 
 
 def ranks_with(weight, comm=(), answer_key=0, n=4):
@@ -49,7 +124,7 @@ def ranks_with(weight, comm=(), answer_key=0, n=4):
 
 def test_data_parallel_needs_an_all_reduce_of_the_gradient_or_reduce_scatter_and_all_gather(exp):
     ok, message = comm_check("data_parallel", CHECK, ranks_with(exp.w1))
-    assert not ok and "never all-reduced the gradients (collectives called: no collective at all)" in message
+    assert not ok and message == "rank 0 never all-reduced the gradients (collectives called: no collective at all)"
     small = [{"op": "all_reduce", "numel": 1}]
     assert not comm_check("data_parallel", CHECK, ranks_with(exp.w1, small))[0]
     assert comm_check("data_parallel", CHECK, ranks_with(exp.w1, [{"op": "all_reduce", "numel": 56}]))[0]
@@ -78,11 +153,34 @@ def test_judge_passes_right_weights_and_names_the_failing_ranks(exp):
     assert outcome.message.startswith("wrong weight on rank 2: rank 2 stepped on its own slice")
 
 
+def test_a_reduce_where_an_all_reduce_belongs_says_what_was_seen(exp):
+    ranks = ranks_with(exp.w1.clone(), [{"op": "reduce", "numel": 56}])
+    for r in (1, 2, 3):
+        ranks[r].weight = exp.step(slice(6 * r, 6 * r + 6), 0.25)
+    outcome = judge(PartRun("data_parallel", Status.PASSED, ranks), exp, "data_parallel", CHECK, TOL)
+    assert outcome.message.startswith("wrong weight on ranks 1, 2, 3: only rank 0 ends with the right weight: the "
+                                      "gradients went through dist.reduce")
+    assert outcome.comm_message == "rank 0 never all-reduced the gradients (collectives called: reduce)"
+    assert "whole batch" not in outcome.message + outcome.comm_message
+
+
+def test_not_implemented_names_the_todo_that_is_left(exp):
+    ranks = {r: RankRun(rank=r, status="not_implemented",
+                        exception="NotImplementedError: TODO in single_step: loss = ... (1 line)") for r in range(4)}
+    outcome = judge(PartRun("baseline", Status.NOT_IMPLEMENTED, ranks), exp, "baseline", CHECK, TOL)
+    assert outcome.message == "not implemented yet: TODO in single_step: loss = ... (1 line)"
+
+
 def test_the_default_rubric_is_valid_and_adds_up_to_100():
     rubric = load_rubric()
     assert rubric.max_score == 100
-    assert [c.world_size for c in rubric.checks] == [4, 1, 2, 4]
+    assert [(c.world_size, c.nodes, c.kind) for c in rubric.checks] == [
+        (4, 1, "step"), (1, 1, "step"), (2, 1, "step"), (4, 1, "step"), (4, 4, "step"), (2, 1, "backward"),
+        (4, 1, "backward")]
     assert not rubric.checks[0].hidden and all(c.hidden for c in rubric.checks[1:])
+    tp = sum(c.weight for c in rubric.checks)
+    assert 28 * sum(c.weight for c in rubric.checks if c.kind == "backward") / tp == 8   # the backward's share
+    assert (rubric.log_min_world_size, rubric.log_min_nodes, rubric.log_slurm_job) == (4, 1, False)
 
 
 @pytest.mark.parametrize("data,message", [
@@ -95,6 +193,10 @@ def test_the_default_rubric_is_valid_and_adds_up_to_100():
     ({"checks": [{"nmae": "a"}]}, "r.yaml.checks[0]: unknown key 'nmae'; valid keys: name, world_size"),
     ({"timeouts": {"part": 0}}, "r.yaml.timeouts.part: must be positive"),
     ({"files": {"student_id_pattern": "(\\d+)"}}, "needs a named group (?P<id>...)"),
+    ({"checks": [{"name": "a", "nodes": 3}]}, "r.yaml.checks[0] (a).nodes: must be at least 1 and divide world_size (4)"),
+    ({"checks": [{"name": "a", "kind": "forward"}]}, "'forward' is not a kind of check; valid kinds: step, backward"),
+    ({"checks": [{"name": "a", "kind": "backward"}]}, "at least one check must be public (hidden: false) and of kind step"),
+    ({"log_slurm_job": "yes"}, "r.yaml.log_slurm_job: expected true or false"),
 ])
 def test_a_bad_rubric_is_refused_with_the_key_and_what_is_valid(data, message):
     with pytest.raises(RubricError) as info:

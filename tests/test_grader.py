@@ -12,8 +12,12 @@ from grader import kit, results as results_module
 from grader.batch.run import grade_batch
 from grader.rerun.executor import SandboxUnavailable
 from grader.parts import PART_IDS
+from grader.rubric import load_rubric
 from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, skeleton,
                           write_zip, zip_bytes)
+
+LOGS = DATA / "logs"
+WEIGHTS = {c.name: c.weight for c in load_rubric().checks}
 
 POINTS = {"baseline": (2, 8), "grad_accumulation": (4, 16), "data_parallel": (7, 28), "tensor_parallel": (7, 28)}
 
@@ -39,6 +43,15 @@ def corpus(reference_run) -> dict:
     handins["handout_literal"] = Files(code=(literal / "assignment4.py").read_text(),
                                        utils=(literal / "utils.py").read_text(),
                                        log=(DATA / "logs" / "handout_cluster_4nodes.log").read_text(), err="")
+    # Slurm's default: the run's stdout and stderr in slurm-<jobid>.out, no .err, the cluster's lines first.
+    handins["slurm_default_out"] = Files(code=ref, log=refingerprint((LOGS / "slurm-48213.out").read_text(), ref),
+                                         err=None, log_name="slurm-48213.out")
+    # Two runs' logs: an earlier one of other code, killed at its time limit, and the one of this code.
+    earlier = (LOGS / "a4_time_limit.log").read_text().replace("assignment4", "a4")
+    handins["two_runs"] = Files(code=ref, log=refingerprint((LOGS / "output_2_48240.out").read_text(), ref),
+                                err=(LOGS / "output_2_48240.err").read_text(), log_name="output_2_48240.out",
+                                extra={"output_1_48199.out": earlier,
+                                       "output_1_48199.err": (LOGS / "a4_time_limit.err").read_bytes()})
     return handins
 
 
@@ -102,24 +115,57 @@ def test_each_mutant_fails_the_part_it_targets_with_its_diagnosis(graded, name):
         if part_id == mutant.part or not mutant.part:
             assert part["status"] == mutant.status, part["message"]
             assert mutant.diagnosis in part["message"], part["message"]
-            assert part["log_points"] == 0
-            passed = [o for o in part["checks"] if o["status"] == "passed"]
-            share = len(passed) / len(part["checks"])
+            public = [o for o in part["checks"] if not o["hidden"]]
+            assert all(o["status"] == "passed" for o in public) == mutant.hidden_only, part["message"]
+            # The log counts only where the public re-run reproduces it.
+            assert part["log_points"] == (POINTS[part_id][0] if mutant.hidden_only else 0)
+            passed = sum(WEIGHTS[o["check"]] for o in part["checks"] if o["status"] == "passed")
+            share = passed / sum(WEIGHTS[o["check"]] for o in part["checks"])
             if not all(o["comm_ok"] for o in part["checks"]):
                 share = 0  # skipping the required collective costs every re-run point of the part
             assert part["rerun_points"] == pytest.approx(POINTS[part_id][1] * share)
-            assert "log_not_reproduced" in r["flags"]
+            assert ("log_not_reproduced" in r["flags"]) != mutant.hidden_only
         else:
             assert part["status"] == mutant.others, (part_id, part["message"])
             if mutant.others == "passed":
                 assert part["score"] == sum(POINTS[part_id])
 
 
-def test_a_part_left_todo_costs_only_that_part(graded):
+def test_a_part_left_todo_costs_only_that_part_and_names_the_todo(graded):
     r = graded[1]["tensor_parallel_todo"]
     assert parts_status(r) == {"baseline": "passed", "grad_accumulation": "passed", "data_parallel": "passed",
                                "tensor_parallel": "not_implemented"}
     assert r["score"] == 65
+    assert r["parts"]["tensor_parallel"]["message"] == \
+        "not implemented yet: TODO in FullColumnParallelLinear.forward: X = ... (1 line)"
+
+
+def test_slurms_default_out_with_stderr_inside_scores_full_marks_and_says_which_file(graded):
+    r = graded[1]["slurm_default_out"]
+    assert (r["score"], r["penalties"]) == (100, {}), (r["notes"], r["flags"])
+    assert r["files"]["log"] == r["files"]["err"] == "slurm-48213.out"
+    assert "missing_err" not in r["flags"] and r["log"]["slurm"] == "the job script's own lines"
+    assert any("slurm-48213.out" in n and "its stderr is in the same file" in n for n in r["notes"]), r["notes"]
+
+
+def test_of_two_runs_the_complete_one_of_this_code_counts(graded):
+    r = graded[1]["two_runs"]
+    assert r["score"] == 100 and r["files"] == {"assignment": "assignment4.py", "utils": "utils.py",
+                                                "log": "output_2_48240.out", "err": "output_2_48240.err"}
+    note = next(n for n in r["notes"] if "of 2 runs" in n)
+    assert "used output_2_48240.out (a run of this assignment4.py (its code sha256), finished on 4 ranks)" in note
+    assert "left aside: output_1_48199.out (other code)" in note
+
+
+def test_a_backward_check_and_a_four_node_check_run_part_4(graded):
+    r = graded[1]["reference"]
+    checks = {o["check"]: o for o in r["parts"]["tensor_parallel"]["checks"]}
+    assert list(checks) == ["default", "single-rank", "two-ranks", "odd-sizes", "four-nodes", "layer-backward-2",
+                            "layer-backward-4"]
+    assert len(r["parts"]["baseline"]["checks"]) == 5   # the backward checks run Part 4 only
+    assert checks["layer-backward-4"]["collectives"]["all_reduce"] == 4   # f's backward, on every rank
+    text = (graded[0] / "tp_no_f" / "feedback.md").read_text()
+    assert "hidden check `layer-backward-2`: **failed**, the layer is wrong on every rank: each rank's gradient" in text
 
 
 def test_a_log_from_other_code_earns_no_log_points(graded):
@@ -146,10 +192,16 @@ def test_a_handin_without_code_is_invalid_with_a_message_and_no_score(graded):
     assert "no assignment4.py in the hand-in" in r["message"]
 
 
-def test_a_handin_written_to_the_handout_word_for_word_gets_full_marks_on_cpu(graded):
+def test_a_handin_written_to_the_handout_word_for_word_runs_on_cpu_and_its_f_backward_is_caught(graded):
+    """Every step passes on a CPU-only machine. The original handout's BroadcastParallel.backward
+    calls `ReduceOp.SUM` without importing it: the step never runs it, the backward checks do."""
     r = graded[1]["handout_literal"]
-    assert set(parts_status(r).values()) == {"passed"}, r["parts"]
-    assert r["score"] == 100, (r["message"], r["notes"])
+    assert parts_status(r) == {"baseline": "passed", "grad_accumulation": "passed", "data_parallel": "passed",
+                               "tensor_parallel": "crashed"}, r["parts"]
+    failing = [o for o in r["parts"]["tensor_parallel"]["checks"] if o["status"] != "passed"]
+    assert [o["check"] for o in failing] == ["layer-backward-2", "layer-backward-4"]
+    assert failing[0]["message"] == "crashed: NameError: name 'ReduceOp' is not defined"
+    assert r["score"] == 92, (r["message"], r["notes"])   # the backward checks' 8 points
     assert "modified_utils" in r["flags"]
 
 
@@ -192,9 +244,25 @@ def test_feedback_names_hidden_checks_but_never_their_values(graded):
     assert text.index("rank 1 raised RuntimeError") < text.index("Traceback")
     for path in list(out.glob("*/feedback.md")) + list(out.glob("*/results.json")):
         text = path.read_text()
-        for hidden in ("seed 7", "seed 1234", "seed 2027", "batch 96", "batch 52", "batch 80", "48x24", "13x12", "20x36"):
+        for hidden in ("seed 7", "seed 1234", "seed 2027", "batch 96", "batch 52", "batch 80", "48x24", "13x12", "20x36",
+                       "assignment#", "#.#", "#e-"):   # nor digits masked in text
             assert hidden not in text, (path, hidden)
     assert "hidden check `two-ranks`" in (out / "dp_summed" / "feedback.md").read_text()
+    # Said once, where it is made: the headline and the line under it agree, names keep their digits.
+    text = (out / "acc_hard_coded_steps" / "feedback.md").read_text()
+    said = "each micro-batch loss was divided by 4 written into the code, not by accumulation_steps; it was " \
+           "right only at check 'default'"
+    assert text.count(said) >= 2
+
+
+def test_tracebacks_show_the_handins_own_frames_once(graded):
+    text = (graded[0] / "does_not_parse" / "feedback.md").read_text()
+    assert text.count('File "assignment4.py", line') == 1, text
+    assert "Traceback: the same as Part 1's, above." in text
+    assert "/grader/" not in text and "site-packages" not in text and "/tmp/" not in text
+    crash = (graded[0] / "crash_on_one_rank" / "feedback.md").read_text()
+    frames = [line for line in crash.splitlines() if line.strip().startswith("File ")]
+    assert frames and all(line.strip().startswith(('File "assignment4.py"', 'File "utils.py"')) for line in frames)
 
 
 def test_summary_has_pass_rates_common_failures_and_scores(graded):

@@ -3,6 +3,7 @@
 import io
 import stat
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from grader.rubric import Files
 from tests.corpus import Files as HandinFiles, zip_bytes
 
 CODE = "print('code')\n"
+LOGS = Path(__file__).parent / "data" / "logs"
+RUN = (LOGS / "a4_reference.log").read_text()   # a run's stdout: found by what it holds
 
 
 def make_zip(members: dict) -> bytes:
@@ -29,7 +32,7 @@ def unpack_bytes(data: bytes, tmp_path, limits=None):
 
 
 def test_the_four_files_are_found_by_name_after_junk_and_a_leading_folder_are_dropped(tmp_path):
-    data = make_zip({"hw4/assignment4.py": CODE, "hw4/utils.py": "u", "hw4/assignment4-77.log": "l",
+    data = make_zip({"hw4/assignment4.py": CODE, "hw4/utils.py": "u", "hw4/assignment4-77.log": RUN,
                      "hw4/assignment4-77.err": "e", "__MACOSX/hw4/._assignment4.py": "junk",
                      "hw4/.DS_Store": "junk", "hw4/__pycache__/utils.cpython-311.pyc": "junk"})
     unpacked = unpack_bytes(data, tmp_path)
@@ -48,11 +51,26 @@ def test_a_zip_inside_the_zip_is_opened_once(tmp_path):
 
 
 def test_of_several_runs_the_latest_log_and_its_err_are_used(tmp_path):
-    data = make_zip({"assignment4.py": CODE, "assignment4-100.log": "old", "assignment4-100.err": "",
-                     "assignment4-205.log": "new", "assignment4-205.err": ""})
+    data = make_zip({"assignment4.py": CODE, "assignment4-100.log": RUN, "assignment4-100.err": "",
+                     "assignment4-205.log": RUN, "assignment4-205.err": "", "notes.txt": "it was hard\n"})
     unpacked = unpack_bytes(data, tmp_path)
     assert unpacked.files["log"].name == "assignment4-205.log"
     assert unpacked.files["err"].name == "assignment4-205.err"
+    assert unpacked.notes == ["the run's log: of 2 runs, used assignment4-205.log (a run of other code than this "
+                              "assignment4.py, finished on 4 ranks); left aside: assignment4-100.log (older)"]
+
+
+@pytest.mark.parametrize("members,log,err", [
+    ({"slurm-4242.out": RUN}, "slurm-4242.out", "slurm-4242.out"),           # Slurm's default: both streams
+    ({"job.stdout": RUN, "job.stderr": "W torch\n"}, "job.stdout", "job.stderr"),
+    ({"output_1_77.txt": RUN, "error_1_77.err": ""}, "output_1_77.txt", "error_1_77.err"),
+    ({"run": RUN}, "run", "run"),                                             # no extension
+    ({"assignment4-9.log": RUN}, "assignment4-9.log", None),                  # the handout's name, .err missing
+])
+def test_a_runs_files_are_found_by_what_they_hold_whatever_their_names(tmp_path, members, log, err):
+    unpacked = unpack_bytes(make_zip({"assignment4.py": CODE, **members}), tmp_path)
+    assert unpacked.files["log"].name == log
+    assert (unpacked.files["err"].name if "err" in unpacked.files else None) == err
 
 
 @pytest.mark.parametrize("name,message", [

@@ -290,7 +290,7 @@ def test_the_lab_jobs_are_strict_and_run_the_assignments_job_body(name):
 
 
 def test_the_launcher_submits_the_lab_by_its_script_and_name():
-    proc = subprocess.run([sys.executable, "-m", "slurm.submit", "--profile", "local", "--nodes", "1",
+    proc = subprocess.run([sys.executable, "-m", "slurm.submit", "--profile", str(ROOT / "tests" / "slurm_cluster" / "profile.yaml"), "--nodes", "1",
                            "--script", "lab/run_all.py", "--name", "lab", "--dry-run"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

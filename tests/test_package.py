@@ -12,7 +12,7 @@ from grader import cli
 from grader.pipeline.handin import Handin, unpack
 from grader.student.package import DEFAULT_ZIP, PackageError, collect, package, runs
 from grader.rubric import Files as Limits
-from tests.corpus import REFERENCE, UTILS
+from tests.corpus import DATA, REFERENCE, UTILS, refingerprint
 
 RUN_AGAIN = "run the job again with this code (sbatch slurm/assignment4.sbatch)"
 
@@ -77,7 +77,7 @@ def test_a_log_without_its_err_is_refused(kit, capsys, reference_run_files):
     assert "--err FILE" in message and RUN_AGAIN in message
 
 
-def test_a_run_that_did_not_finish_is_refused(kit, capsys, reference_run):
+def test_a_run_that_did_not_finish_is_refused(kit, capsys, reference_run, reference_run_files):
     text, _ = reference_run
     # Killed at its time limit: rank 3 never printed "done" and the job footer was never written.
     cut = "".join(line for line in text.splitlines(keepends=True)
@@ -85,6 +85,11 @@ def test_a_run_that_did_not_finish_is_refused(kit, capsys, reference_run):
     (kit / "assignment4-999.log").write_text(cut)
     (kit / "assignment4-999.err").write_text("slurmstepd: error: *** JOB 999 CANCELLED DUE TO TIME LIMIT ***\n")
     os.utime(kit / "assignment4-999.log", (4e9, 4e9))
+    # Beside a complete run of the same code, the newer cut one is left aside, and said so.
+    assert collect().log.name == reference_run_files[0].name
+    assert "left aside: assignment4-999.log (did not finish)" in collect().note
+    for path in reference_run_files:
+        (kit / path.name).unlink()
     message = refused(capsys)
     assert "assignment4-999.log: the run did not finish" in message
     assert "rank 3 never printed 'done'" in message and "footer is missing" in message
@@ -111,7 +116,7 @@ def test_no_run_at_all_and_no_utils_are_refused_with_what_to_do(kit, capsys, ref
     for path in reference_run_files:
         (kit / path.name).unlink()
     message = refused(capsys)
-    assert "no .log of a run in assignment_4/ or ./" in message
+    assert "no log of a run in assignment_4/ or ./" in message
     assert "run the job first (sbatch slurm/assignment4.sbatch" in message and "--log FILE" in message
     (kit / "assignment_4" / "utils.py").unlink()
     assert "no utils.py beside assignment_4/assignment4.py" in refused(capsys)
@@ -120,3 +125,34 @@ def test_no_run_at_all_and_no_utils_are_refused_with_what_to_do(kit, capsys, ref
 def test_only_a_zip_is_written(kit):
     with pytest.raises(PackageError, match="a hand-in is a .zip file"):
         package(out="handin.tar")
+
+
+def test_a_lone_slurm_out_holding_both_streams_is_the_run(kit, capsys, reference_run_files):
+    """Slurm's default: stdout and stderr in slurm-<jobid>.out, no .err; the cluster's own lines first."""
+    for path in reference_run_files:
+        (kit / path.name).unlink()
+    out = kit / "slurm-5151.out"
+    out.write_text(refingerprint((DATA / "logs" / "slurm-48213.out").read_text(), REFERENCE.read_text()))
+    done = package()
+    assert (done.sources.log, done.sources.err, done.world_size) == (out.relative_to(kit), out.relative_to(kit), 4)
+    with zipfile.ZipFile(DEFAULT_ZIP) as z:
+        assert z.namelist() == ["assignment4.py", "utils.py", "slurm-5151.out"]
+    DEFAULT_ZIP.unlink()
+    assert cli.main(["package", "--log", "slurm-5151.out"]) in (0, 1)
+    printed = capsys.readouterr().out
+    assert "run:   slurm-5151.out (stdout and stderr in one file) (job slurm-5151, world size 4" in printed
+    assert "files:   assignment4.py, utils.py, slurm-5151.out (stdout and stderr)" in printed
+
+
+def test_of_several_runs_the_complete_one_of_this_code_is_taken_and_said(kit, capsys, reference_run_files):
+    log, err = reference_run_files
+    other = kit / "assignment4-777.log"   # the newest, but a run of the file before its last change
+    other.write_text(refingerprint(log.read_text(), "an older assignment4.py"))
+    (kit / "assignment4-777.err").write_text("")
+    os.utime(other, (4e9, 4e9))
+    sources = collect()
+    assert sources.log.name == log.name and sources.err.name == err.name
+    assert sources.note == (f"the run's log: of 2 runs, used {log.name} (a run of this assignment4.py (its code "
+                            f"sha256), finished on 4 ranks); left aside: assignment4-777.log (other code)")
+    assert cli.main(["package"]) == 0
+    assert sources.note in capsys.readouterr().out

@@ -209,3 +209,94 @@ def test_the_graders_give_the_zips_package_built_full_marks_and_zero(student, tm
     rows = {row["student"]: row for row in csv.DictReader((tmp_path / "out" / "grades.csv").open())}
     assert (rows["solution"]["score"], rows["solution"]["flags"]) == ("100", "")
     assert rows["skeleton"]["score"] == "0"
+
+
+def _readme_commands(readme: str, heading: str) -> list:
+    """The command lines of the first bash block under `heading`, comments dropped."""
+    section = readme[readme.index(heading):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_every_link_and_path_the_release_readmes_name_is_in_the_release(release):
+    for doc in [release / "README.md", *(release / "slurm").glob("*.md"), *(release / "assignment_4").glob("*.md"),
+                *(release / "lab").glob("*.md")]:
+        text = doc.read_text()
+        for link in re.findall(r"\]\(([^)#\s]+)", text):
+            if not link.startswith(("http://", "https://")):
+                assert (doc.parent / link).exists() or (release / link).exists(), (doc.name, link)
+        for path in re.findall(r"`((?:assignment_4|slurm|grader|lab)/[\w./-]+)`", text):
+            if "<" not in path and "*" not in path and "mycluster" not in path:   # made by the student
+                assert (release / path).exists() or (doc.parent / path).exists(), (doc.name, path)
+        # Nothing the release does not ship: no make targets, no test files, no instructors' README.
+        assert not re.search(r"\bmake (venv|test|demo|release|skeleton|bench)", text), doc.name
+        assert "tests/" not in text and "top-level README" not in text, doc.name
+    for script in [*(release / "slurm").glob("*.sh"), *(release / "slurm").glob("*.sbatch"),
+                   *(release / "slurm").rglob("*.yaml")]:
+        text = script.read_text()
+        assert "tests/" not in text and not re.search(r"\bmake (venv|test)", text), script.name
+
+
+def test_the_release_requirements_install_everything_it_ships(release):
+    pins = dict(re.findall(r"^([A-Za-z][\w.-]*)==(\S+)", (release / "requirements.txt").read_text(), re.M))
+    assert {"torch", "numpy", "PyYAML", "submitit", "cloudpickle"} <= set(pins)
+    readme = (release / "README.md").read_text()
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==" + pins["torch"] in readme
+
+
+@pytest.mark.timeout(600)
+def test_a_student_follows_the_release_readme_literally_from_a_fresh_folder(release, tmp_path):
+    """The README's own commands, from "From TODO to hand-in", run as written in a fresh copy (the
+    solution in place of the TODOs, as a student who finished; no cluster, so no sbatch), then the
+    launcher's --local run: every one succeeds, and the zip to hand in is there."""
+    folder = tmp_path / "a4"
+    shutil.copytree(release, folder)
+    shutil.copyfile(REFERENCE, folder / "assignment_4" / "assignment4.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "A4_"))}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
+    commands = _readme_commands((folder / "README.md").read_text(), "## From TODO to hand-in")
+    assert [c.split()[0] for c in commands] == ["torchrun", "slurm/run-local.sh", "sbatch", "python", "python"]
+    for command in commands + ["python -m slurm.submit --local"]:
+        if command.startswith("sbatch"):
+            continue
+        done = subprocess.run(["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+    assert (folder / "assignment4-handin.zip").is_file()
+    logs = sorted(p.name for p in folder.glob("assignment4-*.log"))
+    assert len(logs) == 2 and any("local-" in name for name in logs)   # run-local.sh's and the launcher's
+    assert not (folder / "build").exists()                               # the launcher left no folder
+
+
+def kit_copy(tmp_path) -> Path:
+    """The parts of the kit a release is built from, copied: an instructor's working copy."""
+    copy = tmp_path / "kit"
+    for part in ("assignment_4", "grader", "slurm", "lab", "student"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def test_release_refuses_a_configuration_said_differently_and_names_file_and_value(tmp_path):
+    from grader.instructor.skeleton import make_skeleton
+    copy = kit_copy(tmp_path)
+    reference = copy / "assignment_4" / "reference" / "assignment4.py"
+    reference.write_text(reference.read_text().replace("global_batch_size = 128 ", "global_batch_size = 256 ", 1))
+    (copy / "assignment_4" / "assignment4.py").write_text(make_skeleton(reference.read_text()))
+    with pytest.raises(ReleaseError) as refused:
+        build_release(tmp_path / "out", root=copy)
+    message = str(refused.value)
+    assert ("assignment_4/reference/assignment4.py sets global_batch_size = 256 but grader/rubric.yaml's check "
+            "'default' has global_batch_size: 128") in message
+    assert "assignment_4/README.md says global_batch_size is 128" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hidden_check_named_with_a_common_word_is_refused_with_rename_the_check(release, tmp_path):
+    leaky = tmp_path / "leaky"
+    shutil.copytree(release, leaky)
+    for name in ("a.md", "b.md", "c.md"):
+        (leaky / name).write_text("run the two-ranks case\n")
+    leaks = find_leaks(leaky)
+    from grader.instructor.release import _rename_hint
+    hint = _rename_hint(leaks)
+    assert "hidden check 'two-ranks' is named in 3 files" in hint and "rename the check in grader/rubric.yaml" in hint

@@ -12,12 +12,13 @@ from grader.parts import BY_ID, PART_IDS
 from grader.results import Status
 from grader.rubric import PUBLIC_RUBRIC, load_rubric
 from grader.student.check import check, format_report
-from tests.corpus import MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, write_zip
+from tests.corpus import DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, write_zip
 
 # "hang" sleeps in the tensor-parallel part: it waits out the part's wall clock at all three
 # public checks, twice each (a failing check is run again), about 20 s that show nothing the
 # deadlock mutant (a timeout, named and diagnosed) does not show already.
-CHECKED = [name for name in sorted(MUTANTS) if name != "hang"]
+# Mutants that only a hidden check catches pass every public check: that is their point.
+CHECKED = [name for name in sorted(MUTANTS) if name != "hang" and not MUTANTS[name].hidden_only]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,34 @@ def test_check_of_a_folder_reads_the_newest_log_beside_it_and_flags_a_stale_one(
     assert report.files["log"] == reference_run_files[0].name
     assert all(row.rerun == Status.PASSED and row.log == Status.FAILED for row in report.rows)
     assert any("written by different code" in note for note in report.notes)
-    assert not report.passed and any("the .log does not count" in p for p in report.problems)
+    assert not report.passed and any("the log does not count" in p for p in report.problems)
+
+
+@pytest.mark.timeout(120)
+def test_check_takes_the_log_it_is_given_whatever_its_name_and_says_so(executor, public_rubric, tmp_path, monkeypatch):
+    """`check --log slurm-<id>.out`: Slurm's default file, both streams in it, no .err beside it."""
+    folder = tmp_path / "assignment_4"
+    folder.mkdir()
+    shutil.copyfile(REFERENCE, folder / "assignment4.py")
+    shutil.copyfile(UTILS, folder / "utils.py")
+    (tmp_path / "slurm-5151.out").write_text(
+        refingerprint((DATA / "logs" / "slurm-48213.out").read_text(), REFERENCE.read_text()))
+    monkeypatch.chdir(tmp_path)
+    report = check(log="slurm-5151.out", rubric_path=public_rubric, executor=executor)
+    assert report.passed, format_report(report)
+    assert report.files["log"] == report.files["err"] == "slurm-5151.out"
+    assert "took the run in slurm-5151.out, as given (its stderr is in the same file)" in report.notes
+    assert "files:   assignment4.py, utils.py, slurm-5151.out (stdout and stderr)" in format_report(report)
+
+
+@pytest.mark.timeout(120)
+def test_a_mutant_only_a_hidden_check_catches_passes_every_public_check(executor, public_rubric, reference_run,
+                                                                        tmp_path):
+    log, err = reference_run
+    code = mutate("tp_no_f")
+    report = check(write_zip(tmp_path / "no_f.zip", Files(code=code, log=refingerprint(log, code), err=err)),
+                   rubric_path=public_rubric, executor=executor)
+    assert report.passed, format_report(report)
 
 
 def test_check_of_nothing_says_what_to_give(tmp_path, monkeypatch, capsys):

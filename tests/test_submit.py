@@ -8,8 +8,11 @@ A change to the dry-run output that is meant: A4_UPDATE_GOLDEN=1 pytest tests/te
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +31,7 @@ from tests.worlds import REFERENCE, ROOT
 
 GOLDEN = ROOT / "tests" / "golden"
 CLUSTERS = ROOT / "slurm" / "clusters"
+TEST_PROFILE = ROOT / "tests" / "slurm_cluster" / "profile.yaml"   # the local test cluster
 
 
 def submit(*args, cwd=ROOT, timeout=60, **env):
@@ -44,7 +48,8 @@ def test_every_shipped_profile_is_valid(path):
 
 
 def test_profiles_can_be_named_by_their_file_stem():
-    assert load_profile("local") == load_profile(CLUSTERS / "local.yaml")
+    assert load_profile("example") == load_profile(CLUSTERS / "example.yaml")
+    assert load_profile(TEST_PROFILE).description
 
 
 def test_an_empty_profile_has_the_sbatch_scripts_defaults():
@@ -96,7 +101,7 @@ def test_time_limits_are_read_as_slurm_reads_them(time, minutes):
 
 def test_a_missing_or_broken_profile_file_says_what_to_do(tmp_path):
     with pytest.raises(ProfileError, match=r"no such profile; give a YAML file, or one of the profiles "
-                                           r"in slurm/clusters/ by name \(example, local\)"):
+                                           r"in slurm/clusters/ by name \(example\)"):
         load_profile(tmp_path / "nope.yaml")
     broken = tmp_path / "broken.yaml"
     broken.write_text("partition: [gpu\n")
@@ -126,7 +131,8 @@ def test_help_profile_lists_every_key():
 # --- --dry-run --------------------------------------------------------------------------------
 
 def normalise(script, tmp_path):
-    return script.replace(str(tmp_path), "<TMP>").replace(shlex.quote(sys.executable), "<PYTHON>")
+    return (script.replace(str(tmp_path), "<TMP>").replace(shlex.quote(sys.executable), "<PYTHON>")
+            .replace(sys.executable, "<PYTHON>").replace(str(ROOT), "<KIT>"))
 
 
 def test_dry_run_prints_the_sbatch_script_of_the_golden_file(tmp_path):
@@ -141,7 +147,7 @@ def test_dry_run_prints_the_sbatch_script_of_the_golden_file(tmp_path):
 
 
 def test_dry_run_takes_nodes_and_gpus_from_the_command_line(tmp_path):
-    proc = submit("--profile", "local", "--nodes", "2", "--gpus-per-node", "2", "--dry-run")
+    proc = submit("--profile", str(TEST_PROFILE), "--nodes", "2", "--gpus-per-node", "2", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --nodes=2\n" in proc.stdout and "#SBATCH --gpus-per-node=2\n" in proc.stdout
     assert "#SBATCH --partition=debug\n" in proc.stdout and "#SBATCH --account=a4course\n" in proc.stdout
@@ -158,17 +164,38 @@ def test_dry_run_runs_python_through_the_profiles_command(tmp_path):
 def test_bad_command_lines_say_what_is_wrong():
     assert "no such script: nope.py" in submit("--script", "nope.py", "--dry-run").stderr
     assert "--nodes must be 1 or more, not 0" in submit("--nodes", "0", "--dry-run").stderr
-    proc = submit("--local", "--dry-run")
-    assert proc.returncode == 2 and "it has none with --local" in proc.stderr
+
+
+def test_dry_run_shows_the_torchrun_command_each_node_runs():
+    proc = submit("--profile", str(TEST_PROFILE), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    command = proc.stdout.strip().splitlines()[-1]
+    assert proc.stdout.strip().splitlines()[-2].startswith("# on each of the 4 nodes")
+    assert command.startswith(f"{sys.executable} -m torch.distributed.run --nnodes=4 --nproc_per_node=1 ")
+    assert "--rdzv_backend=c10d --rdzv_endpoint=<first node of the job>:" in command
+    assert command.endswith(str(ROOT / "assignment_4" / "assignment4.py"))
+
+
+def test_local_defaults_to_the_handouts_4_ranks_and_leaves_no_folder_behind(tmp_path):
+    proc = submit("--local", "--dry-run", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH" not in proc.stdout and "--nnodes=1 --nproc_per_node=4 " in proc.stdout
+    from slurm.launch import plan
+    p = plan(local=True)
+    assert (p.world_size, p.profile.backend, p.temporary) == (4, "gloo", True)
+    assert p.folder.parent == Path(tempfile.gettempdir()) and "%j" not in str(p.folder)
+    shutil.rmtree(p.folder)
 
 
 # --- --local ----------------------------------------------------------------------------------
 
 @pytest.mark.timeout(300)
 def test_local_run_leaves_the_same_log_as_a_slurm_job(tmp_path):
-    proc = submit("--local", "--profile", "local", "--script", str(REFERENCE), "--out", str(tmp_path),
-                  "--folder", str(tmp_path / "jobs" / "%j"), timeout=240, A4_TIMEOUT_S="60")
+    proc = submit("--local", "--profile", str(TEST_PROFILE), "--script", str(REFERENCE), "--out", str(tmp_path / "logs"),
+                  cwd=tmp_path, timeout=240, A4_TIMEOUT_S="60", PYTHONPATH=str(ROOT))
     assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["logs"]     # no submitit folder left behind
+    tmp_path = tmp_path / "logs"
     run_id = re.search(r"job (local-\d+) completed", proc.stdout)[1]
     text = (tmp_path / f"assignment4-{run_id}.log").read_text()
     assert (tmp_path / f"assignment4-{run_id}.err").is_file()

@@ -222,11 +222,12 @@ def data_parallel_single_step(seed=42, device=None):
 
 ### Part 4: tensor parallel, a full column-parallel linear layer.
 class BroadcastParallel(torch.autograd.Function):
-    """Forward: identity. Backward: all-reduce (sum) of the gradient.
+    """Forward: identity. Backward: all-reduce (sum) of the gradient over the ranks.
 
-    The function f of Megatron-LM (https://arxiv.org/abs/1909.08053): every rank already holds the
-    whole input X [bsz, in_dim]; each rank's part of the gradient of X comes from its own columns of
-    W only, so the full gradient is their sum over the ranks.
+    The function f of Megatron-LM (https://arxiv.org/abs/1909.08053; copy_to_model_parallel_region
+    in its mpu/mappings.py): every rank already holds the whole input X [bsz, in_dim], so forward
+    passes it on unchanged; in backward, each rank's gradient of X comes from its own columns of W
+    only (grad_out_i @ W_i^T), so the full gradient is their sum over the ranks.
     """
 
     @staticmethod
@@ -244,11 +245,13 @@ class BroadcastParallel(torch.autograd.Function):
 
 
 class GatherParallel(torch.autograd.Function):
-    """Forward: all-gather along the last dimension. Backward: keep this rank's slice.
+    """Forward: all-gather along the last dimension. Backward: split, keep this rank's slice.
 
-    The function g of Megatron-LM: each rank holds out_i [bsz, out_dim / p]; the forward pass
-    concatenates them into out [bsz, out_dim] on every rank; the backward pass hands each rank the
-    columns of the gradient that belong to its own out_i.
+    Megatron-LM's gather_from_model_parallel_region: each rank holds out_i [bsz, out_dim / p];
+    forward concatenates them into out [bsz, out_dim] on every rank; backward hands each rank the
+    columns of the gradient that belong to its own out_i. (It is not the paper's g, which all-reduces
+    in forward and is the identity in backward: g ends a row-parallel layer, which this assignment
+    does not have.)
     """
 
     @staticmethod
@@ -303,7 +306,7 @@ class FullColumnParallelLinear(nn.Module):
         local_bsz = X.shape[0]
         check(X, (local_bsz, self.in_dim))
 
-        # f: every rank uses the whole X; in backward, the gradients of X are summed over the ranks.
+        # f: every rank uses the whole X; in backward, the ranks' gradients of X are summed (all-reduced).
         # BEGIN SOLUTION: X = ... (1 line)
         X = BroadcastParallel.apply(X)
         # END SOLUTION
@@ -311,7 +314,7 @@ class FullColumnParallelLinear(nn.Module):
         local_out = torch.einsum("bi,ij->bj", X, self.W).contiguous()
         check(local_out, (local_bsz, self.local_out_dim))
 
-        # g: gather every rank's columns of the output; in backward, keep only this rank's columns.
+        # Gather every rank's columns of the output; in backward, keep only this rank's columns.
         # BEGIN SOLUTION: out = ... (1 line)
         out = GatherParallel.apply(local_out)
         # END SOLUTION

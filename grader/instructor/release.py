@@ -13,7 +13,8 @@ writes
                                        line offers only check and package; rubric-public.yaml in
                                        place of rubric.yaml
 
-It is refused (ReleaseError) when the committed skeleton is not what the reference generates,
+It is refused (ReleaseError) when the committed skeleton is not what the reference generates, when
+the reference's configuration, the rubric's default check and the handout disagree,
 when the public rubric disagrees with the graders' or holds a hidden check, or when a scan of
 every file written finds solution text, a `reference/` path, or a hidden check's name or values.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.instructor import skeleton
+from grader.instructor.config import config_drift
 from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, load_rubric
 
 ROOT = kit.ROOT
@@ -55,7 +57,8 @@ def public_rubric_drift(ta_path=DEFAULT_RUBRIC, public_path=PUBLIC_RUBRIC) -> li
     against.
     """
     ta, public = load_rubric(ta_path), load_rubric(public_path)
-    drift = [f"{key} differs" for key in ("parts", "tolerance", "learning_rate", "log_min_world_size")
+    drift = [f"{key} differs" for key in ("parts", "tolerance", "learning_rate", "log_min_world_size",
+                                          "log_min_nodes", "log_slurm_job")
              if getattr(ta, key) != getattr(public, key)]
     files = [dataclasses.replace(r.files, student_id_pattern="") for r in (ta, public)]
     if files[0] != files[1]:
@@ -118,6 +121,19 @@ def find_leaks(folder: Path, root: Path = ROOT) -> list:
     return leaks
 
 
+def _rename_hint(leaks: list) -> str:
+    """A hidden check whose name turns up in several files is most likely named with a common word."""
+    counts = {}
+    for leak in leaks:
+        if ": names hidden check '" in leak:
+            name = leak.split(": names hidden check '", 1)[1].split("'", 1)[0]
+            counts[name] = counts.get(name, 0) + 1
+    common = sorted(name for name, n in counts.items() if n >= 3)
+    return "".join(f"\nhidden check '{name}' is named in {counts[name]} files: if '{name}' is a common word, "
+                   f"rename the check in grader/rubric.yaml (a name nothing else uses, e.g. 'hidden-{name}-1')"
+                   for name in common)
+
+
 def _copy(src: Path, dst: Path, written: list, out: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dst)
@@ -133,6 +149,10 @@ def build_release(out, root: Path = ROOT) -> Release:
                                         root / "assignment_4" / "assignment4.py"):
         raise ReleaseError("assignment_4/assignment4.py differs from what the reference generates: run "
                            "`make skeleton` and commit the result")
+    mismatched = config_drift(root)
+    if mismatched:
+        raise ReleaseError("the configuration is said differently in different places; make them agree:\n  "
+                           + "\n  ".join(mismatched))
     drift = public_rubric_drift(root / "grader" / DEFAULT_RUBRIC.name, root / "grader" / PUBLIC_RUBRIC.name)
     if drift:
         raise ReleaseError("grader/rubric-public.yaml does not match grader/rubric.yaml: " + "; ".join(drift))
@@ -153,5 +173,6 @@ def build_release(out, root: Path = ROOT) -> Release:
     leaks = find_leaks(out, root)
     if leaks:
         shutil.rmtree(out)
-        raise ReleaseError("the release would leak (nothing was left written):\n  " + "\n  ".join(leaks))
+        raise ReleaseError("the release would leak (nothing was left written):\n  " + "\n  ".join(leaks)
+                           + _rename_hint(leaks))
     return release

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from grader import kit
 from grader.parts import PART_IDS
-from grader.pipeline import compare, handin as handins
+from grader.pipeline import backward, compare, handin as handins
 from grader.pipeline.errfile import parse_err
-from grader.pipeline.logfile import parse_log
+from grader.pipeline.runs import rule_of
+from grader.pipeline.say import Say
 from grader.pipeline.score import log_validity, score_handin
 from grader.rerun import check as rerun
 from grader.rerun.sandbox import scratch_dir
@@ -37,18 +38,29 @@ def _utils_notes(student_utils: Path) -> list:
             f"```diff\n{shown}\n```"]
 
 
-def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS) -> dict:
-    """Re-run `parts` at `check` and judge them. A failure is run once more: a flip to passed is
-    flagged flaky (the failure stands, for a person to look at); when the machinery failed, the
-    second run decides, since the first said nothing about the code."""
-    exp = compare.expected(check, rubric.learning_rate)
+def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None) -> dict:
+    """Re-run `parts` (those the check runs) at `check` and judge them. A failure is run once more:
+    a flip to passed is flagged flaky (the failure stands, for a person to look at); when the
+    machinery failed, the second run decides, since the first said nothing about the code.
+    `passed`: part -> the checks it passed already (grader.pipeline.diagnose uses them)."""
+    parts = [p for p in parts if p in check.parts()]
+    if check.kind == "backward":
+        exp, judge = backward.expected_layer(check), backward.judge
+    else:
+        exp, judge = compare.expected(check, rubric.learning_rate), compare.judge
+    say = Say(check, [c for c in rubric.checks if not c.hidden])
+    passed = passed or {}
+
+    def verdict(p, run):
+        return judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ()))
+
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
-    judged = {p: compare.judge(runs[p], exp, p, check, rubric.tolerance) for p in parts}
+    judged = {p: verdict(p, runs[p]) for p in parts}
     again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)]
     if again:
         reruns = rerun.run_check(executor, code, check, rubric, scratch, again)
         for p in again:
-            second = compare.judge(reruns[p], exp, p, check, rubric.tolerance)
+            second = verdict(p, reruns[p])
             if judged[p].status == Status.INFRA_ERROR:
                 judged[p] = second
             else:
@@ -56,14 +68,19 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS) -> dict:
     return judged
 
 
+MISSING = {"utils": "utils.py is missing from the hand-in",
+           "log": "no log of a run is in the hand-in (no file holds the run's [Distributed Init] and part lines, "
+                  "whatever its name)",
+           "err": "the run's stderr (the job's .err) is missing from the hand-in"}
+
+
 def _file_notes(result: HandinResult, files: dict, rubric) -> None:
     """Penalties and notes for what is missing from the hand-in, or changed in its utils.py."""
-    for role, name, key in (("utils", "utils.py", "penalty_missing_utils"), ("log", "the .log", "penalty_missing_log"),
-                            ("err", "the .err", "penalty_missing_err")):
+    for role, key in (("utils", "penalty_missing_utils"), ("log", "penalty_missing_log"), ("err", "penalty_missing_err")):
         if role not in files:
             penalty = getattr(rubric.files, key)
             result.flags.append(f"missing_{role}")
-            result.notes.append(f"{name} is missing from the hand-in" + (f" (-{penalty:g} points)" if penalty else ""))
+            result.notes.append(MISSING[role] + (f" (-{penalty:g} points)" if penalty else ""))
             if penalty:
                 result.penalties[f"missing_{role}"] = penalty
     if "utils" in files:
@@ -75,18 +92,19 @@ def _file_notes(result: HandinResult, files: dict, rubric) -> None:
                 result.penalties["modified_utils"] = rubric.files.penalty_modified_utils
 
 
-def _log_evidence(result: HandinResult, files: dict, code_sha256: str, rubric) -> tuple:
-    """Read the .log and .err into `result`; return (the log report or None, whether its claims count)."""
-    log_report = None
-    if "log" in files:
-        log_report = parse_log(files["log"].read_bytes(), min_world_size=rubric.log_min_world_size)
+def _log_evidence(result: HandinResult, unpacked, code_sha256: str, rubric) -> tuple:
+    """Read the run's stdout and stderr into `result`; return (the log report or None, whether its
+    claims count)."""
+    files = unpacked.files
+    log_report = unpacked.run.report if unpacked.run is not None else None
+    if log_report is not None:
         result.log = log_report.to_dict()
     if "err" in files:
         err_report = parse_err(files["err"].read_bytes())
         result.err = err_report.to_dict()
         for flag in err_report.flags:
             result.flags.append(f"err_{flag.code}")
-            result.notes.append(f".err: {flag.message}")
+            result.notes.append(f"{'stderr' if files['err'] == files.get('log') else '.err'}: {flag.message}")
     log_usable, flags, notes = log_validity(log_report, code_sha256, rubric)
     result.flags += flags
     result.notes += notes
@@ -94,18 +112,21 @@ def _log_evidence(result: HandinResult, files: dict, code_sha256: str, rubric) -
 
 
 def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: Path, deadline: float) -> dict:
-    """Every part at every check of the rubric, within the hand-in's time: part -> [CheckOutcome]."""
+    """Every part at every check of the rubric that runs it, within the hand-in's time: part -> [CheckOutcome]."""
     code = rerun.prepare_code(assignment)
     outcomes = {p: [] for p in PART_IDS}
+    passed = {p: [] for p in PART_IDS}
     for check in rubric.checks:
         if time.monotonic() > deadline:
-            for p in PART_IDS:
+            for p in check.parts():
                 outcomes[p].append(CheckOutcome(check=check.name, hidden=check.hidden,
                                                 world_size=check.world_size, status=Status.TIMEOUT,
                                                 message=f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))
             continue
-        for p, outcome in judge_check(executor, code, check, rubric, work).items():
+        for p, outcome in judge_check(executor, code, check, rubric, work, passed=passed).items():
             outcomes[p].append(outcome)
+            if outcome.status == Status.PASSED:
+                passed[p].append(check)
             if outcome.flaky and "flaky" not in result.flags:
                 result.flags.append("flaky")
     return outcomes
@@ -118,7 +139,7 @@ def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
     work = Path(scratch_dir("handin-", scratch))
     try:
         try:
-            unpacked = handins.unpack(handin, work / "files", rubric.files)
+            unpacked = handins.unpack(handin, work / "files", rubric.files, rule_of(rubric))
         except handins.HandinError as e:
             return ungraded(result, rubric, Status.INVALID, str(e), "not run: the hand-in could not be unpacked",
                             score=0.0 if rubric.files.invalid_scores_zero else None)
@@ -127,10 +148,11 @@ def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
         result.files = {role: str(path.relative_to(unpacked.root)) for role, path in files.items()}
         code_sha256 = hashlib.sha256(files["assignment"].read_bytes()).hexdigest()
         _file_notes(result, files, rubric)
-        log_report, log_usable = _log_evidence(result, files, code_sha256, rubric)
+        log_report, log_usable = _log_evidence(result, unpacked, code_sha256, rubric)
         outcomes = _rerun_all(result, files["assignment"], rubric, executor, work, started + rubric.timeouts.handin)
         result.isolation = dict(getattr(executor, "isolation", {}))   # as it was for these re-runs
         score_handin(result, outcomes, rubric, log_report, log_usable)
+        result.notes = list(dict.fromkeys(result.notes))   # one note, said once
     except Exception as e:  # noqa: BLE001 - one hand-in's grading bug must not end the batch
         ungraded(result, rubric, Status.ERROR, f"grading this hand-in failed: {type(e).__name__}: {e}",
                  "not run: grading failed")

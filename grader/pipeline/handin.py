@@ -5,8 +5,9 @@ download) or an unpacked hand-in folder. Unpacking refuses absolute paths, `..`,
 names that are not valid UTF-8, too many members and too many bytes (checked while extracting,
 not only as declared), and writes nothing outside the hand-in's own folder. Junk is dropped
 (`__MACOSX/`, `.DS_Store`, `__pycache__/`, `._*`), a single leading folder is stripped, and one
-nested zip is opened. The files are then found by name: `assignment4.py`, `utils.py`, the `.log`
-and the `.err`.
+nested zip is opened. The code is found by name (`assignment4.py`, `utils.py`); the run's stdout
+and stderr by what they hold, whatever their names (grader.pipeline.runs: of several runs, the best
+of the code handed in).
 
 `find_handins` tells three things apart: hand-ins, hand-ins that cannot be read (a broken zip: the
 student must hand in again), and paths that are not hand-ins at all (a typo, an empty folder: the
@@ -21,6 +22,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from grader.pipeline import runs as run_logs
 from grader.rubric import id_regex
 
 JUNK = re.compile(r"(^|/)(__MACOSX|__pycache__|\.git|\.ipynb_checkpoints)(/|$)|(^|/)(\.DS_Store|\._[^/]*|Thumbs\.db)$")
@@ -46,6 +48,7 @@ class Unpacked:
     root: Path
     files: dict = field(default_factory=dict)   # role -> Path: "assignment", "utils", "log", "err"
     notes: list = field(default_factory=list)   # what normalising did, for feedback
+    run: object = None                          # grader.pipeline.runs.Run of the log, when there is one
 
 
 @dataclass
@@ -255,31 +258,25 @@ def _pick(paths: list, role: str, notes: list):
     return paths[0]
 
 
-def locate(root: Path, notes: list) -> dict:
-    """Find the hand-in's files by name anywhere under `root`."""
+def locate(root: Path, notes: list, rule=None) -> tuple:
+    """Find the hand-in's files under `root`: (role -> path, the run chosen or None)."""
     files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     found = {"assignment": _pick([p for p in files if p.name == "assignment4.py"], "assignment4.py", notes),
              "utils": _pick([p for p in files if p.name == "utils.py"], "utils.py", notes)}
-    logs = [p for p in files if p.suffix == ".log"]
-    errs = [p for p in files if p.suffix == ".err"]
-    paired = [p for p in logs if p.with_suffix(".err") in errs]
-    if len(logs) > 1 and paired:
-        # Several runs: take the pair of the latest job (the highest job id, else the newest name).
-        def key(p):
-            digits = re.findall(r"\d+", p.stem)
-            return (int(digits[-1]) if digits else -1, p.name)
-        log = max(paired, key=key)
-        notes.append(f"found {len(logs)} .log files; used {log.name} and its .err")
-        found["log"], found["err"] = log, log.with_suffix(".err")
-    else:
-        found["log"] = _pick(logs, ".log", notes)
-        found["err"] = (found["log"].with_suffix(".err") if found["log"] is not None and
-                        found["log"].with_suffix(".err") in errs else _pick(errs, ".err", notes))
-    return {role: path for role, path in found.items() if path is not None}
+    code = hashlib.sha256(found["assignment"].read_bytes()).hexdigest() if found["assignment"] else ""
+    choice = run_logs.choose(files, code, rule)
+    if choice.run is not None:
+        found["log"], found["err"] = choice.run.log, choice.run.err
+    else:   # no run's stdout: a stderr handed in is still the run's .err
+        found["err"] = _pick([p for p in files if run_logs.is_stderr(p)], "stderr", notes)
+    if choice.note:
+        notes.append(choice.note)
+    return {role: path for role, path in found.items() if path is not None}, choice.run
 
 
-def unpack(handin: Handin, dest: Path, limits) -> Unpacked:
-    """Unpack (or copy) a hand-in into the empty folder `dest` and locate its files."""
+def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
+    """Unpack (or copy) a hand-in into the empty folder `dest` and locate its files (`rule`: what the
+    rubric asks of a run, grader.pipeline.runs.LogRule, to choose among several)."""
     dest.mkdir(parents=True, exist_ok=True)
     notes = []
     if handin.zip_bytes is not None:
@@ -303,9 +300,9 @@ def unpack(handin: Handin, dest: Path, limits) -> Unpacked:
         notes += extract_zip(nested.read_bytes(), nested_dest, f"{handin.name}!{nested.name}", limits)
         notes += _strip_single_folder(nested_dest)
         notes.append(f"the files were inside another zip, {nested.name}; hand in one zip next time")
-    files = locate(dest, notes)
+    files, run = locate(dest, notes, rule)
     if "assignment" not in files:
         names = sorted(p.name for p in dest.rglob("*") if p.is_file())[:8]
         raise HandinError(f"{handin.name}: no assignment4.py in the hand-in (found: {', '.join(names) or 'nothing'}); "
-                          f"hand in a zip with assignment4.py, utils.py and the run's .log and .err")
-    return Unpacked(root=dest, files=files, notes=notes)
+                          f"hand in a zip with assignment4.py, utils.py and the run's log files")
+    return Unpacked(root=dest, files=files, notes=notes, run=run)

@@ -16,8 +16,9 @@ from collections import Counter
 
 from grader.parts import BY_ID, PART_IDS
 from grader.pipeline.logtext import (CLAIM, Dialect, EXCERPT_LINES, HANDOUT_RANK0_PARTS, INIT, JOB,
-                                      JOB_STATUS, KEY_VALUE, LogReport, PartEvidence, RankClaim, as_bytes,
-                                      add_flag, number, ranks_text, squash, part_of_prefix)
+                                      JOB_STATUS, KEY_VALUE, SLURM_JOB_ID, SLURM_MARK, SRUN_HOST, LogReport,
+                                      PartEvidence, RankClaim, as_bytes, add_flag, number, ranks_text, squash,
+                                      part_of_prefix)
 
 
 def _claims_by_part(comparisons):
@@ -132,6 +133,7 @@ def _parse_log(data, min_world_size, report: LogReport) -> None:
     report.fingerprints = list(dict.fromkeys(t[7].decode() for t in inits if t[7]))
     report.hosts = {int(t[0]): (t[2] or t[8]).decode("utf-8", "replace") for t in inits}
     report.backends = list(dict.fromkeys(t[4].decode() for t in inits if t[4]))
+    _origin(raw, report, inits)
     comparisons = [c for c in claims if not c[6]]
     per, unprefixed, report.unknown_prefixes = _claims_by_part(comparisons)
 
@@ -151,6 +153,22 @@ def _parse_log(data, min_world_size, report: LogReport) -> None:
         report.parts[p] = _judge(p, per[p], [0] if handout else everyone, handout and p == "baseline")
     _log_flags(report, inits, stated, header_ws, min_world_size, statuses, footer_missing,
                evidence=bool(inits or claims or job_lines))
+
+
+def _origin(raw: bytes, report: LogReport, inits) -> None:
+    """How many nodes the run had, and what shows it was a Slurm job."""
+    hosts = {(t[2] or t[8]).decode("utf-8", "replace") for t in inits} - {"N/A", "", "None"}
+    hosts |= {h.decode("utf-8", "replace") for h in SRUN_HOST.findall(raw)} if b"[srun]" in raw else set()
+    nnodes = report.job.get("nnodes", "")
+    report.nodes = len(hosts) if hosts else int(nnodes) if nnodes.isdigit() else None
+    job_id = report.job.get("id", "")
+    mark = SLURM_MARK.search(raw) if b"SLURM_JOB_ID=" in raw or b"[s" in raw else None
+    if SLURM_JOB_ID.fullmatch(job_id):
+        report.slurm = f"Slurm job {job_id}"
+    elif mark:
+        report.slurm = f"Slurm job {mark.group(1).decode()}" if mark.group(1) else "the job script's own lines"
+    elif not job_id.startswith("local") and any((t[1] or t[8]).isdigit() for t in inits):
+        report.slurm = "Slurm's node ids on the init lines"
 
 
 def _log_flags(report, inits, stated, header_ws, min_ws, statuses, footer_missing, evidence):

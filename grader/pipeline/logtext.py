@@ -35,6 +35,11 @@ INIT = re.compile(
     rb"backend (\w+) \| world size (\d{1,4}+)(?: \| torch (\S+))?(?: \| code sha256 (\w+))?"
     rb"|(\S+) on GPU (\d+))")
 JOB = re.compile(rb"\[Job\] ([^\r\n]*)")               # slurm/common.sh: header and footer lines
+# What only a Slurm job writes: its id in a job script's own lines ("SLURM_JOB_ID=48187"), and the
+# lines clusters' job scripts open with ("[sbatch-master] ...", "[srun] rank=0 host=node1 ...").
+SLURM_MARK = re.compile(rb"SLURM_JOB_ID=(\d+)|\[(?:srun|sbatch[\w-]*)\]")
+SRUN_HOST = re.compile(rb"\[srun\][^\r\n]*?\bhost=([\w.-]+)")
+SLURM_JOB_ID = re.compile(r"\d+(?:_\d+)?")             # "48187", an array task's "48187_3"
 JOB_STATUS = re.compile(rb"finished status=(-?\w+)")
 KEY_VALUE = re.compile(r"(\w+)=(\S*)")
 # Invented prefixes, by keyword, tried in this order after the exact prefixes of grader.parts.
@@ -129,6 +134,8 @@ class LogReport(_Result):
     hosts: dict[int, str] = field(default_factory=dict)        # rank -> host (ours) or node id (handout's)
     backends: list[str] = field(default_factory=list)          # distinct backends of the init lines
     job: dict[str, str] = field(default_factory=dict)          # [Job] header and footer fields
+    nodes: int | None = None         # distinct hosts of the ranks (or the [Job] header's nnodes)
+    slurm: str = ""                  # what shows the run was a Slurm job ("" when nothing does)
     finished: bool = False           # every rank printed done, and the footer (if any) says status=0
     parts: dict[str, PartEvidence] = field(default_factory=lambda: {p: PartEvidence(p) for p in PART_IDS})
     flags: list[LogFlag] = field(default_factory=list)

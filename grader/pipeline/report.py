@@ -2,8 +2,9 @@
 Gradescope's results.json. Every file is written atomically (a temporary file, then a rename).
 (The batch's grades.csv and summary.md are grader.batch.gradebook's.)
 
-Hidden checks are named, never their values: their messages have every number replaced by `#`
-and their tracebacks are left out. In Gradescope's results.json they go further: each part's
+Hidden checks are named, never their values: their messages were said without them where they
+were made (grader.pipeline.say), and their tracebacks are left out. A traceback several parts
+share (code that does not load) is shown once. In Gradescope's results.json they go further: each part's
 hidden checks are a test of their own, shown to students only after the due date
 (`after_due_date`) and under neutral names ("hidden check 2"); what students see before then,
 the top-level output included, holds only the public checks.
@@ -26,13 +27,15 @@ def student_of(key: str) -> str:
 
 
 def redact(text: str) -> str:
+    """Every number of `text` as "#": for grouping messages that differ only in their numbers
+    (summary.md's common failures), never to hide a hidden check's values (grader.pipeline.say does)."""
     return re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", text or "")
 
 
 def _check_line(o, label: str = None) -> str:
     name = label or (f"hidden check `{o['check']}`" if o["hidden"] else
                      f"check `{o['check']}` (world size {o['world_size']})")
-    message = redact(o["message"]) if o["hidden"] else o["message"]
+    message = o["message"]
     flaky = " *(passed when run again: flagged for a person to look at)*" if o.get("flaky") else ""
     return f"- {name}: **{o['status']}**, {message}{flaky}"
 
@@ -55,8 +58,9 @@ def _public_view(part: dict) -> tuple:
     return "passed", "Passed every public check."
 
 
-def _part_markdown(part: dict, public_only: bool = False) -> str:
+def _part_markdown(part: dict, public_only: bool = False, shown_tracebacks: dict = None) -> str:
     info = BY_ID[part["part"]]
+    shown_tracebacks = {} if shown_tracebacks is None else shown_tracebacks
     status, message = _public_view(part) if public_only else (part["status"], part["message"])
     if status == "passed" and not public_only:
         message = "Passed every re-run check."
@@ -65,8 +69,12 @@ def _part_markdown(part: dict, public_only: bool = False) -> str:
     lines += [_check_line(o) for o in part["checks"] if not (public_only and o["hidden"])]
     shown = next((o for o in part["checks"] if not o["hidden"] and o.get("traceback")), None)
     if shown:
-        head = "\n".join(shown["traceback"].strip().splitlines()[-12:])
-        lines += ["", f"Traceback (check `{shown['check']}`, last lines):", "```", head, "```"]
+        head = "\n".join(shown["traceback"].strip("\n").rstrip().splitlines()[-12:])
+        if head in shown_tracebacks:
+            lines += ["", f"Traceback: the same as {shown_tracebacks[head]}'s, above."]
+        else:
+            shown_tracebacks[head] = info.title.split(":")[0]
+            lines += ["", f"Traceback (check `{shown['check']}`, last lines):", "```", head, "```"]
     if part.get("log"):
         log = part["log"]
         lines += ["", f"**Log:** {log['message']} ({_fmt(log['points'])} / {_fmt(part['log_max'])} points)"]
@@ -94,15 +102,20 @@ def feedback_markdown(result: dict, public_only: bool = False) -> str:
     lines.append("")
     hidden = any(o["hidden"] for p in result["parts"].values() for o in p["checks"])
     public_ok = all(o["status"] == "passed" for p in result["parts"].values() for o in p["checks"] if not o["hidden"])
+    log_earned = sum(p.get("log_points") or 0 for p in result["parts"].values())
+    log_max = sum(p.get("log_max") or 0 for p in result["parts"].values())
     if result["parts"] and public_ok and any(p["checks"] for p in result["parts"].values()):
-        lines += ["All public checks passed." + (" Hidden checks run your code at other sizes, seeds and "
-                                                 "world sizes; they are listed by name below."
-                                                 if hidden and not public_only else ""), ""]
+        lines += ["All public re-run checks passed." + (" Hidden checks run your code at other sizes, seeds, "
+                                                        "world sizes and layouts; they are listed by name below."
+                                                        if hidden and not public_only else "")
+                  + (f" **The log earned {_fmt(log_earned)} of {_fmt(log_max)} log "
+                     f"points**: see each part's log line and the notes below." if log_earned < log_max else ""), ""]
     if public_only and hidden:
         lines += ["Hidden checks run your code at other sizes, seeds and world sizes: their results are "
                   "shown after the due date, as tests of their own.", ""]
+    shown_tracebacks = {}
     for part in result["parts"].values():
-        lines += [_part_markdown(part, public_only), ""]
+        lines += [_part_markdown(part, public_only, shown_tracebacks), ""]
     if result["notes"]:
         lines += ["## Notes on the hand-in", ""] + [f"- {n}" for n in result["notes"]] + [""]
     lines += ["---", f"Hand-in `{result['source']}`, sha256 `{result['sha256'][:16]}...`, graded "

@@ -4,13 +4,15 @@ Per part:
 - re-run points: the part's `rerun` points, split over the checks by weight, for each check the
   re-run passed; none at all when the part skipped the communication the assignment asks for
   (or used the answer key), at any check;
-- log points: the part's `log` points when the .log shows it matching on every rank of a run of
-  the right world size, written by the code handed in, and the grader's re-run at the first
-  public check agrees (a log is evidence, never the verdict).
+- log points: the part's `log` points when the .log shows it matching on every rank of a run the
+  rubric counts (world size, and where the course asks for them, nodes and a Slurm job), written
+  by the code handed in, and the grader's re-run at the first public check agrees (a log is
+  evidence, never the verdict).
 Penalties for missing or modified files come off the total, which never goes below zero.
 """
 
 from grader.parts import PARTS
+from grader.pipeline.runs import rule_of, rule_problems
 from grader.results import LogPart, PartResult, Status
 
 FAILURE_ORDER = (Status.INFRA_ERROR, Status.CRASHED, Status.TIMEOUT, Status.OOM, Status.FAILED,
@@ -20,7 +22,7 @@ FAILURE_ORDER = (Status.INFRA_ERROR, Status.CRASHED, Status.TIMEOUT, Status.OOM,
 def log_validity(log, code_sha256: str, rubric) -> tuple:
     """(usable, flags, notes) of a parsed .log as evidence for the code handed in."""
     if log is None:
-        return False, [], ["no .log in the hand-in: no points for log evidence"]
+        return False, [], ["no log of a run in the hand-in: no points for log evidence"]
     flags, notes = [], []
     usable = True
     if log.fingerprints and code_sha256 not in log.fingerprints:
@@ -29,14 +31,14 @@ def log_validity(log, code_sha256: str, rubric) -> tuple:
                      f"(the log's code sha256 {log.fingerprints[0][:12]}..., the file's {code_sha256[:12]}...): "
                      "hand in the log of a run of this very file")
         usable = False
-    if log.world_size is not None and log.world_size < rubric.log_min_world_size:
-        flags.append("log_world_size")
-        notes.append(f"the run in the .log had world size {log.world_size}; the assignment asks for at "
-                     f"least {rubric.log_min_world_size} (4 nodes, one rank per GPU)")
+    for code, problem in rule_problems(log, rule_of(rubric)):
+        flags.append(code)
+        notes.append(f"{problem}: no points for log evidence")
         usable = False
     for flag in log.flags:
         flags.append(f"log_{flag.code}")
-        notes.append(f"log: {flag.message}")
+        if flag.code != "world_size_too_small":   # said above, as the rubric's rule
+            notes.append(f"log: {flag.message}")
     return usable, flags, notes
 
 
@@ -54,7 +56,7 @@ def score_part(part, outcomes: list, checks: list, points, evidence, log_usable:
     else:
         status = next((s for s in FAILURE_ORDER if any(o.status == s for o in failing)), failing[0].status)
         if all(o.status == Status.NOT_IMPLEMENTED for o in outcomes):
-            message = "not implemented yet"
+            message = outcomes[0].message   # "not implemented yet: TODO in ...", the TODO that is left
         else:
             first = failing[0]
             where = f"hidden check '{first.check}'" if first.hidden else f"check '{first.check}'"
@@ -91,8 +93,9 @@ def score_handin(result, outcomes_by_part: dict, rubric, log, log_usable: bool) 
         evidence = log.parts.get(part.id) if log is not None else None
         result.parts[part.id] = score_part(part, outcomes_by_part[part.id], rubric.checks,
                                            rubric.parts[part.id], evidence, log_usable)
-        if evidence is not None and evidence.passed and result.parts[part.id].status != Status.PASSED:
-            if "log_not_reproduced" not in result.flags:
+        public = next((o for o in outcomes_by_part[part.id] if not o.hidden), None)
+        if evidence is not None and evidence.passed and (public is None or public.status != Status.PASSED):
+            if "log_not_reproduced" not in result.flags:   # the re-run the log is held against disagrees
                 result.flags.append("log_not_reproduced")
     result.max_score = rubric.max_score
     if any(p.status == Status.INFRA_ERROR for p in result.parts.values()):

@@ -29,6 +29,7 @@ class RankRun:
     traceback: str = ""
     comm: list = field(default_factory=list)
     answer_key_calls: int = 0
+    extra: dict = field(default_factory=dict)   # name -> float64 tensor (a backward check's gradients)
 
 
 @dataclass
@@ -58,6 +59,7 @@ def _rank_run(rank: int, result: protocol.Result) -> RankRun:
         try:
             run.weight = channel.decode_tensor(result.weight)
             run.dtype = str(result.weight.get("dtype", ""))[:20]
+            run.extra = {str(name)[:40]: channel.decode_tensor(t) for name, t in list(result.extra.items())[:8]}
         except (channel.ChannelError, AttributeError) as e:
             run.status, run.exception = "crashed", f"the returned weight could not be read back ({e})"
     return run
@@ -116,7 +118,8 @@ def _failed_part(part: str, report: WorldReport) -> PartRun:
 
 
 def _world_job(code: dict, work: Path, check, rubric, parts: list) -> WorldJob:
-    config = {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight", "world_size")}
+    config = {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight", "world_size", "kind")}
+    config["backward"] = int(check.kind == "backward")
     return WorldJob(work_dir=str(work), code=code, store=str(work / "store"),
                     world_size=check.world_size, parts=list(parts), check=config,
                     pg_timeout=rubric.timeouts.process_group, limits=asdict(rubric.limits),

@@ -65,7 +65,8 @@ class WorldJob:
     store: str                         # gloo's file store
     world_size: int
     parts: list[str]
-    check: dict[str, int]              # global_batch_size, input_dim, output_dim, seed, accumulation_steps
+    check: dict[str, int]              # global_batch_size, input_dim, output_dim, seed, accumulation_steps,
+                                       # nodes (the world's layout), backward (1: Part 4's layer backward)
     pg_timeout: float                  # how long a collective waits for a missing rank
     limits: dict[str, int]             # grader.rubric.Limits, as a mapping
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -107,6 +108,8 @@ class Result:
     part: str = ""
     status: RankStatus = RankStatus.CRASHED
     weight: Optional[dict] = None      # grader.rerun.channel.encode_tensor's form
+    extra: dict[str, dict] = field(default_factory=dict)   # more tensors, by name, in the same form
+                                                           # (a backward check's gradients)
     comm: list[dict] = field(default_factory=list)   # {"op", "numel", "reduce_op"} per collective called
     answer_key_calls: int = 0          # calls of utils.expected_weight
     seconds: float = 0.0

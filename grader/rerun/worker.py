@@ -3,8 +3,10 @@
 The rank joins a gloo world over a file store, loads `assignment4.py` next to the trusted
 `utils.py`, and for each part sets the check's configuration on the module, calls the part's
 function with `seed=` and `device="cpu"`, and sends the returned weight, the collectives the
-part called, and any error over its result pipe (grader.rerun.protocol). It never compares anything:
-the verdict is the grader's, in the grader's own process.
+part called, and any error over its result pipe (grader.rerun.protocol). At a backward check it
+runs Part 4's layer alone instead (grader.rerun.layer). It never compares anything: the verdict is
+the grader's, in the grader's own process. Tracebacks keep the hand-in's own frames only
+(assignment4.py and utils.py, by file name): nothing of the grading machine's paths.
 
 Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
 - top-level script code (initialising, calling the parts, printing) is not executed; imports,
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from grader.parts import BY_ID
-from grader.rerun import channel, protocol
+from grader.rerun import channel, layer, protocol
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.protocol import ErrorInfo, RankStatus
 
@@ -104,14 +106,21 @@ def prepare(job: protocol.WorldJob) -> dict:
         code, skipped = compile_assignment(path)
         return {"path": path, "code": code, "skipped": skipped, "error": None}
     except BaseException as e:  # noqa: BLE001 - a syntax error is the hand-in's, reported by every rank
-        return {"path": path, "code": None, "skipped": [], "error": _error(e)}
+        return {"path": path, "code": None, "skipped": [], "error": _error(e, job.code_dir)}
+
+
+def layout(check: dict, rank: int, world_size: int) -> tuple:
+    """(node, local rank, ranks per node) of `rank` when the world is laid out as check["nodes"] nodes."""
+    per_node = world_size // max(1, int(check.get("nodes", 1)))
+    return rank // per_node, rank % per_node, per_node
 
 
 def configure(module, check: dict, rank: int, world_size: int) -> None:
     """Set the check's configuration on the module, and the globals handout-style code reads."""
     values = {k: check[k] for k in ("global_batch_size", "input_dim", "output_dim", "seed",
                                     "accumulation_steps")}
-    values.update(world_size=world_size, rank=rank, local_rank=rank,
+    node, local_rank, per_node = layout(check, rank, world_size)
+    values.update(world_size=world_size, rank=rank, local_rank=local_rank, local_world_size=per_node,
                   local_batch_size=check["global_batch_size"] // world_size)
     for name, value in values.items():
         setattr(module, name, value)
@@ -138,10 +147,23 @@ def _returned_weight(value):
     return value
 
 
-def _error(exc: BaseException) -> ErrorInfo:
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    exception = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return ErrorInfo(exception=exception[:2000], traceback="".join(lines)[-6000:])
+OWN_FILES = ("assignment4.py", "utils.py")   # the hand-in's own frames: the only ones a traceback shows
+
+
+def _error(exc: BaseException, code_dir: str = "") -> ErrorInfo:
+    """The exception and a traceback of the frames in the hand-in's files, named by file name only."""
+    code_dir = code_dir or os.path.dirname(getattr(sys.modules.get("assignment4"), "__file__", "") or "")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.basename(f.filename) in OWN_FILES and (not code_dir or os.path.dirname(f.filename) == code_dir)]
+    for f in frames:
+        f.filename = os.path.basename(f.filename)
+    only = traceback.format_exception_only(type(exc), exc)
+    lines = ["Traceback (most recent call last):\n"] + traceback.format_list(frames) if frames else []
+    text = "".join(lines + only)
+    if code_dir:
+        text = text.replace(code_dir + os.sep, "")
+    exception = only[-1].strip().replace(code_dir + os.sep, "") if code_dir else only[-1].strip()
+    return ErrorInfo(exception=exception[:2000], traceback=text[-6000:])
 
 
 def _is_dist_failure(exc: BaseException) -> bool:
@@ -165,9 +187,15 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: 
     started = time.monotonic()
     result = protocol.Result(part=part_id, status=RankStatus.OK)
     try:
-        with CudaOnCpu(), comm.recording(calls):
-            returned = function(**_kwargs_for(function, wanted))
-        result.weight = channel.encode_tensor(_returned_weight(returned))
+        if check.get("backward"):
+            with CudaOnCpu(), comm.recording(calls):
+                tensors = layer.forward_and_backward(module, check)
+            result.weight = channel.encode_tensor(tensors.pop("output"))
+            result.extra = {name: channel.encode_tensor(t) for name, t in tensors.items()}
+        else:
+            with CudaOnCpu(), comm.recording(calls):
+                returned = function(**_kwargs_for(function, wanted))
+            result.weight = channel.encode_tensor(_returned_weight(returned))
     except NotImplementedError as e:
         result.status, result.error = RankStatus.NOT_IMPLEMENTED, _error(e)
     except MemoryError as e:
@@ -188,13 +216,20 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: 
 
 def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
     """Nothing of the grader's environment (a TA's tokens, say) reaches the hand-in, but the
-    interface gloo is told to use (loopback unless the grader was told otherwise)."""
+    interface gloo is told to use (loopback unless the grader was told otherwise). The rank's place
+    in the world is set as torchrun sets it on each node (and Slurm's node id, on several nodes)."""
     interface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    node, local_rank, per_node = layout(job.check, rank, job.world_size)
     os.environ.clear()
     os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME="/tmp", TMPDIR="/tmp", LANG="C.UTF-8",
-                      OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=interface, RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(job.world_size), LOCAL_WORLD_SIZE=str(job.world_size),
+                      OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=interface, RANK=str(rank),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(job.world_size),
+                      LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(node),
+                      GROUP_WORLD_SIZE=str(job.world_size // per_node),
                       MASTER_ADDR="127.0.0.1", A4_BACKEND="gloo", A4_TIMEOUT_S=str(job.pg_timeout))
+    if per_node < job.world_size:
+        os.environ.update(SLURM_NODEID=str(node), SLURM_NNODES=str(job.world_size // per_node),
+                          SLURM_PROCID=str(node), SLURM_LOCALID="0")
 
 
 def _spy_on_answer_key(answer_key: list) -> None:
@@ -211,7 +246,13 @@ def _spy_on_answer_key(answer_key: list) -> None:
 
 def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None) -> None:
     """The whole life of one rank. Never returns: the process ends with os._exit."""
+    me = os.getpid()
+
     def report(message):
+        # A process the hand-in forked inherits the pipe and comes back through this code: only the
+        # rank itself reports, so no copy of it can put messages out of order.
+        if os.getpid() != me:
+            os._exit(0)
         protocol.send(result_fd, message)
 
     try:

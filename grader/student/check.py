@@ -3,8 +3,8 @@
     python -m grader check [PATH] [--log FILE] [--err FILE]
 
 PATH is the zip to be handed in, or the working folder (default `assignment_4/`). A folder is
-zipped in memory exactly as `python -m grader package` zips it, with the newest run's `.log` and
-`.err`, and that zip is graded. Either way the hand-in goes through `grader.grade.grade_handin`,
+zipped in memory exactly as `python -m grader package` zips it, with the run `package` would take
+(found by what its files hold, whatever their names; `--log FILE` names it), and that zip is graded. Either way the hand-in goes through `grader.grade.grade_handin`,
 the function the graders' batch runs on every hand-in, with the public rubric
 (`grader/rubric-public.yaml`: the default configuration on 4, 1 and 2 ranks, the same points and
 log requirements) instead of theirs, which adds hidden checks. What comes back is a row per part:
@@ -28,7 +28,7 @@ from grader.rubric import PUBLIC_RUBRIC, load_rubric
 from grader.rerun.sandbox import scratch_dir
 
 TRACEBACK_LINES = 8
-PENALTY_REASONS = {"missing_err": "the .err is missing", "missing_log": "the .log is missing",
+PENALTY_REASONS = {"missing_err": "the run's stderr (.err) is missing", "missing_log": "no log of a run",
                    "missing_utils": "utils.py is missing", "modified_utils": "utils.py differs from the provided one"}
 
 
@@ -98,13 +98,13 @@ def _problems(result, rows) -> list:
         problems.append(f"{len(failing)} part{'s' if len(failing) > 1 else ''} fail{'s' if len(failing) == 1 else ''} "
                         f"public checks: {', '.join(failing)}")
     if "log" not in result.files:
-        problems.append("no .log in the hand-in: " + package.RUN_FIRST)
+        problems.append("no log of a run in the hand-in: " + package.RUN_FIRST)
     else:
         uncounted = [r.part for r in rows if r.log != Status.PASSED]
         if uncounted:
-            problems.append(f"the .log does not count for {', '.join(uncounted)} (see the messages and notes)")
+            problems.append(f"the log does not count for {', '.join(uncounted)} (see the messages and notes)")
         if not result.log.get("finished"):
-            problems.append("the run in the .log did not finish (see the notes)")
+            problems.append("the run in the log did not finish (see the notes)")
     for key in result.penalties:
         problems.append(f"{PENALTY_REASONS.get(key, key)} (-{result.penalties[key]:g} points)")
     return problems
@@ -145,10 +145,15 @@ def handin_at(path=None, log=None, err=None, pattern: str = r"(?P<id>.+)") -> tu
         sources = package.collect(path, log, err)
     except package.PackageError as e:
         raise CheckError(str(e)) from e
-    notes = []
+    notes = [sources.note] if sources.note else []
     if sources.log is None:
         where = " or ".join(package.show(f) for f in sources.searched)
-        notes.append(f"no .log of a run in {where}: {package.RUN_FIRST}, or give it with --log FILE")
+        notes.append(f"no log of a run in {where} (no file holds a run's lines): {package.RUN_FIRST}, or give "
+                     f"the job's stdout with --log FILE")
+    elif log is not None:
+        err = ("its stderr is in the same file" if sources.err == sources.log else
+               f"its stderr: {package.show(sources.err)}" if sources.err else "no stderr file beside it")
+        notes.append(f"took the run in {package.show(sources.log)}, as given ({err})")
     data = package.zip_bytes(sources)
     name = f"{package.show(sources.code.parent)} (zipped as python -m grader package would)"
     return handins.Handin(name=name, student="self-check", sha256=hashlib.sha256(data).hexdigest(),
@@ -182,8 +187,12 @@ def format_report(report: CheckReport) -> str:
         lines.append(f"  (your code ran without the grader's sandbox here, which is fine for your own code: "
                      f"{report.sandbox})")
     if report.files:
-        files = ", ".join(report.files.get(role, f"no {name}") for role, name in
-                          (("assignment", "assignment4.py"), ("utils", "utils.py"), ("log", ".log"), ("err", ".err")))
+        named = dict(report.files)
+        if named.get("err") and named.get("err") == named.get("log"):
+            named["log"], named["err"] = f"{named['log']} (stdout and stderr)", None
+        files = ", ".join(named.get(role, f"no {name}") for role, name in
+                          (("assignment", "assignment4.py"), ("utils", "utils.py"), ("log", "log"), ("err", ".err"))
+                          if not (role == "err" and role in named and named[role] is None))
         lines += [f"  files:   {files}", f"  re-runs: every part on the CPU at {', '.join(report.checks)}"]
     lines.append("")
     if report.rows:
@@ -193,7 +202,12 @@ def format_report(report: CheckReport) -> str:
         for row in table:
             lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])) + "  " + row[3])
         lines.append("")
+    shown = {}
     for row in (r for r in report.rows if r.traceback and r.rerun != Status.NOT_IMPLEMENTED):
+        if row.traceback in shown:   # one traceback (code that does not load) is said once
+            lines += [f"{row.title}: the same traceback as {shown[row.traceback]}.", ""]
+            continue
+        shown[row.traceback] = row.title.split(":")[0]
         lines += [f"{row.title}, the end of its traceback:"] + [f"    {t}" for t in row.traceback.splitlines()] + [""]
     if report.notes:
         lines += ["Notes:"] + [f"- {note}" for note in report.notes] + [""]

@@ -32,10 +32,13 @@ def package_command(args) -> int:
     except PackageError as e:
         print(f"package: refused: {e}", file=sys.stderr)
         return 2
-    run = done.job.get("id") or done.sources.log.stem
-    print(f"code:  {show(done.sources.code)}\nutils: {show(done.sources.utils)}\n"
-          f"run:   {show(done.sources.log)} and {show(done.sources.err)} (job {run}, world size "
-          f"{done.world_size}, finished, written by this very assignment4.py)")
+    run, src = done.job.get("id") or done.sources.log.stem, done.sources
+    files = (f"{show(src.log)} (stdout and stderr in one file)" if src.err == src.log
+             else f"{show(src.log)} and {show(src.err)}")
+    print(f"code:  {show(src.code)}\nutils: {show(src.utils)}\n"
+          f"run:   {files} (job {run}, world size {done.world_size}, finished, written by this very assignment4.py)")
+    if src.note:
+        print(f"       {src.note}")
     print(f"wrote {show(done.zip)}: {', '.join(done.members)}\n")
     try:
         report = check(done.zip)

@@ -4,15 +4,20 @@
 
 PATH is the folder that holds `assignment4.py` (default: `assignment_4/` when there is one, else
 the current folder) or the file itself. `utils.py` is taken from beside it, or from the folder
-above (where the reference solution finds it). Without `--log`, the newest run's `.log` is taken
-from PATH's folder or the current folder, where Slurm and `slurm/run-local.sh` leave them, and
-its `.err` from beside it.
+above (where the reference solution finds it). Without `--log`, the run is taken from PATH's
+folder or the current folder, where Slurm and `slurm/run-local.sh` leave them: its stdout and
+stderr are found by what they hold, whatever their names (`assignment4-<id>.log` and `.err`,
+Slurm's `slurm-<id>.out` with both streams in one file, `output_<id>.txt` ...), and of several
+runs the best is taken (grader.pipeline.runs: a run of this very code, complete, what the public
+rubric asks of a run, newest among equals); `Sources.note` says which and why. `--log FILE` names
+the run's stdout, whatever its name; its stderr is the file of the same name or job id beside it,
+or the file itself when it holds both streams.
 
-The zip holds `assignment4.py`, `utils.py`, the `.log` and the `.err` at its top level. It is
-refused, with a PackageError that says what to do, when there is no `assignment4.py`, no
-`utils.py`, no `.log`, a `.log` without its `.err`, a run that did not finish, or a run of other
-code than the file being zipped (the code sha256 its log records). The CLI then grades the zip
-with `grader.selfcheck`, as the graders will.
+The zip holds `assignment4.py`, `utils.py` and the run's files at its top level. It is refused,
+with a PackageError that says what to do, when there is no `assignment4.py`, no `utils.py`, no
+run, a `.log` without its `.err`, a run that did not finish, or a run of other code than the file
+being zipped (the code sha256 its log records). The CLI then checks the zip with
+`grader.student.check`, as the graders will grade it.
 """
 
 import hashlib
@@ -23,17 +28,16 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.pipeline import runs as run_logs
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.logtext import LogReport
+from grader.rubric import PUBLIC_RUBRIC, load_rubric
 
 DEFAULT_FOLDER = Path("assignment_4")
 DEFAULT_ZIP = Path("assignment4-handin.zip")
 RUN_AGAIN = "run the job again with this code (sbatch slurm/assignment4.sbatch) and package again"
 RUN_FIRST = ("run the job first (sbatch slurm/assignment4.sbatch on the cluster; slurm/run-local.sh "
              "tries it on this machine)")
-SNIFF_BYTES = 1 << 16
-# A .log of a run has at least one of these (the job header, an init line, a part's line).
-RUN_MARKERS = (b"[Job]", b"[Distributed Init]", b"Tensors match", b"Not implemented yet")
 
 
 class PackageError(ValueError):
@@ -62,6 +66,7 @@ class Sources:
     log: Path = None
     err: Path = None
     searched: list = field(default_factory=list)   # the folders searched for the newest run
+    note: str = ""                                  # which run was taken, and why (several, or an odd name)
 
     def members(self) -> dict:
         """Name in the zip -> file on disk, for the files that were found."""
@@ -110,20 +115,22 @@ def find_utils(code: Path):
     return None
 
 
-def is_run_log(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
-    except OSError:
-        return False
-    return any(marker in head for marker in RUN_MARKERS)
+def _files(folders) -> list:
+    return list({p.resolve(): p for folder in folders for p in Path(folder).iterdir() if p.is_file()}.values())
 
 
 def runs(folders) -> list:
-    """The .log files of runs in `folders`, newest first (by modification time, then by name)."""
-    found = {p.resolve(): p for folder in folders for p in Path(folder).glob("*.log")
-             if p.is_file() and is_run_log(p)}
-    return sorted(found.values(), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    """The stdout files of runs in `folders`, newest first (by modification time, then by name)."""
+    found = [p for p in _files(folders) if run_logs.is_stdout(p)]
+    return sorted(found, key=run_logs.modified, reverse=True)
+
+
+def public_rule() -> run_logs.LogRule:
+    """What the public rubric asks of a run (world size; nodes and a Slurm job where the course asks)."""
+    try:
+        return run_logs.rule_of(load_rubric(PUBLIC_RUBRIC))
+    except (OSError, ValueError):
+        return run_logs.LogRule()
 
 
 def _given(path, what: str) -> Path:
@@ -133,23 +140,27 @@ def _given(path, what: str) -> Path:
     return path
 
 
-def collect(path=None, log=None, err=None) -> Sources:
-    """Find the files of the hand-in at `path`: the code, utils.py and the newest run (or those given)."""
+def collect(path=None, log=None, err=None, rule=None) -> Sources:
+    """Find the files of the hand-in at `path`: the code, utils.py and the best run (or those given)."""
     code = find_code(path)
     sources = Sources(code=code, utils=find_utils(code))
+    digest = sha256_of(code)
     if log is not None:
-        sources.log = _given(log, ".log")
+        given = _given(log, "log (the job's stdout)")
+        siblings = [p for p in _files([given.parent]) if p.resolve() != given.resolve() and run_logs.is_stderr(p)]
+        found = run_logs.runs_in([given] + siblings, loose=False)
+        run = next((r for r in found if r.log == given), None)
+        sources.log, sources.err = given, run.err if run is not None else None
     else:
         folders = [code.parent]
         if Path(".").resolve() != code.parent.resolve():
             folders.append(Path("."))
         sources.searched = folders
-        found = runs(folders)
-        sources.log = found[0] if found else None
+        choice = run_logs.choose(_files(folders), digest, rule or public_rule(), run_logs.modified, loose=False)
+        if choice.run is not None:
+            sources.log, sources.err, sources.note = choice.run.log, choice.run.err, choice.note
     if err is not None:
         sources.err = _given(err, ".err")
-    elif sources.log is not None and sources.log.with_suffix(".err").is_file():
-        sources.err = sources.log.with_suffix(".err")
     return sources
 
 
@@ -160,8 +171,8 @@ def refuse_unless_ready(sources: Sources) -> LogReport:
         raise PackageError(f"no utils.py beside {code}: copy the provided utils.py from the kit next to it")
     if sources.log is None:
         where = " or ".join(show(f) for f in sources.searched)
-        raise PackageError(f"no .log of a run in {where}: {RUN_FIRST}, then package again; or give the "
-                           f"log with --log FILE")
+        raise PackageError(f"no log of a run in {where} (no file holds a run's lines): {RUN_FIRST}, then "
+                           f"package again; or give the job's stdout with --log FILE")
     log = show(sources.log)
     if sources.err is None:
         raise PackageError(f"{log} has no .err beside it ({sources.log.with_suffix('.err').name}): hand in "

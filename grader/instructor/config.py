@@ -1,0 +1,74 @@
+"""The assignment's configuration, said in three places, checked to agree before a release.
+
+The reference's constants (`global_batch_size = 128` ... at the top of
+assignment_4/reference/assignment4.py, and so of the skeleton generated from it), the rubric's
+`default` check (the public configuration every hand-in is re-run at, and the run its `.log` is
+held against) and the handout's numbers (assignment_4/README.md: the shapes of W and of the
+batch, and the numbers it tells students never to assume). An instructor who changes one and not
+the others would grade students against numbers they were never given.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+from grader.rubric import load_rubric
+
+KEYS = ("global_batch_size", "input_dim", "output_dim", "seed", "accumulation_steps")
+# What the handout says, by pattern: each group is the value of the key beside it.
+HANDOUT = (
+    (r"\[input_dim, output_dim\] = \[(\d+), (\d+)\]", ("input_dim", "output_dim")),
+    (r"\[B, input_dim\] = \[(\d+), (\d+)\]", ("global_batch_size", "input_dim")),
+    (r"never assume the numbers (\d+), (\d+), (\d+) or (\d+)",
+     ("global_batch_size", "input_dim", "output_dim", "accumulation_steps")),
+)
+
+
+def reference_constants(path: Path) -> dict:
+    """The module-level `name = <number>` assignments of the reference for KEYS and learning_rate."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, (int, float)):
+            if node.targets[0].id in KEYS + ("learning_rate",):
+                found[node.targets[0].id] = node.value.value
+    return found
+
+
+def handout_numbers(path: Path) -> list:
+    """(key, value, the sentence it comes from) for every number the handout states."""
+    text = " ".join(path.read_text().split())
+    found = []
+    for pattern, keys in HANDOUT:
+        for match in re.finditer(pattern, text):
+            found += [(key, int(value), match.group(0)) for key, value in zip(keys, match.groups())]
+    return found
+
+
+def config_drift(root: Path) -> list:
+    """Where the reference, the rubric's default check and the handout disagree: one sentence per
+    disagreement, naming the file and the values; [] when they agree."""
+    reference_path = root / "assignment_4" / "reference" / "assignment4.py"
+    handout_path = root / "assignment_4" / "README.md"
+    rubric = load_rubric(root / "grader" / "rubric.yaml")
+    reference = reference_constants(reference_path)
+    default = next((c for c in rubric.checks if c.name == "default"), None) or \
+        next(c for c in rubric.checks if not c.hidden)
+    drift = [f"{reference_path.relative_to(root)} sets no `{key} = <number>` at its top" for key in KEYS
+             if key not in reference]
+    for key in KEYS:
+        if key in reference and getattr(default, key) != reference[key]:
+            drift.append(f"{reference_path.relative_to(root)} sets {key} = {reference[key]} but grader/rubric.yaml's "
+                         f"check '{default.name}' has {key}: {getattr(default, key)}")
+    if "learning_rate" in reference and reference["learning_rate"] != rubric.learning_rate:
+        drift.append(f"{reference_path.relative_to(root)} sets learning_rate = {reference['learning_rate']} but "
+                     f"grader/rubric.yaml has learning_rate: {rubric.learning_rate}")
+    stated = handout_numbers(handout_path)
+    if not stated:
+        drift.append(f"{handout_path.relative_to(root)} states none of the configuration's numbers the release "
+                     f"checks (the shapes of W and of the batch)")
+    for key, value, sentence in stated:
+        if key in reference and value != reference[key]:
+            drift.append(f"{handout_path.relative_to(root)} says {key} is {value} (\"{sentence}\") but "
+                         f"{reference_path.relative_to(root)} sets {key} = {reference[key]}")
+    return drift

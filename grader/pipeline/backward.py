@@ -1,0 +1,140 @@
+"""Judge a backward check: Part 4's layer, forward and backward, against the single-device layer.
+
+The re-run (grader.rerun.layer) runs the hand-in's `FullColumnParallelLinear(W0, p, rank)` on an
+X that requires a gradient and starts backward from a fixed gradient G of the output. A column-
+parallel layer must give, on rank r of p, with W = [W_0 | ... | W_{p-1}] and G = [G_0 | ... | G_{p-1}]:
+
+    output       X @ W                       [B, output_dim], gathered on every rank
+    input_grad   G @ W^T = sum_r G_r @ W_r^T [B, input_dim]: f (BroadcastParallel) all-reduces the
+                                             ranks' shares in backward
+    weight_grad  X^T @ G_r                   [input_dim, output_dim / p]: the gather's backward hands
+                                             rank r its own columns of G
+
+computed here in float64. A layer without f (`X = X`) gives each rank only its own share G_r W_r^T
+of the input's gradient; a gather whose backward keeps another rank's columns gives the wrong
+weight gradient. The backward must all-reduce: right gradients without it are refused, as a data-
+parallel step without its all-reduce is.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from grader.pipeline.compare import collectives, unfinished
+from grader.pipeline.diagnose import close
+from grader.pipeline.say import Say
+from grader.rerun.layer import output_gradient
+from grader.results import CheckOutcome, Status
+
+F_HINT = ("f (BroadcastParallel: identity forward, all-reduce backward) must sum the ranks' shares: "
+          "does forward pass X through BroadcastParallel, and does its backward all-reduce?")
+
+
+@dataclass
+class ExpectedLayer:
+    x: torch.Tensor    # [B, input_dim]
+    w: torch.Tensor    # W0 [input_dim, output_dim]
+    g: torch.Tensor    # G [B, output_dim]
+
+    def shares(self, p: int) -> list:
+        """Column blocks of W and G: [(W_r, G_r)] for r in 0..p-1."""
+        cols = self.w.shape[1] // p
+        return [(self.w[:, r * cols:(r + 1) * cols], self.g[:, r * cols:(r + 1) * cols]) for r in range(p)]
+
+
+def expected_layer(check) -> ExpectedLayer:
+    """W0, X and G seeded as the re-run seeds them, in float64."""
+    g = torch.Generator().manual_seed(check.seed)
+    w = torch.randn(check.input_dim, check.output_dim, generator=g).double()
+    g = torch.Generator().manual_seed(check.seed)   # create_batch seeds again before drawing
+    x = torch.randn(check.global_batch_size, check.input_dim, generator=g).double()
+    return ExpectedLayer(x=x, w=w, g=output_gradient(check.seed, check.global_batch_size, check.output_dim).double())
+
+
+def _output_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> str:
+    out = r.weight
+    if out.shape != (e.x.shape[0], e.w.shape[1]):
+        if p > 1 and out.shape == (e.x.shape[0], e.w.shape[1] // p):
+            return "the layer's output is one rank's columns only: gather the outputs in forward (GatherParallel)"
+        return "the layer's output has the wrong shape" + ("" if say.hidden else f" {list(out.shape)}")
+    if not close(out, e.x @ e.w, tol):
+        return "the layer's output differs from X @ W (the single-device layer's)"
+    return ""
+
+
+def _weight_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> str:
+    weight_grad, shares = r.extra.get("weight_grad"), e.shares(p)
+    if weight_grad is None or close(weight_grad, e.x.T @ shares[rank][1], tol):
+        return ""
+    other = next((k for k, (_, g_k) in enumerate(shares) if close(weight_grad, e.x.T @ g_k, tol)), None)
+    if other is not None:
+        whose = f"rank {other}'s" if not say.hidden else "the first rank's" if other == 0 else "another rank's"
+        return (f"the weight gradient on {say.rank(rank, 'a rank')} is that of {whose} columns: the gather's "
+                f"backward (GatherParallel) must hand each rank its own columns of the output's gradient")
+    return ("the weight gradient differs from X^T G_r, X^T times this rank's columns of the output's gradient: "
+            "check GatherParallel's backward")
+
+
+def _input_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> str:
+    input_grad = r.extra.get("input_grad")
+    if input_grad is None:
+        return "X got no gradient: the layer cut X off the autograd graph (a detach() or a copy without grad?)"
+    if close(input_grad, e.g @ e.w.T, tol):
+        return ""
+    w_r, g_r = e.shares(p)[rank]
+    if p > 1 and close(input_grad, g_r @ w_r.T, tol):
+        return f"each rank's gradient of X is only its own columns' share, G_r W_r^T: {F_HINT}"
+    if p > 1 and close(input_grad, p * (e.g @ e.w.T), tol):
+        return (f"the gradient of X is {say.eq(p, 'world_size')} times the single-device layer's: it was "
+                f"summed over the ranks where each rank already held all of it")
+    return f"the gradient of X differs from the single-device layer's, G W^T: {F_HINT}"
+
+
+def _backward_all_reduced(run, check) -> tuple:
+    """(ok, message): every rank's backward summed the input's gradient over the ranks."""
+    if check.world_size == 1:
+        return True, ""
+    numel = check.global_batch_size * check.input_dim
+    for rank, r in sorted(run.ranks.items()):
+        ops = [c.get("op") for c in r.comm]
+        reduced = sum(int(c.get("numel") or 0) for c in r.comm if c.get("op") == "all_reduce")
+        scattered = any("reduce_scatter" in str(op) for op in ops) and any("all_gather" in str(op) for op in ops)
+        if reduced < numel and not scattered:
+            seen = ", ".join(sorted(set(map(str, ops)))) or "no collective at all"
+            return False, f"rank {rank}'s backward never all-reduced the gradient of X (collectives called: {seen})"
+    return True, ""
+
+
+def judge(run, exp, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
+    """The outcome of Part 4's layer at a backward check (`exp` is expected_layer's)."""
+    say = say or Say(check)
+    if run.status != Status.PASSED:
+        return unfinished(run, check, say)
+    outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size,
+                           status=Status.PASSED, message="", collectives=collectives(run.ranks))
+    p, ranks = check.world_size, sorted(run.ranks.items())
+    found = {}   # rank -> its first problem; the diagnosis is the first of output, weight, input problems
+    diagnosis = ""
+    for find in (_output_problem, _weight_problem, _input_problem):
+        for rank, r in ranks:
+            if rank in found:
+                continue
+            text = find(r, rank, exp, p, tol, say)
+            if text:
+                found[rank] = text
+                diagnosis = diagnosis or text
+    failing = sorted(found)
+    outcome.failing_ranks = failing
+    ok, comm = _backward_all_reduced(run, check)
+    if failing:
+        outcome.status = Status.FAILED
+        outcome.diagnosis = diagnosis
+        outcome.message = f"the layer is wrong on {say.ranks(failing, len(run.ranks))}: {outcome.diagnosis}"
+        if not ok:   # said as observed; the wrong gradient already costs the check
+            outcome.message += " (and the backward called no all-reduce of the gradient of X)"
+    elif not ok:
+        outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, comm
+        outcome.message = f"right gradients, but {say.text(comm)}"
+    else:
+        outcome.message = "the layer's output and gradients match the single-device layer's on every rank"
+    return outcome
