@@ -34,8 +34,8 @@ if _KIT not in sys.path:        # run as a script only lab/ is on the path; `lab
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from lab.common import all_gather, fmt, log, reduce_scatter, result_line  # noqa: E402
-from utils import get_device, init_distributed, leave  # noqa: E402
+from lab.common import all_gather, fmt, log, reduce_scatter, result_line, run_as_script  # noqa: E402
+from utils import get_device  # noqa: E402
 
 CHUNK = 2   # numbers per chunk: small enough to read every value in the output
 
@@ -163,10 +163,7 @@ def show(rank: int, world_size: int, chunk: int = CHUNK) -> bool:
 
 
 def main():
-    rank, _, world_size = init_distributed()
-    ok = show(rank, world_size)
-    dist.destroy_process_group()
-    leave(0 if ok else 1)
+    run_as_script(show)
 
 
 if __name__ == "__main__":

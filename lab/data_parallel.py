@@ -22,8 +22,9 @@ if _KIT not in sys.path:        # run as a script only lab/ is on the path; `lab
 
 import torch.distributed as dist  # noqa: E402
 
+from lab.common import run_as_script  # noqa: E402
 from lab.mlp import MLPConfig, Result, forward, init_weights, loss_of, make_data, reference, report  # noqa: E402
-from utils import divide, get_device, init_distributed, leave  # noqa: E402
+from utils import divide, get_device  # noqa: E402
 
 
 def run_data_parallel(rank: int, world_size: int, cfg: MLPConfig = MLPConfig(), device=None) -> Result:
@@ -57,10 +58,7 @@ def show(rank: int, world_size: int, cfg: MLPConfig = MLPConfig()) -> bool:
 
 
 def main():
-    rank, _, world_size = init_distributed()
-    ok = show(rank, world_size)
-    dist.destroy_process_group()
-    leave(0 if ok else 1)
+    run_as_script(show)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from lab.common import world  # noqa: E402
+from lab.common import world, run_as_script  # noqa: E402
 from lab.mlp import MLPConfig, Result, init_weights, loss_of, make_data, reference, report  # noqa: E402
-from utils import divide, get_device, init_distributed, leave  # noqa: E402
+from utils import divide, get_device  # noqa: E402
 
 
 # --- the communication primitives: each is the identity on a one-rank world ---------------------
@@ -129,10 +129,7 @@ def show(rank: int, world_size: int, cfg: MLPConfig = MLPConfig()) -> bool:
 
 
 def main():
-    rank, _, world_size = init_distributed()
-    ok = show(rank, world_size)
-    dist.destroy_process_group()
-    leave(0 if ok else 1)
+    run_as_script(show)
 
 
 if __name__ == "__main__":
