@@ -173,7 +173,9 @@ def test_submitit_launcher_on_the_cluster_leaves_the_sbatch_jobs_log(workdir):
                                     cwd=workdir), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
     submitted = (workdir / "jobs" / job_id / f"{job_id}_submission.sh").read_text()
-    assert submitted.strip() == dry.stdout.strip()
+    script, node = dry.stdout.split("\n# on each of the 4 nodes", 1)      # then the command each node ran
+    assert submitted.strip() == script.strip()
+    assert "--nnodes=4 --nproc_per_node=1 --max_restarts=0 --rdzv_id=<job id> --rdzv_backend=c10d" in node
 
 
 @pytest.mark.timeout(300)
