@@ -18,7 +18,8 @@ The house, one room per job; a hand-in travels down the list:
                  lms), and what a regrade moved (diff)
     student/     the student tools: check and package
     gradescope/  grading inside Gradescope's container, and the bundle that sets it up
-    instructor/  the skeleton generated from the reference, and the student release
+    instructor/  the skeleton generated from the reference, the configuration check, the student
+                 release and the public rubric it ships (derived from rubric.yaml)
     integrity/   the pairs of hand-ins a person should compare, from graded results and the hand-ins
                  (code, facts, similar, evidence, report); it runs no code
 

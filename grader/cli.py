@@ -5,6 +5,7 @@
     python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]
     python -m grader skeleton [--check]
     python -m grader release --out DIR
+    python -m grader public-rubric [--rubric FILE] [-o FILE]
     python -m grader check [PATH] [--log FILE] [--err FILE]
     python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
     python -m grader integrity OUT [PATH...] [--common N] [--rubric FILE]
@@ -94,6 +95,11 @@ def _release_arguments(p) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
 
 
+def _public_rubric_arguments(p) -> None:
+    p.add_argument("--rubric", metavar="FILE", help="rubric YAML read on top of grader/rubric.yaml (as grade's --rubric)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (default: print it)")
+
+
 def _check_arguments(p) -> None:
     p.add_argument("path", nargs="?", metavar="PATH", help=PATH_HELP + "; or the hand-in zip")
     p.add_argument("--log", metavar="FILE", help=LOG_HELP)
@@ -152,15 +158,24 @@ COMMANDS = {
     "skeleton": ("instructor", "grader.instructor.commands:skeleton_command", _skeleton_arguments,
                  "generate assignment_4/assignment4.py from the reference", None),
     "release": ("instructor", "grader.instructor.commands:release_command", _release_arguments,
-                "write the tree students receive: skeleton, utils, handout, Slurm jobs, check and package", None),
+                "write the tree students receive: skeleton, utils, handout, Slurm jobs, check and package",
+                "Write the tree students receive into a new folder, after checking that the skeleton is "
+                "current, that the reference, the rubric's default check and the handout state one "
+                "configuration, and that no file leaks the solution or a hidden check."),
+    "public-rubric": ("instructor", "grader.instructor.commands:public_rubric_command", _public_rubric_arguments,
+                      "print the rubric students' check and package use, derived from grader/rubric.yaml",
+                      "Print the public rubric: grader/rubric.yaml's public checks, each at its own world size "
+                      "and at public_world_sizes, with the same points, tolerance and log requirements and no "
+                      "hidden check. The release ships it as grader/rubric-public.yaml."),
     "check": ("student", "grader.student.commands:check_command", _check_arguments,
               "re-run every part at the public checks and check the run's .log",
-              "Grade your hand-in as the graders will, at the public checks: every part re-run on the CPU "
-              "on 4, 1 and 2 ranks, and the run's .log and .err."),
+              "Grade your hand-in as the graders will, at the public checks (grader/rubric-public.yaml): "
+              "every part re-run on the CPU at each of them, and the run's .log and .err checked."),
     "package": ("student", "grader.student.commands:package_command", _package_arguments,
                 "build the hand-in zip, then check it",
-                "Zip assignment4.py, utils.py and the newest run's .log and .err, refusing a run that did "
-                "not finish or ran other code; then check the zip."),
+                "Zip assignment4.py, utils.py and the best run's .log and .err (the most complete run of "
+                "this exact code, newest among equals), refusing a run that did not finish or ran other "
+                "code; then check the zip."),
     "integrity": ("integrity", "grader.integrity.commands:integrity_command", _integrity_arguments,
                   "list the pairs of graded hand-ins a person should compare",
                   "Read a graded batch (and its hand-ins) for evidence only this grader has: the same run, the "

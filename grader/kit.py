@@ -19,7 +19,7 @@ REFERENCE = ASSIGNMENT / "reference" / "assignment4.py"   # never shipped, never
 SKELETON = ASSIGNMENT / "assignment4.py"                   # generated from REFERENCE
 UTILS = ASSIGNMENT / "utils.py"                            # the provided copy: re-runs always use it
 RUBRIC = GRADER / "rubric.yaml"                            # the graders': public and hidden checks
-PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the students': public checks only
+PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the release's, written from RUBRIC
 REQUIREMENTS = ROOT / "requirements.txt"
 
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.

@@ -4,6 +4,10 @@
 it and states only what it changes: its mappings are merged key by key, its lists (the checks)
 replace the whole list. Unknown keys, wrong types and impossible values are refused with a
 RubricError that names the file and the key and, for unknown keys, lists the valid ones.
+
+The public rubric, what students' `check` and `package` grade with, is derived from it
+(`public_rubric`): its public checks, each also at `public_world_sizes`, and nothing hidden. The
+student release holds it written out as `grader/rubric-public.yaml`, in place of rubric.yaml.
 """
 
 import dataclasses
@@ -129,6 +133,14 @@ class Rubric:
     limits: Limits = field(default_factory=Limits)
     files: Files = field(default_factory=Files)
     gradescope: Gradescope = field(default_factory=Gradescope)
+    public_world_sizes: list = field(default_factory=lambda: [4, 1, 2])  # the public rubric re-runs
+                                 # each public check at its own world size, then at these (one node)
+
+    @property
+    def default_check(self) -> Check:
+        """The first public step check: the configuration the handout states and the reference
+        sets, the one a hand-in's .log is held against."""
+        return next(c for c in self.checks if not c.hidden and c.kind == "step")
 
     @property
     def max_score(self) -> float:
@@ -218,6 +230,10 @@ def _validate(rubric: Rubric, source: str) -> None:
                               f"each node runs world_size / nodes ranks")
         if check.kind not in KINDS:
             raise RubricError(f"{where}.kind: '{check.kind}' is not a kind of check; valid kinds: {', '.join(KINDS)}")
+    sizes = rubric.public_world_sizes
+    if not isinstance(sizes, list) or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise RubricError(f"{source}.public_world_sizes: expected a list of world sizes (whole numbers, at "
+                          f"least 1), got {sizes!r}")
     if rubric.log_min_world_size < 1 or rubric.log_min_nodes < 1:
         raise RubricError(f"{source}.log_min_world_size, log_min_nodes: must be at least 1")
     if not any(not c.hidden and c.kind == "step" for c in rubric.checks):
@@ -254,9 +270,34 @@ def _merge(base: dict, changes: dict) -> dict:
 
 def load_rubric(path=None) -> Rubric:
     """The course's rubric (grader/rubric.yaml), with the changes in `path` read on top of it."""
-    # The student release ships only the public rubric, complete in itself.
-    data = _read(DEFAULT_RUBRIC) if DEFAULT_RUBRIC.exists() else {}
-    path = Path(path) if path else DEFAULT_RUBRIC
-    if path.resolve() != DEFAULT_RUBRIC.resolve():
+    # The student release ships only the public rubric, complete in itself, in its place.
+    base = DEFAULT_RUBRIC if DEFAULT_RUBRIC.exists() else PUBLIC_RUBRIC
+    data = _read(base) if base.exists() else {}
+    path = Path(path) if path else base
+    if path.resolve() != base.resolve():
         data = _merge(data, _read(path))
     return rubric_from_dict(data, str(path))
+
+
+def public_rubric(rubric: Rubric) -> Rubric:
+    """What students' check and package grade with: `rubric` without its hidden checks, each public
+    check re-run at its own world size and then at each of `public_world_sizes` (on one node, named
+    e.g. 'default-2-ranks'), and without the graders' Gradescope limits. A public check whose sizes
+    do not divide at one of those world sizes is refused, naming the check and the size."""
+    checks = []
+    for check in (c for c in rubric.checks if not c.hidden):
+        checks.append(check)
+        for size in dict.fromkeys(rubric.public_world_sizes):
+            if size != check.world_size:
+                name = f"{check.name}-{size}-rank{'s' if size > 1 else ''}"
+                checks.append(dataclasses.replace(check, name=name, world_size=size, nodes=1))
+    public = dataclasses.replace(rubric, checks=checks, gradescope=Gradescope(), public_world_sizes=[])
+    _validate(public, "the public rubric (the public checks at public_world_sizes)")
+    return public
+
+
+def load_public_rubric(path=None) -> Rubric:
+    """The public rubric: derived from grader/rubric.yaml (and `path` on top) where it exists, the
+    instructors' tree; read from grader/rubric-public.yaml (and `path` on top) in the release."""
+    return public_rubric(load_rubric(path))
+

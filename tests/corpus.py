@@ -13,15 +13,22 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import yaml
 
 from grader.parts import BY_ID
 from grader.instructor.skeleton import make_skeleton
+from grader.rubric import load_rubric
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "assignment_4" / "reference" / "assignment4.py"
 UTILS = ROOT / "assignment_4" / "utils.py"
 DATA = Path(__file__).resolve().parent / "data"
+# The configuration the diagnoses below name, and the numbers the "written into the code" mutants write.
+DEFAULT = load_rubric().default_check
+# Full marks under the course's rubric, as grading.json holds them and as grades.csv writes them.
+FULL = load_rubric().max_score
+FULL_CSV = f"{FULL:g}"
 # Short timeouts, so that a hand-in that hangs costs seconds, not minutes.
 FAST = {"timeouts": {"part": 3, "process_group": 2, "world_start": 30, "handin": 300}}
 
@@ -50,7 +57,7 @@ class Mutant:
 
 MUTANTS = {
     "dp_summed": Mutant("data_parallel", [("        param.grad.div_(world_size)\n", "")],
-                        diagnosis="summed over the 4 ranks, not averaged"),
+                        diagnosis=f"summed over the {DEFAULT.world_size} ranks, not averaged"),
     "dp_no_allreduce": Mutant("data_parallel", [
         ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n", "        pass\n"),
         ("        param.grad.div_(world_size)\n", "")],
@@ -64,7 +71,7 @@ MUTANTS = {
         diagnosis="never all-reduced the gradients"),
     "acc_unscaled": Mutant("grad_accumulation", [
         ("        scaled_loss = micro_loss / accumulation_steps\n", "        scaled_loss = micro_loss\n")],
-        diagnosis="not divided by accumulation_steps = 4"),
+        diagnosis=f"not divided by accumulation_steps = {DEFAULT.accumulation_steps}"),
     "acc_zero_grad_in_loop": Mutant("grad_accumulation", [
         ("    for i in range(accumulation_steps):\n",
          "    for i in range(accumulation_steps):\n        optimizer.zero_grad()\n")],
@@ -140,8 +147,10 @@ MUTANTS = {
         ("        start_idx = i * micro_batch_size\n", "        start_idx = 0\n")],
         diagnosis="every accumulation step used the first micro-batch"),
     "acc_hard_coded_steps": Mutant("grad_accumulation", [
-        ("        scaled_loss = micro_loss / accumulation_steps\n", "        scaled_loss = micro_loss / 4\n")],
-        diagnosis="each micro-batch loss was divided by 4 written into the code, not by accumulation_steps",
+        ("        scaled_loss = micro_loss / accumulation_steps\n",
+         f"        scaled_loss = micro_loss / {DEFAULT.accumulation_steps}\n")],
+        diagnosis=f"each micro-batch loss was divided by {DEFAULT.accumulation_steps} written into the code, "
+                  f"not by accumulation_steps",
         hidden_only=True),
     # Data parallel: reduce for all-reduce; a world size written into the code; one slice for all.
     "dp_reduce": Mutant("data_parallel", [
@@ -149,8 +158,8 @@ MUTANTS = {
          "        dist.reduce(param.grad, dst=0, op=dist.ReduceOp.SUM)\n")],
         diagnosis="only rank 0 ends with the right weight: the gradients went through dist.reduce"),
     "dp_hard_coded_world_size": Mutant("data_parallel", [
-        ("        param.grad.div_(world_size)\n", "        param.grad.div_(4)\n")],
-        diagnosis="the summed gradient was divided by 4 written into the code, not by world_size",
+        ("        param.grad.div_(world_size)\n", f"        param.grad.div_({DEFAULT.world_size})\n")],
+        diagnosis=f"the summed gradient was divided by {DEFAULT.world_size} written into the code, not by world_size",
         hidden_only=True),
     "dp_same_slice": Mutant("data_parallel", [
         ("    start_idx = rank * local_batch_size\n", "    start_idx = 0\n")],
@@ -158,6 +167,13 @@ MUTANTS = {
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }
+
+
+def mutant_params(names) -> list:
+    """`names` for parametrize; a mutant only a hidden check catches is about the stock course's
+    hidden checks (its four-node check, its backward checks ...), so it is marked stock_rubric."""
+    return [pytest.param(name, marks=pytest.mark.stock_rubric) if MUTANTS[name].hidden_only else name
+            for name in names]
 
 
 def mutate(name: str) -> str:

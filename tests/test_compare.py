@@ -8,7 +8,7 @@ from grader.pipeline.diagnose import local_ranks, tp_step
 from grader.pipeline.say import Say
 from grader.rerun.check import PartRun, RankRun
 from grader.results import Status
-from grader.rubric import Check, Tolerance, load_rubric, rubric_from_dict, RubricError
+from grader.rubric import Check, RubricError, Tolerance, load_rubric, public_rubric, rubric_from_dict
 from tests.worlds import closed_form_step
 
 CHECK = Check(name="t", world_size=4, seed=5, global_batch_size=24, input_dim=7, output_dim=8, accumulation_steps=3)
@@ -171,8 +171,11 @@ def test_not_implemented_names_the_todo_that_is_left(exp):
     assert outcome.message == "not implemented yet: TODO in single_step: loss = ... (1 line)"
 
 
+@pytest.mark.stock_rubric
 def test_the_default_rubric_is_valid_and_adds_up_to_100():
     rubric = load_rubric()
+    assert [(c.name, c.world_size) for c in public_rubric(rubric).checks] == [
+        ("default", 4), ("default-1-rank", 1), ("default-2-ranks", 2)]
     assert rubric.max_score == 100
     assert [(c.world_size, c.nodes, c.kind) for c in rubric.checks] == [
         (4, 1, "step"), (1, 1, "step"), (2, 1, "step"), (4, 1, "step"), (4, 4, "step"), (2, 1, "backward"),
@@ -181,6 +184,27 @@ def test_the_default_rubric_is_valid_and_adds_up_to_100():
     tp = sum(c.weight for c in rubric.checks)
     assert 28 * sum(c.weight for c in rubric.checks if c.kind == "backward") / tp == 8   # the backward's share
     assert (rubric.log_min_world_size, rubric.log_min_nodes, rubric.log_slurm_job) == (4, 1, False)
+
+
+def test_the_public_rubric_is_the_graders_public_checks_at_the_public_world_sizes():
+    rubric = load_rubric()
+    public = public_rubric(rubric)
+    want = [(c.seed, c.global_batch_size, c.input_dim, c.output_dim, c.accumulation_steps, c.kind, size)
+            for c in rubric.checks if not c.hidden for size in dict.fromkeys([c.world_size, *rubric.public_world_sizes])]
+    assert [(c.seed, c.global_batch_size, c.input_dim, c.output_dim, c.accumulation_steps, c.kind, c.world_size)
+            for c in public.checks] == want
+    assert not any(c.hidden for c in public.checks) and public.default_check == rubric.default_check
+    for key in ("parts", "tolerance", "learning_rate", "log_min_world_size", "log_min_nodes", "log_slurm_job",
+                "timeouts", "limits", "files"):
+        assert getattr(public, key) == getattr(rubric, key), key
+    assert public_rubric(public) == public   # what the release ships derives to itself
+
+
+def test_a_public_world_size_a_public_check_cannot_run_at_is_refused_naming_check_and_size():
+    rubric = rubric_from_dict({"checks": [{"name": "default", "world_size": 2, "output_dim": 30}],
+                               "public_world_sizes": [2, 1, 4]}, "r.yaml")   # valid for the graders
+    with pytest.raises(RubricError, match=r"\(default-4-ranks\): output_dim \(30\) is not divisible by world_size \(4\)"):
+        public_rubric(rubric)
 
 
 @pytest.mark.parametrize("data,message", [
@@ -197,6 +221,7 @@ def test_the_default_rubric_is_valid_and_adds_up_to_100():
     ({"checks": [{"name": "a", "kind": "forward"}]}, "'forward' is not a kind of check; valid kinds: step, backward"),
     ({"checks": [{"name": "a", "kind": "backward"}]}, "at least one check must be public (hidden: false) and of kind step"),
     ({"log_slurm_job": "yes"}, "r.yaml.log_slurm_job: expected true or false"),
+    ({"public_world_sizes": [4, 0]}, "r.yaml.public_world_sizes: expected a list of world sizes"),
 ])
 def test_a_bad_rubric_is_refused_with_the_key_and_what_is_valid(data, message):
     with pytest.raises(RubricError) as info:

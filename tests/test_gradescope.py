@@ -13,7 +13,7 @@ import pytest
 from grader.gradescope.run import grade_submission
 from grader import kit
 from grader.gradescope.bundle import build_bundle
-from tests.corpus import REFERENCE, UTILS, fast_rubric, refingerprint
+from tests.corpus import FULL, REFERENCE, UTILS, fast_rubric, refingerprint
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_a_submission_is_graded_into_results_json(submission, tmp_path):
     grade_submission(submission, results, tmp_path / "submission_metadata.json",
                      fast_rubric(tmp_path, checks=[{"name": "default"}]))
     doc = json.loads(results.read_text())
-    assert doc["score"] == 100 and doc["extra_data"]["student"] == "s1234"
+    assert doc["score"] == FULL and doc["extra_data"]["student"] == "s1234"
     assert doc["extra_data"]["status"] == "graded" and len(doc["tests"]) == 8
     assert all(t["status"] == "passed" for t in doc["tests"])
 
@@ -77,7 +77,7 @@ def test_the_bundle_is_self_contained_and_holds_no_solution(submission, tmp_path
                           cwd=source, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(results.read_text())
-    assert doc["score"] == 100, doc["output"]
+    assert doc["score"] == FULL, doc["output"]
 
 
 @pytest.mark.timeout(300)
@@ -110,7 +110,7 @@ def test_without_user_namespaces_the_rubric_and_grader_stay_unreadable_to_studen
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(results.read_text())
     assert "LEAK" not in json.dumps(doc)
-    assert doc["score"] == 100, doc["output"]
+    assert doc["score"] == FULL, doc["output"]
     isolation = doc["extra_data"]["isolation"]
     assert isolation["sandbox"] == "none" and isolation["user"] == "an unprivileged user id of its own per world"
     assert "Operation not permitted" in " ".join(isolation["problems"])

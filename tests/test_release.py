@@ -18,9 +18,10 @@ import yaml
 
 from grader.batch.run import grade_batch
 from grader import kit
-from grader.instructor.release import ReleaseError, build_release, find_leaks, public_rubric_drift
-from grader.rubric import load_rubric
-from tests.corpus import REFERENCE, ROOT, fast_rubric
+from grader.instructor.config import reference_constants
+from grader.instructor.release import ReleaseError, build_release, find_leaks
+from grader.rubric import load_rubric, public_rubric, rubric_from_dict
+from tests.corpus import FULL_CSV, REFERENCE, ROOT, fast_rubric
 
 SKELETON = ROOT / "assignment_4" / "assignment4.py"
 SHIPPED_THIRD_PARTY = {"torch", "yaml", "numpy"}
@@ -46,7 +47,6 @@ def test_the_release_holds_the_kit_and_the_student_tools(release):
     assert (release / "assignment_4" / "assignment4.py").read_bytes() == SKELETON.read_bytes()
     assert not any(n.startswith(("tests/", "student/")) for n in names)
     assert os.access(release / "slurm" / "run-local.sh", os.X_OK)
-    assert [c.hidden for c in load_rubric(release / "grader" / "rubric-public.yaml").checks] == [False] * 3
 
 
 def test_the_release_ships_whole_rooms_and_slurm_whole(release):
@@ -97,28 +97,22 @@ def test_a_leak_is_found_and_refused(release, tmp_path):
     leaky = tmp_path / "leaky"
     shutil.copytree(release, leaky)
     (leaky / "notes.md").write_text("    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n")
-    (leaky / "grader" / "extra.yaml").write_text("- {name: two-ranks, hidden: true}\n")
+    hidden = next(c.name for c in load_rubric().checks if c.hidden)
+    (leaky / "grader" / "extra.yaml").write_text(f"- {{name: {hidden}, hidden: true}}\n")
     shutil.copytree(ROOT / "assignment_4" / "reference", leaky / "assignment_4" / "reference")
     leaks = find_leaks(leaky)
     assert "notes.md: has the solution line 'dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)'" in leaks
-    assert "grader/extra.yaml: names hidden check 'two-ranks' or its values" in leaks
+    assert f"grader/extra.yaml: names hidden check '{hidden}' or its values" in leaks
     assert "assignment_4/reference/assignment4.py: must not be in a release" in leaks
     with pytest.raises(ReleaseError, match="is not an empty folder"):
         build_release(leaky)
 
 
-def test_the_public_rubric_is_the_graders_without_hidden_checks(tmp_path):
-    assert public_rubric_drift() == []
-    data = yaml.safe_load((ROOT / "grader" / "rubric-public.yaml").read_text())
-    data["tolerance"]["atol"] = 1e-3
-    data["checks"][2]["hidden"] = True
-    data["checks"][1]["seed"] = 7
-    drifted = tmp_path / "public.yaml"
-    drifted.write_text(yaml.safe_dump(data))
-    drift = public_rubric_drift(public_path=drifted)
-    assert drift[0] == "tolerance differs"
-    assert "check 'default-2-ranks' is hidden" in drift
-    assert any(d.startswith("checks (world_size, seed,") for d in drift)
+def test_the_release_ships_the_public_rubric_derived_from_the_graders(release):
+    """One source: rubric-public.yaml is written from grader/rubric.yaml, complete in itself."""
+    shipped = rubric_from_dict(yaml.safe_load((release / "grader" / "rubric-public.yaml").read_text()))
+    assert shipped == public_rubric(load_rubric())
+    assert not any(c.hidden for c in shipped.checks) and shipped.public_world_sizes == []
 
 
 def test_the_student_tools_import_only_what_the_release_holds(release):
@@ -207,7 +201,7 @@ def test_the_graders_give_the_zips_package_built_full_marks_and_zero(student, tm
     summary = grade_batch([inbox], tmp_path / "out", rubric_path=fast_rubric(tmp_path), progress=False)
     assert summary.statuses == {"graded": 2}
     rows = {row["student"]: row for row in csv.DictReader((tmp_path / "out" / "grades.csv").open())}
-    assert (rows["solution"]["score"], rows["solution"]["flags"]) == ("100", "")
+    assert (rows["solution"]["score"], rows["solution"]["flags"]) == (FULL_CSV, "")
     assert rows["skeleton"]["score"] == "0"
 
 
@@ -280,23 +274,42 @@ def test_release_refuses_a_configuration_said_differently_and_names_file_and_val
     from grader.instructor.skeleton import make_skeleton
     copy = kit_copy(tmp_path)
     reference = copy / "assignment_4" / "reference" / "assignment4.py"
-    reference.write_text(reference.read_text().replace("global_batch_size = 128 ", "global_batch_size = 256 ", 1))
+    batch = reference_constants(reference)["global_batch_size"]
+    default = load_rubric().default_check
+    reference.write_text(reference.read_text().replace(f"global_batch_size = {batch} ",
+                                                       f"global_batch_size = {2 * batch} ", 1))
     (copy / "assignment_4" / "assignment4.py").write_text(make_skeleton(reference.read_text()))
     with pytest.raises(ReleaseError) as refused:
         build_release(tmp_path / "out", root=copy)
     message = str(refused.value)
-    assert ("assignment_4/reference/assignment4.py sets global_batch_size = 256 but grader/rubric.yaml's check "
-            "'default' has global_batch_size: 128") in message
-    assert "assignment_4/README.md says global_batch_size is 128" in message
+    assert (f"assignment_4/reference/assignment4.py sets global_batch_size = {2 * batch} but grader/rubric.yaml's "
+            f"check '{default.name}' has global_batch_size: {batch}") in message
+    assert f"assignment_4/README.md says global_batch_size is {batch}" in message
     assert not (tmp_path / "out").exists()
+
+
+def test_release_refuses_a_handout_that_tells_of_other_public_checks(tmp_path):
+    """The handout tells students the world sizes `check` runs at; the public rubric decides them."""
+    copy = kit_copy(tmp_path)
+    rubric = copy / "grader" / "rubric.yaml"
+    data = yaml.safe_load(rubric.read_text())
+    size = load_rubric().default_check.world_size
+    data["public_world_sizes"] = [size]   # the default check at its own size only
+    rubric.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ReleaseError) as refused:
+        build_release(tmp_path / "out", root=copy)
+    assert "assignment_4/README.md says the check runs \"in worlds of" in str(refused.value)
+    assert f"the public rubric's checks run at world sizes {size} (grader/rubric.yaml: public_world_sizes)" \
+        in str(refused.value)
 
 
 def test_a_hidden_check_named_with_a_common_word_is_refused_with_rename_the_check(release, tmp_path):
     leaky = tmp_path / "leaky"
     shutil.copytree(release, leaky)
+    hidden = next(c.name for c in load_rubric().checks if c.hidden)
     for name in ("a.md", "b.md", "c.md"):
-        (leaky / name).write_text("run the two-ranks case\n")
+        (leaky / name).write_text(f"run the {hidden} case\n")
     leaks = find_leaks(leaky)
     from grader.instructor.release import _rename_hint
     hint = _rename_hint(leaks)
-    assert "hidden check 'two-ranks' is named in 3 files" in hint and "rename the check in grader/rubric.yaml" in hint
+    assert f"hidden check '{hidden}' is named in 3 files" in hint and "rename the check in grader/rubric.yaml" in hint

@@ -21,7 +21,7 @@ from grader.pipeline.grade import judge_check
 from grader.rerun.check import prepare_code
 from grader.results import Status
 from grader.rubric import load_rubric
-from tests.corpus import REFERENCE, ROOT, Files, mutate, refingerprint, skeleton, write_zip
+from tests.corpus import FULL, FULL_CSV, REFERENCE, ROOT, Files, mutate, refingerprint, skeleton, write_zip
 from tests.test_sandbox import leftover_processes
 
 FAST = {"checks": [{"name": "default"},
@@ -82,7 +82,7 @@ def test_a_grader_killed_mid_batch_loses_nothing_and_grades_nothing_twice(inbox)
     for path in whole.glob("*/grading.json"):
         assert without_times(path) == without_times(cut / path.parent.name / "grading.json"), path.parent.name
     rows = {row["student"]: row for row in csv.DictReader((cut / "grades.csv").open())}
-    assert rows["reference"]["score"] == "100" and rows["skeleton"]["score"] == "0"
+    assert rows["reference"]["score"] == FULL_CSV and rows["skeleton"]["score"] == "0"
 
 
 def failing_bwrap(folder: Path) -> Path:
@@ -161,7 +161,7 @@ def test_with_the_sandbox_off_grading_works_and_every_result_and_the_summary_say
                           env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.loads((tmp_path / "out" / "reference" / "grading.json").read_text())
-    assert r["score"] == 100, r["message"]
+    assert r["score"] == FULL, r["message"]
     assert r["isolation"]["mode"] == "off" and r["isolation"]["sandbox"] == "none"
     assert r["isolation"]["files"].startswith("NOT isolated") and r["isolation"]["network"] == "NOT isolated"
     if os.geteuid() == 0:
@@ -197,4 +197,4 @@ def test_nothing_one_handin_does_reaches_the_next(reference_run, tmp_path):
     reference = json.loads((tmp_path / "out" / "b_reference" / "grading.json").read_text())
     assert {p["status"] for p in poisoner["parts"].values()} == {"failed"}
     assert all("the weight did not change" in p["message"] for p in poisoner["parts"].values())
-    assert reference["score"] == 100 and reference["flags"] == []
+    assert reference["score"] == FULL and reference["flags"] == []

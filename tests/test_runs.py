@@ -11,7 +11,8 @@ import pytest
 from grader.batch.run import grade_batch
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.runs import LogRule, choose, modified, rule_problems
-from tests.corpus import DATA, REFERENCE, Files, fast_rubric, refingerprint, write_zip
+from grader.rubric import load_rubric
+from tests.corpus import DATA, FULL, REFERENCE, Files, fast_rubric, refingerprint, write_zip
 
 LOGS = DATA / "logs"
 SHA = "14615a42c430141688f305735e1bd68951738b89180124d86f52859d873f1d8f"   # the samples' code
@@ -140,9 +141,10 @@ def test_with_the_handouts_rule_a_local_run_earns_no_log_points_and_a_cluster_ru
     grade_batch([inbox], tmp_path / "out", rubric_path=rubric, progress=False)
     local = json.loads((tmp_path / "out" / "local" / "grading.json").read_text())
     cluster = json.loads((tmp_path / "out" / "cluster" / "grading.json").read_text())
-    assert cluster["score"] == 100, cluster["notes"]
-    assert local["score"] == 80 and {"log_nodes", "log_not_slurm"} <= set(local["flags"])
+    assert cluster["score"] == FULL, cluster["notes"]
+    logs = sum(p.log for p in load_rubric(rubric).parts.values())
+    assert local["score"] == FULL - logs and {"log_nodes", "log_not_slurm"} <= set(local["flags"])
     assert any(n.startswith("the run in the log is a local run (job id local-") and
                n.endswith("no points for log evidence") for n in local["notes"]), local["notes"]
     feedback = (tmp_path / "out" / "local" / "feedback.md").read_text()
-    assert "All public re-run checks passed. **The log earned 0 of 20 log points**" in feedback
+    assert f"All public re-run checks passed. **The log earned 0 of {logs:g} log points**" in feedback

@@ -16,7 +16,7 @@ import yaml
 
 from grader.parts import PART_IDS
 from tests import tas
-from tests.corpus import ROOT
+from tests.corpus import FULL, ROOT
 from tests.hostile import ATTACKS, MARKER, all_handins, zip_attacks
 
 RUBRIC = {"checks": [{"name": "default"},
@@ -170,7 +170,7 @@ def test_the_batch_exits_cleanly_inside_the_sum_of_its_timeouts(hostile):
 
 def test_the_reference_still_gets_full_marks_among_them(hostile):
     r = hostile["results"]["reference"]
-    assert r["score"] == 100 and r["status"] == "graded"
+    assert r["score"] == FULL and r["status"] == "graded"
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from grader.batch.run import grade_batch
-from tests.corpus import REFERENCE, Files, fast_rubric, mutate, refingerprint, skeleton, write_zip
+from tests.corpus import FULL, REFERENCE, Files, fast_rubric, mutate, refingerprint, skeleton, write_zip
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_a_task_that_dies_leaves_infra_error_and_the_next_run_grades_only_that(r
         os.kill(pid, signal.SIGKILL)
     thread.join(timeout=300)
     first = results(out)
-    assert first["reference"]["score"] == 100
+    assert first["reference"]["score"] == FULL
     assert first["hang"]["status"] == "infra_error" and first["hang"]["score"] is None
     assert "array task" in first["hang"]["message"]
     second = grade_batch([box], out, rubric_path=rubric, progress=False, executor="slurm",

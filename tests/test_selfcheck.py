@@ -10,7 +10,9 @@ from grader import cli
 from grader.rerun.executor import make_executor
 from grader.parts import BY_ID, PART_IDS
 from grader.results import Status
-from grader.rubric import PUBLIC_RUBRIC, load_rubric
+from grader.instructor.release import public_rubric_text
+from grader.rubric import load_public_rubric, load_rubric
+from grader.rubric import public_rubric as public_rubric_of
 from grader.student.check import check, format_report
 from tests.corpus import DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, write_zip
 
@@ -30,13 +32,15 @@ def executor():
 
 @pytest.fixture(scope="module")
 def public_rubric(tmp_path_factory):
-    return fast_rubric(tmp_path_factory.mktemp("rubric"), source=PUBLIC_RUBRIC)
+    """The public rubric as the release ships it (derived from grader/rubric.yaml), with short timeouts."""
+    tmp = tmp_path_factory.mktemp("rubric")
+    (tmp / "rubric-public.yaml").write_text(public_rubric_text(load_rubric()))
+    return fast_rubric(tmp, source=tmp / "rubric-public.yaml")
 
 
-def test_the_public_rubric_has_only_public_checks_at_1_2_and_4_ranks():
-    rubric = load_rubric(PUBLIC_RUBRIC)
-    assert [c.hidden for c in rubric.checks] == [False] * 3
-    assert [c.world_size for c in rubric.checks] == [4, 1, 2]
+def test_check_runs_the_public_rubric_derived_from_the_graders(public_rubric):
+    shipped = load_public_rubric(public_rubric)
+    assert shipped.checks == public_rubric_of(load_rubric()).checks and not any(c.hidden for c in shipped.checks)
 
 
 @pytest.mark.timeout(120)
@@ -99,6 +103,7 @@ def test_check_takes_the_log_it_is_given_whatever_its_name_and_says_so(executor,
     assert "files:   assignment4.py, utils.py, slurm-5151.out (stdout and stderr)" in format_report(report)
 
 
+@pytest.mark.stock_rubric
 @pytest.mark.timeout(120)
 def test_a_mutant_only_a_hidden_check_catches_passes_every_public_check(executor, public_rubric, reference_run,
                                                                         tmp_path):

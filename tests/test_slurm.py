@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from grader.pipeline.logfile import parse_log
+from tests.corpus import FULL_CSV
 from tests.test_submit import HEADER_KEYS, footer_status
 from tests.worlds import REFERENCE, ROOT
 
@@ -269,7 +270,7 @@ def test_the_grader_grades_a_batch_through_a_job_array(workdir, reference_run):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "graded 3 hand-in(s)" in proc.stdout
     rows = {r.split(",")[0]: r.split(",") for r in (out / "grades.csv").read_text().splitlines()[1:]}
-    assert rows["reference"][1:4] == ["100", "100", "graded"]
+    assert rows["reference"][1:4] == [FULL_CSV, FULL_CSV, "graded"]
     assert rows["skeleton"][1] == "0"
     dp = __import__("json").loads((out / "dp_summed" / "grading.json").read_text())["parts"]["data_parallel"]
     assert dp["status"] == "failed" and "summed over the 4 ranks" in dp["message"]

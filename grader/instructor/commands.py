@@ -1,4 +1,4 @@
-"""`python -m grader skeleton` and `python -m grader release`: the instructor's commands."""
+"""`python -m grader skeleton`, `release` and `public-rubric`: the instructor's commands."""
 
 import sys
 
@@ -30,4 +30,21 @@ def release_command(args) -> int:
         return 2
     print(f"wrote the student release to {summary.out}: {len(summary.files)} files "
           f"(grader rooms: {', '.join(summary.rooms)})")
+    return 0
+
+
+def public_rubric_command(args) -> int:
+    from grader import kit
+    from grader.instructor.release import public_rubric_text
+    from grader.rubric import load_rubric
+    try:
+        text = public_rubric_text(load_rubric(args.rubric))
+    except RubricError as e:
+        print(f"public-rubric: {e}", file=sys.stderr)
+        return 2
+    if args.output:
+        kit.atomic_write(args.output, text)
+        print(f"wrote the public rubric to {args.output}")
+    else:
+        print(text, end="")
     return 0

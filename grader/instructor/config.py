@@ -5,14 +5,16 @@ assignment_4/reference/assignment4.py, and so of the skeleton generated from it)
 `default` check (the public configuration every hand-in is re-run at, and the run its `.log` is
 held against) and the handout's numbers (assignment_4/README.md: the shapes of W and of the
 batch, and the numbers it tells students never to assume). An instructor who changes one and not
-the others would grade students against numbers they were never given.
+the others would grade students against numbers they were never given. The account the handout
+and the release's README give of `python -m grader check` (the world sizes it runs at, the ranks
+a log needs) is held against the public rubric the same way.
 """
 
 import ast
 import re
 from pathlib import Path
 
-from grader.rubric import load_rubric
+from grader.rubric import load_rubric, public_rubric
 
 KEYS = ("global_batch_size", "input_dim", "output_dim", "seed", "accumulation_steps")
 # What the handout says, by pattern: each group is the value of the key beside it.
@@ -22,6 +24,9 @@ HANDOUT = (
     (r"never assume the numbers (\d+), (\d+), (\d+) or (\d+)",
      ("global_batch_size", "input_dim", "output_dim", "accumulation_steps")),
 )
+# What the handout says of the students' check: the world sizes it runs at, the ranks a log needs.
+PUBLIC_SIZES = r"in worlds of ((?:\d+, )*\d+(?: and \d+)?) ranks"
+LOG_RANKS = r"did it have at least (\d+) ranks"
 
 
 def reference_constants(path: Path) -> dict:
@@ -52,8 +57,7 @@ def config_drift(root: Path) -> list:
     handout_path = root / "assignment_4" / "README.md"
     rubric = load_rubric(root / "grader" / "rubric.yaml")
     reference = reference_constants(reference_path)
-    default = next((c for c in rubric.checks if c.name == "default"), None) or \
-        next(c for c in rubric.checks if not c.hidden)
+    default = rubric.default_check
     drift = [f"{reference_path.relative_to(root)} sets no `{key} = <number>` at its top" for key in KEYS
              if key not in reference]
     for key in KEYS:
@@ -71,4 +75,24 @@ def config_drift(root: Path) -> list:
         if key in reference and value != reference[key]:
             drift.append(f"{handout_path.relative_to(root)} says {key} is {value} (\"{sentence}\") but "
                          f"{reference_path.relative_to(root)} sets {key} = {reference[key]}")
+    for guide in (handout_path, root / "student" / "README.md"):
+        if guide.is_file():
+            drift += _check_drift(guide, root, rubric)
+    return drift
+
+
+def _check_drift(guide: Path, root: Path, rubric) -> list:
+    """Where a student guide's account of the students' check disagrees with the public rubric."""
+    text, name = " ".join(guide.read_text().split()), guide.relative_to(root)
+    drift = []
+    sizes = [c.world_size for c in public_rubric(rubric).checks]
+    for match in re.finditer(PUBLIC_SIZES, text):
+        said = [int(n) for n in re.findall(r"\d+", match.group(1))]
+        if said != sizes:
+            drift.append(f"{name} says the check runs \"{match.group(0)}\" but the public rubric's checks run at world "
+                         f"sizes {', '.join(map(str, sizes))} (grader/rubric.yaml: public_world_sizes)")
+    for match in re.finditer(LOG_RANKS, text):
+        if int(match.group(1)) != rubric.log_min_world_size:
+            drift.append(f"{name} says a log needs \"{match.group(0)}\" but grader/rubric.yaml has "
+                         f"log_min_world_size: {rubric.log_min_world_size}")
     return drift

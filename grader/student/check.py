@@ -6,8 +6,9 @@ PATH is the zip to be handed in, or the working folder (default `assignment_4/`)
 zipped in memory exactly as `python -m grader package` zips it, with the run `package` would take
 (found by what its files hold, whatever their names; `--log FILE` names it), and that zip is graded. Either way the hand-in goes through `grader.grade.grade_handin`,
 the function the graders' batch runs on every hand-in, with the public rubric
-(`grader/rubric-public.yaml`: the default configuration on 4, 1 and 2 ranks, the same points and
-log requirements) instead of theirs, which adds hidden checks. What comes back is a row per part:
+(`grader.rubric.public_rubric`, shipped as `grader/rubric-public.yaml`: the default configuration
+on 4, 1 and 2 ranks in the stock course, the same points and log requirements) instead of theirs,
+which adds hidden checks. What comes back is a row per part:
 the re-run's verdict, the log's verdict and a message, and the reasons the hand-in is not ready.
 """
 
@@ -24,7 +25,7 @@ from grader.rerun.executor import make_executor
 from grader.pipeline.grade import grade_handin
 from grader.parts import BY_ID
 from grader.results import Status, ToDict
-from grader.rubric import PUBLIC_RUBRIC, load_rubric
+from grader.rubric import load_public_rubric
 from grader.rerun.sandbox import scratch_dir
 
 TRACEBACK_LINES = 8
@@ -162,7 +163,7 @@ def handin_at(path=None, log=None, err=None, pattern: str = r"(?P<id>.+)") -> tu
 
 def check(path=None, log=None, err=None, rubric_path=None, executor=None) -> CheckReport:
     """Check the hand-in at `path` (see the module docstring); `executor` may be shared between calls."""
-    rubric = load_rubric(rubric_path or PUBLIC_RUBRIC)
+    rubric = load_public_rubric(rubric_path)
     handin, notes = handin_at(path, log, err, rubric.files.student_id_pattern)
     own = executor is None
     executor = executor or make_executor("warm", "best")

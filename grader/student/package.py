@@ -31,7 +31,7 @@ from pathlib import Path
 from grader.pipeline import runs as run_logs
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.logtext import LogReport
-from grader.rubric import PUBLIC_RUBRIC, load_rubric
+from grader.rubric import load_public_rubric
 
 DEFAULT_FOLDER = Path("assignment_4")
 DEFAULT_ZIP = Path("assignment4-handin.zip")
@@ -128,7 +128,7 @@ def runs(folders) -> list:
 def public_rule() -> run_logs.LogRule:
     """What the public rubric asks of a run (world size; nodes and a Slurm job where the course asks)."""
     try:
-        return run_logs.rule_of(load_rubric(PUBLIC_RUBRIC))
+        return run_logs.rule_of(load_public_rubric())
     except (OSError, ValueError):
         return run_logs.LogRule()
 

@@ -1,0 +1,103 @@
+"""A course that changes the rubric keeps its safety net: an instructor's copy of the kit with other
+points, a new hidden check, another default batch (in the rubric, the reference and the handout
+alike) and another tolerance builds its release, and the kit's own tests pass in it, the
+stock-course tests skipped and named."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grader.instructor.config import reference_constants
+from tests.corpus import ROOT
+
+KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "pyproject.toml")
+# The kit's tests run in the changed copy: the whole corpus graded and diagnosed, the rubric and the
+# release. (All of them hold there; these are the ones that read the rubric most.)
+SUITE = ("tests/test_compare.py", "tests/test_grader.py",
+         "tests/test_end_to_end.py::test_importing_the_reference_has_no_side_effects",
+         "tests/test_release.py::test_release_refuses_a_configuration_said_differently_and_names_file_and_value",
+         "tests/test_release.py::test_the_release_ships_the_public_rubric_derived_from_the_graders")
+# test_grader's tests of the cache and of the torchrun executor grade the same way under any rubric.
+UNRELATED = "not second_run and not changed_grader and not torchrun_executor and not gloo_cannot_start"
+
+
+def instructors_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "course"
+    for name in KIT:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        else:
+            shutil.copy2(source, copy / name)
+    return copy
+
+
+def customise(copy: Path) -> dict:
+    """What a new instructor changes: Part 1 raised by 3 points, a hidden check added, the default
+    batch doubled everywhere it is said, a looser tolerance. Returns the new default batch."""
+    rubric_path = copy / "grader" / "rubric.yaml"
+    rubric = yaml.safe_load(rubric_path.read_text())
+    rubric["parts"]["baseline"]["rerun"] += 3
+    added = f"wide-rows-{len(rubric['checks'])}"   # a name of its own, also in a course changed before
+    rubric["checks"].append({"name": added, "hidden": True, "world_size": 2, "seed": 5,
+                             "global_batch_size": 24, "input_dim": 9, "output_dim": 14, "accumulation_steps": 3})
+    rubric["tolerance"] = {"rtol": 2e-4, "atol": 2e-5}
+    reference = copy / "assignment_4" / "reference" / "assignment4.py"
+    old = reference_constants(reference)["global_batch_size"]
+    new = 2 * old
+    default = next(c for c in rubric["checks"] if not c.get("hidden"))
+    default["global_batch_size"] = new
+    rubric_path.write_text(yaml.safe_dump(rubric, sort_keys=False))
+    reference.write_text(reference.read_text().replace(f"global_batch_size = {old} ", f"global_batch_size = {new} ", 1))
+    handout = copy / "assignment_4" / "README.md"
+    text = handout.read_text()
+    for said in ("[B, input_dim] = [{}, ", "never assume the numbers {}, "):
+        assert said.format(old) in text, said
+        text = text.replace(said.format(old), said.format(new))
+    handout.write_text(text)
+    return {"old": old, "new": new, "added": added}
+
+
+def run(copy: Path, *args, timeout: int) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "A4_STOCK_RUBRIC", "PYTEST_ADDOPTS")}
+    return subprocess.run([sys.executable, *args], cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(900)
+def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path):
+    copy = instructors_copy(tmp_path)
+    batch = customise(copy)
+    made = run(copy, "-m", "grader", "skeleton", timeout=60)
+    assert made.returncode == 0 and "written" in made.stdout, made.stderr
+    released = run(copy, "-m", "grader", "release", "--out", str(tmp_path / "release"), timeout=120)
+    assert released.returncode == 0, released.stderr
+    public = yaml.safe_load((tmp_path / "release" / "grader" / "rubric-public.yaml").read_text())
+    assert public["parts"]["baseline"]["rerun"] == yaml.safe_load(
+        (ROOT / "grader" / "rubric.yaml").read_text())["parts"]["baseline"]["rerun"] + 3
+    assert {c["global_batch_size"] for c in public["checks"]} == {batch["new"]}
+    assert batch["added"] not in (tmp_path / "release" / "grader" / "rubric-public.yaml").read_text()
+
+    suite = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slurm", "-k", UNRELATED, *SUITE,
+                timeout=840)
+    tail = suite.stdout[-6000:]
+    assert suite.returncode == 0, tail + suite.stderr[-2000:]
+    assert "stock-course tests (marker stock_rubric):" in tail and "skipped: grader/rubric.yaml is not the stock one" in tail
+    assert " failed" not in tail and " passed" in tail
+
+
+def test_a_changed_rubric_needs_the_stock_tests_changed_where_the_stock_is_required(tmp_path):
+    """This repository's CI sets A4_STOCK_RUBRIC=required: a changed rubric stops the suite at once,
+    saying what to update, rather than skipping the stock tests unseen."""
+    copy = instructors_copy(tmp_path)
+    customise(copy)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_compare.py"],
+                          cwd=copy, env=dict(env, A4_STOCK_RUBRIC="required"), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "update STOCK_RUBRIC in tests/conftest.py" in done.stdout + done.stderr
