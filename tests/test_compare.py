@@ -62,6 +62,16 @@ def test_each_usual_mistake_is_named(exp, part, make, words):
     assert words in diagnose(make(exp).double(), exp, part, CHECK, 0, TOL)
 
 
+@pytest.mark.parametrize("batch", [128, 256])
+def test_a_summed_loss_is_named_whatever_the_batch(batch):
+    """At B*O = 8192 the factor is large: the run's float32 rounding must not hide it."""
+    check = Check(name="big", world_size=1, seed=42, global_batch_size=batch, input_dim=64, output_dim=32)
+    exp = expected(check, 0.5)
+    x, y, w0 = exp.x.float(), exp.y.float(), exp.w0.float()
+    got = w0 - 0.5 * 2.0 * x.T @ (x @ w0 - y)   # the summed loss's step, in float32 as a run takes it
+    assert "a sum, not a mean" in diagnose(got.double(), exp, "baseline", check, 0, TOL)
+
+
 def test_one_ranks_slice_on_every_rank_is_told_from_each_rank_on_its_own(exp):
     first = exp.step(slice(0, 6))
     same = {r: first for r in range(4)}
