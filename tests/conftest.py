@@ -21,7 +21,7 @@ from tests.corpus import REFERENCE, ROOT
 
 # Rubric.digest() of the stock course's grader/rubric.yaml (comments and layout do not count). A
 # deliberate change of the stock course changes it here too, and the stock_rubric tests with it.
-STOCK_RUBRIC = "6235b1e18ce5d69e3f3c3c9d90bd970a2426f409edc3bfd8049d9425b5d24e3c"
+STOCK_RUBRIC = "80b03681a4fed5fc8fbba6e81a898c43d75af65d8326d84e8f66ef99ecac491c"
 NOT_STOCK = ("grader/rubric.yaml is not the stock course's rubric: this test checks the stock course's "
              "own checks and numbers")
 

@@ -101,7 +101,7 @@ MUTANTS = {
          "    model = CustomLinearLayer(initial_weight).to(device)\n"),
         ("    local_updated_weight = model.W.detach().contiguous()\n",
          "    return model.W.detach()\n    local_updated_weight = model.W.detach().contiguous()\n")],
-        diagnosis="never called an all-gather"),
+        diagnosis="each rank took the whole step alone"),
     "crash_on_one_rank": Mutant("data_parallel", [
         ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n",
          "        if dist.get_rank() == 1:\n            raise RuntimeError('rank 1 lost its way')\n"

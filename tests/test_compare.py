@@ -1,11 +1,12 @@
-"""Judging re-run weights: the closed form, the diagnoses of the usual mistakes, the communication check."""
+"""Judging re-run weights: the closed form on the data a part was served, and the diagnoses of the usual mistakes."""
 
 import pytest
 import torch
 
-from grader.pipeline.compare import comm_check, diagnose, expected, judge
+from grader.pipeline.compare import diagnose, expected, judge
 from grader.pipeline.diagnose import local_ranks, tp_step
 from grader.pipeline.say import Say
+from grader.rerun import secret
 from grader.rerun.check import PartRun, RankRun
 from grader.results import Status
 from grader.rubric import Check, RubricError, Tolerance, load_rubric, public_rubric, rubric_from_dict
@@ -127,31 +128,60 @@ def test_a_hidden_checks_numbers_are_never_said():
         "global_batch_size (#) is not divisible by 11 in assignment4.py, line #"
 
 
-def ranks_with(weight, comm=(), answer_key=0, n=4):
-    return {r: RankRun(rank=r, status="ok", weight=weight, comm=[dict(c) for c in comm], answer_key_calls=answer_key)
-            for r in range(n)}
+def ranks_with(weight, comm=(), n=4):
+    return {r: RankRun(rank=r, status="ok", weight=weight, comm=[dict(c) for c in comm]) for r in range(n)}
 
 
-def test_data_parallel_needs_an_all_reduce_of_the_gradient_or_reduce_scatter_and_all_gather(exp):
-    ok, message = comm_check("data_parallel", CHECK, ranks_with(exp.w1))
-    assert not ok and message == "rank 0 never all-reduced the gradients (collectives called: no collective at all)"
-    small = [{"op": "all_reduce", "numel": 1}]
-    assert not comm_check("data_parallel", CHECK, ranks_with(exp.w1, small))[0]
-    assert comm_check("data_parallel", CHECK, ranks_with(exp.w1, [{"op": "all_reduce", "numel": 56}]))[0]
-    ring = [{"op": "reduce_scatter_tensor", "numel": 14}, {"op": "all_gather_into_tensor", "numel": 56}]
-    assert comm_check("data_parallel", CHECK, ranks_with(exp.w1, ring))[0]
-    one_rank = Check(name="one", world_size=1, global_batch_size=24, input_dim=7, output_dim=8)
-    assert comm_check("data_parallel", one_rank, ranks_with(exp.w1, n=1))[0]
+@pytest.fixture(scope="module")
+def served():
+    """Parts 3 and 4 at CHECK on data drawn as a world's leader draws it."""
+    return {part: expected(CHECK, 0.5, secret.draw(part, 4, False), part) for part in ("data_parallel", "tensor_parallel")}
 
 
-def test_tensor_parallel_needs_an_all_gather(exp):
-    assert not comm_check("tensor_parallel", CHECK, ranks_with(exp.w1, [{"op": "all_reduce", "numel": 56}]))[0]
-    assert comm_check("tensor_parallel", CHECK, ranks_with(exp.w1, [{"op": "all_gather", "numel": 14}]))[0]
+def test_each_rank_is_served_real_data_only_where_it_is_its_own(served):
+    dp, tp = served["data_parallel"], served["tensor_parallel"]
+    for r in range(4):
+        x, y = dp.data(r)
+        rows = slice(6 * r, 6 * r + 6)
+        assert torch.equal(x[rows], dp.x[rows]) and torch.equal(y[rows], dp.y[rows])
+        others = torch.ones(24, dtype=torch.bool)
+        others[rows] = False
+        assert not torch.isclose(x[others], dp.x[others]).any()
+        x, y = tp.data(r)
+        assert torch.equal(x, tp.x) and torch.equal(y[:, 2 * r:2 * r + 2], tp.y[:, 2 * r:2 * r + 2])
+        assert not torch.isclose(y[:, :2 * r], tp.y[:, :2 * r]).any()
+    assert not torch.equal(dp.x, expected(CHECK, 0.5).x)   # not the handout's seeded batch
 
 
-def test_calling_the_answer_key_costs_the_part(exp):
-    ok, message = comm_check("baseline", CHECK, ranks_with(exp.w1, answer_key=1))
-    assert not ok and "utils.expected_weight" in message
+def test_a_step_on_data_a_rank_does_not_own_is_a_wrong_weight_with_its_diagnosis(served):
+    """Computing everything on one rank (and all-reducing nothing, or the closed form) is wrong."""
+    dp, tp = served["data_parallel"], served["tensor_parallel"]
+    for part, e in served.items():
+        weights = {r: e.step(rank=r) for r in range(4)}   # each rank the step on all it was handed
+        ranks = {r: RankRun(rank=r, status="ok", weight=w, comm=[{"op": "all_reduce", "numel": 56}])
+                 for r, w in weights.items()}
+        outcome = judge(PartRun(part, Status.PASSED, ranks), e, part, CHECK, TOL)
+        assert outcome.status == Status.FAILED and outcome.failing_ranks == [0, 1, 2, 3]
+        words = "never all-reduced the gradients" if part == "data_parallel" else "each rank took the whole step alone"
+        assert words in outcome.message, outcome.message
+    mean = dp.mean_step(lambda r: slice(None), 4)   # the whole batch's gradients, really all-reduced
+    outcome = judge(PartRun("data_parallel", Status.PASSED, ranks_with(mean)), dp, "data_parallel", CHECK, TOL)
+    assert "all-reduced, but of the wrong rows" in outcome.message
+    honest = judge(PartRun("data_parallel", Status.PASSED, ranks_with(dp.mean_step(lambda r: slice(6 * r, 6 * r + 6), 4))),
+                   dp, "data_parallel", CHECK, TOL)
+    assert honest.status == Status.PASSED
+    shards_right = torch.cat([tp.step(rank=r)[:, 2 * r:2 * r + 2] for r in range(4)], dim=1)
+    assert judge(PartRun("tensor_parallel", Status.PASSED, ranks_with(shards_right)), tp, "tensor_parallel", CHECK,
+                 TOL).status == Status.PASSED
+
+
+def test_no_collective_a_rank_reports_decides_a_verdict(exp):
+    """Right weights pass whatever the rank says it called; wrong ones fail whatever it says."""
+    for comm in ((), [{"op": "all_reduce", "numel": 56}]):
+        assert judge(PartRun("data_parallel", Status.PASSED, ranks_with(exp.w1.clone(), comm)), exp,
+                     "data_parallel", CHECK, TOL).status == Status.PASSED
+        assert judge(PartRun("data_parallel", Status.PASSED, ranks_with(exp.w0.clone(), comm)), exp,
+                     "data_parallel", CHECK, TOL).status == Status.FAILED
 
 
 def test_judge_passes_right_weights_and_names_the_failing_ranks(exp):
@@ -170,8 +200,7 @@ def test_a_reduce_where_an_all_reduce_belongs_says_what_was_seen(exp):
     outcome = judge(PartRun("data_parallel", Status.PASSED, ranks), exp, "data_parallel", CHECK, TOL)
     assert outcome.message.startswith("wrong weight on ranks 1, 2, 3: only rank 0 ends with the right weight: the "
                                       "gradients went through dist.reduce")
-    assert outcome.comm_message == "rank 0 never all-reduced the gradients (collectives called: reduce)"
-    assert "whole batch" not in outcome.message + outcome.comm_message
+    assert "whole batch" not in outcome.message
 
 
 def test_not_implemented_names_the_todo_that_is_left(exp):
@@ -192,7 +221,7 @@ def test_the_default_rubric_is_valid_and_adds_up_to_100():
         (4, 1, "backward")]
     assert not rubric.checks[0].hidden and all(c.hidden for c in rubric.checks[1:])
     tp = sum(c.weight for c in rubric.checks)
-    assert 28 * sum(c.weight for c in rubric.checks if c.kind == "backward") / tp == 8   # the backward's share
+    assert 28 * sum(c.weight for c in rubric.checks if c.kind == "backward") / tp == 14   # the backward's share
     assert (rubric.log_min_world_size, rubric.log_min_nodes, rubric.log_slurm_job) == (4, 1, False)
 
 

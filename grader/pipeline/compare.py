@@ -1,54 +1,85 @@
-"""Judge a re-run part against the reference: weights, communication, and what a difference means.
+"""Judge a re-run part against the reference: weights, and what a difference means.
 
 The reference weight is one SGD step on the MSE loss in closed form, in float64, computed here
-in the grader's own process from the check's configuration (seeded exactly as the handout seeds
-it; tests prove it equals what the reference solution returns):
+in the grader's own process from the data the part ran on (grader.rerun.secret: drawn by the
+world's leader, served to each rank as its own view, its seeds reported back to the grader) and
+the initial weight seeded exactly as the handout seeds it:
 
     W1 = W0 - lr * dL/dW,   dL/dW = 2/(B*O) * X^T (X W0 - Y)
 
+Nothing a rank says about itself decides a verdict (the collectives it reports are a hint for the
+feedback, never required): only the weight, which is right only when the part's parallel work was
+done, since no rank alone holds the data a right weight needs (Parts 3 and 4).
+
 When a weight differs, grader.pipeline.diagnose tests the usual mistakes in turn, each by computing
-the weight that mistake would produce and comparing. Messages are said through grader.pipeline.say,
-so a hidden check's numbers never reach them. (A backward check is grader.pipeline.backward's.)
+the weight that mistake would produce on the data each rank was handed, and comparing. Messages are
+said through grader.pipeline.say, so a hidden check's numbers never reach them. (A backward check
+is grader.pipeline.backward's.)
 """
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from grader.pipeline.diagnose import close as _close, diagnose
 from grader.pipeline.say import Say
+from grader.rerun import secret
 from grader.results import CheckOutcome, Status
 
-__all__ = ["Expected", "expected", "diagnose", "collectives", "comm_check", "weight_digest", "judge", "unfinished"]
-
-# The communication each part must show at world sizes above 1, per rank.
-GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base")
-REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base")
+__all__ = ["Expected", "expected", "diagnose", "collectives", "weight_digest", "judge", "unfinished"]
 
 
 @dataclass
 class Expected:
     w0: torch.Tensor   # [input_dim, output_dim]
-    x: torch.Tensor    # [B, input_dim]
+    x: torch.Tensor    # [B, input_dim], the real batch
     y: torch.Tensor    # [B, output_dim]
     lr: float
     w1: torch.Tensor   # the reference's updated weight
+    views: dict = field(default_factory=dict)   # rank -> (x, y) as that rank was handed them, where
+                                                # they differ from the real batch (Parts 3 and 4)
 
-    def step(self, rows=slice(None), scale=1.0) -> torch.Tensor:
-        """W0 - scale * lr * (gradient of the mean loss over `rows` of the batch)."""
-        x, y = self.x[rows], self.y[rows]
-        grad = 2.0 / (x.shape[0] * y.shape[1]) * x.T @ (x @ self.w0 - y)
-        return self.w0 - scale * self.lr * grad
+    def data(self, rank=None) -> tuple:
+        """(x, y) as rank `rank` was handed them (None: the real batch)."""
+        return self.views.get(rank, (self.x, self.y))
+
+    def gradient(self, rows=slice(None), rank=None) -> torch.Tensor:
+        """The gradient of the mean loss over `rows` of the batch rank `rank` was handed."""
+        x, y = self.data(rank)
+        x, y = x[rows], y[rows]
+        return 2.0 / (x.shape[0] * y.shape[1]) * x.T @ (x @ self.w0 - y)
+
+    def step(self, rows=slice(None), scale=1.0, rank=None) -> torch.Tensor:
+        """W0 - scale * lr * (gradient of the mean loss over `rows` of rank `rank`'s batch)."""
+        return self.w0 - scale * self.lr * self.gradient(rows, rank)
+
+    def mean_step(self, rows_of, world_size: int) -> torch.Tensor:
+        """The data-parallel step when rank r takes rows_of(r) of the batch it was handed and the
+        gradients are averaged over the ranks."""
+        return self.w0 - self.lr * sum(self.gradient(rows_of(r), r) for r in range(world_size)) / world_size
 
 
-def expected(check, lr: float) -> Expected:
+def expected(check, lr: float, data=None, part: str = "baseline") -> Expected:
+    """The reference of `part` at `check`, on `data` (the protocol.PartSecret the part ran on; None:
+    the handout's seeded batch, as utils.create_batch draws it)."""
     g = torch.Generator().manual_seed(check.seed)
     w0 = torch.randn(check.input_dim, check.output_dim, generator=g).double()
-    g = torch.Generator().manual_seed(check.seed)  # create_batch seeds again before drawing
-    x = torch.randn(check.global_batch_size, check.input_dim, generator=g).double()
-    y = torch.randn(check.global_batch_size, check.output_dim, generator=g).double()
-    e = Expected(w0=w0, x=x, y=y, lr=lr, w1=None)
+    sizes = (check.global_batch_size, check.input_dim, check.output_dim)
+    views = {}
+    if data is None:
+        g = torch.Generator().manual_seed(check.seed)  # create_batch seeds again before drawing
+        x = torch.randn(check.global_batch_size, check.input_dim, generator=g).double()
+        y = torch.randn(check.global_batch_size, check.output_dim, generator=g).double()
+    else:
+        layout = secret.layout(part, False)
+        real = secret.tensors(data, layout, *sizes)
+        x, y = real.x.double(), real.y.double()
+        if layout != secret.WHOLE:
+            for r in range(check.world_size):
+                mine = secret.tensors(secret.view(data, r), layout, *sizes, rank=r)
+                views[r] = (mine.x.double(), mine.y.double())
+    e = Expected(w0=w0, x=x, y=y, lr=lr, w1=None, views=views)
     e.w1 = e.step()
     return e
 
@@ -60,29 +91,6 @@ def collectives(ranks: dict) -> dict:
             op = str(call.get("op"))
             counts[op] = counts.get(op, 0) + 1
     return counts
-
-
-def comm_check(part: str, check, ranks: dict) -> tuple:
-    """(ok, message): did every rank communicate as the part requires? Only asked above one rank."""
-    if any(r.answer_key_calls for r in ranks.values()):
-        return False, ("calls utils.expected_weight, the closed-form answer the script checks "
-                       "against: a part must compute the step itself")
-    if check.world_size == 1 or part not in ("data_parallel", "tensor_parallel"):
-        return True, ""
-    numel = check.input_dim * check.output_dim
-    for rank, run in sorted(ranks.items()):
-        ops = [c.get("op") for c in run.comm]
-        if part == "data_parallel":
-            reduced = sum(int(c.get("numel") or 0) for c in run.comm if c.get("op") == "all_reduce")
-            scattered = any(op in REDUCE_SCATTERS for op in ops) and any(op in GATHERS for op in ops)
-            if reduced < numel and not scattered:
-                seen = ", ".join(sorted(set(ops))) or "no collective at all"
-                return False, f"rank {rank} never all-reduced the gradients (collectives called: {seen})"
-        if part == "tensor_parallel" and not any(op in GATHERS for op in ops):
-            seen = ", ".join(sorted(set(ops))) or "no collective at all"
-            return False, (f"rank {rank} never called an all-gather (collectives called: {seen}); "
-                           f"column-parallel layers gather the output and the weight shards")
-    return True, ""
 
 
 WEIGHT_DECIMALS = 6   # weight_digest rounds to this: the same wrong answer summed in another order still agrees
@@ -160,7 +168,6 @@ def judge(run, exp: Expected, part: str, check, tol, say: Say = None, passed=())
             failing.append(rank)
     outcome.max_abs_diff = worst
     outcome.failing_ranks = failing
-    outcome.comm_ok, outcome.comm_message = comm_check(part, check, run.ranks)
     if failing:
         first = failing[0]
         weights = {rank: r.weight for rank, r in run.ranks.items()}
@@ -170,9 +177,6 @@ def judge(run, exp: Expected, part: str, check, tol, say: Say = None, passed=())
                                                           say, passed, weights)
         outcome.weight_digest = weight_digest(run.ranks)
         outcome.message = f"wrong weight on {say.ranks(failing, len(run.ranks))}: {outcome.diagnosis}"
-    elif not outcome.comm_ok:
-        outcome.status = Status.FAILED
-        outcome.message = f"right weight, but {say.text(outcome.comm_message)}"
     else:
         outcome.status = Status.PASSED
         outcome.message = ("matches the reference on every rank" if check.hidden or len(run.ranks) == 1

@@ -1,5 +1,9 @@
 """What a wrong weight looks like: each usual mistake's weight, computed and compared in turn.
 
+Each mistake's weight is computed on the data every rank was handed (compare.Expected's views:
+in Part 3 a rank holds the real rows of its own slice only, in Part 4 the real targets of its own
+columns only), so a mistake that uses data a rank does not own is told by its weight.
+
 `diagnose` returns one sentence that states what the weight is (the transpose, one rank's shard,
 the step of one micro-batch, an update k times the reference's) and, where the weight leaves no
 doubt, the line of code that makes it. Numbers go through grader.pipeline.say, so a hidden
@@ -31,15 +35,19 @@ def layout_matters(check, passed) -> bool:
 def tp_step(exp, check, holds) -> torch.Tensor:
     """Part 4's gathered weight when rank r starts from the columns of shard holds[r] (and its output
     is compared with the targets of its own columns r)."""
-    p = check.world_size
-    cols = check.output_dim // p
-    b, o = exp.x.shape[0], exp.y.shape[1]
-    shards = []
-    for r, h in enumerate(holds):
-        w = exp.w0[:, h * cols:(h + 1) * cols]
-        grad = 2.0 / (b * o) * exp.x.T @ (exp.x @ w - exp.y[:, r * cols:(r + 1) * cols])
-        shards.append(w - exp.lr * grad)
-    return torch.cat(shards, dim=1)
+    cols = check.output_dim // check.world_size
+    return torch.cat([column_step(exp, r, h, h, r, cols) for r, h in enumerate(holds)], dim=1)
+
+
+def column_step(exp, rank: int, holds: int, output: int, targets: int, cols: int) -> torch.Tensor:
+    """The shard rank `rank` updates when it starts from W0's columns block `holds` and its gradient
+    is that of X W0_output against block `targets` of the targets as rank `rank` was handed them."""
+    x, y = exp.data(rank)
+    b, o = x.shape[0], y.shape[1]
+    w = exp.w0[:, holds * cols:(holds + 1) * cols]
+    out = x @ exp.w0[:, output * cols:(output + 1) * cols]
+    grad = 2.0 / (b * o) * x.T @ (out - y[:, targets * cols:(targets + 1) * cols])
+    return w - exp.lr * grad
 
 
 def _shape(got, want, say) -> str:
@@ -107,22 +115,29 @@ def _data_parallel(got, exp, check, rank, tol, say, weights, passed):
     rows = [slice(r * local, (r + 1) * local) for r in range(ws)]
     if layout_matters(check, passed):
         mine = local_ranks(check)
-        if close(got, sum(exp.step(rows[m]) for m in mine) / ws, tol):
+        if close(got, exp.mean_step(lambda r: rows[mine[r]], ws), tol):
             return (f"every rank used the slice of the batch of its LOCAL_RANK: in this check's layout of "
                     f"{say.num(check.nodes, 'several')} nodes the local ranks repeat on every node, so ranks "
                     f"of different nodes took the same rows; pick the slice with the global rank "
                     f"(dist.get_rank(), RANK), not the local one")
     same = weights is not None and len(weights) > 1 and all(close(w, got, tol) for w in weights.values())
     for k in range(ws) if same else ():
-        if close(got, exp.step(rows[k]), tol):
+        if close(got, exp.mean_step(lambda r: rows[k], ws), tol):
             whose = "the first rank's" if k == 0 else "the last rank's" if k == ws - 1 else "one rank's"
             whose = whose if say.hidden else f"rank {k}'s"
             return (f"on every rank the update is the gradient of {whose} slice of the batch alone: the ranks "
                     f"took the same rows (each rank's slice starts at rank * local_batch_size)")
     for scale in (1.0, 1.0 / ws):
-        if close(got, exp.step(rows[rank], scale), tol):
+        if close(got, exp.step(rows[rank], scale, rank), tol):
             return (f"{say.rank(rank, 'a rank')} stepped on its own slice of the batch only: the gradients were "
                     f"not all-reduced across the ranks")
+    whole = "every rank's gradient was that of the whole batch it was handed, not of its own slice: a rank's " \
+            "data is the rows of its own slice alone (from rank * local_batch_size), the other rows are not its own"
+    for scale in (1.0, 1.0 / ws):
+        if close(got, exp.step(slice(None), scale, rank), tol):
+            return f"{whole}, and the ranks never all-reduced the gradients of their slices"
+    if close(got, exp.mean_step(lambda r: slice(None), ws), tol):
+        return f"{whole}; the gradients were all-reduced, but of the wrong rows"
     return None
 
 
@@ -144,7 +159,7 @@ def _accumulation(got, exp, check, tol, say):
     return None
 
 
-def _tensor_parallel(got, exp, check, tol, say, passed):
+def _tensor_parallel(got, exp, check, rank, tol, say, passed):
     p, want = check.world_size, exp.w1
     cols = check.output_dim // p
     shards = [want[:, j * cols:(j + 1) * cols] for j in range(p)]
@@ -171,12 +186,15 @@ def _tensor_parallel(got, exp, check, tol, say, passed):
     if close(got, torch.stack(shards, dim=-1).reshape(want.shape), tol):
         return ("the shards were stacked along a new last dimension and reshaped, which interleaves their "
                 "columns: concatenate along dimension 1 (torch.cat(shards, dim=1))")
-    step = exp.w0 - want   # lr times the gradient, every column
     for k in range(p):
-        if close(got, exp.w0 - step[:, k * cols:(k + 1) * cols].repeat(1, p), tol):
+        if close(got, torch.cat([column_step(exp, r, r, k, k, cols) for r in range(p)], dim=1), tol):
             whose = f"rank {k}'s" if not say.hidden else "the first rank's" if k == 0 else "one rank's"
             return (f"every rank's shard took the step of {whose} columns: the gather's backward "
                     f"(GatherParallel) must hand each rank its own columns of the output's gradient")
+    if close(got, exp.step(rank=rank), tol):
+        return (f"on {say.rank(rank, 'a rank')} only its own columns are right: each rank took the whole step "
+                f"alone, and a rank's data holds the targets of its own columns only; the other columns must "
+                f"come from the ranks that hold them (all-gather the updated shards)")
     right = [r for r in range(p) if close(got[:, r * cols:(r + 1) * cols], shards[r], tol)]
     if len(right) == 1:
         r = right[0]
@@ -208,7 +226,7 @@ def diagnose(got, exp, part: str, check, rank: int, tol, say: Say = None, passed
     if part == "grad_accumulation" and check.accumulation_steps > 1:
         found = _accumulation(got, exp, check, tol, say)
     if part == "tensor_parallel" and check.world_size > 1:
-        found = _tensor_parallel(got, exp, check, tol, say, passed)
+        found = _tensor_parallel(got, exp, check, rank, tol, say, passed)
     if found:
         return found
     if say.hidden:

@@ -44,14 +44,16 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     machinery failed, the second run decides, since the first said nothing about the code.
     `passed`: part -> the checks it passed already (grader.pipeline.diagnose uses them)."""
     parts = [p for p in parts if p in check.parts()]
-    if check.kind == "backward":
-        exp, judge = backward.expected_layer(check), backward.judge
-    else:
-        exp, judge = compare.expected(check, rubric.learning_rate), compare.judge
+    judge = backward.judge if check.kind == "backward" else compare.judge
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
 
     def verdict(p, run):
+        # The reference is computed from the data this very run was served (every world draws its own).
+        exp = None
+        if run.status == Status.PASSED:
+            exp = backward.expected_layer(check, run.data) if check.kind == "backward" else \
+                compare.expected(check, rubric.learning_rate, run.data, p)
         return judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ()))
 
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)

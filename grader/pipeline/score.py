@@ -2,8 +2,8 @@
 
 Per part:
 - re-run points: the part's `rerun` points, split over the checks by weight, for each check the
-  re-run passed; none at all when the part skipped the communication the assignment asks for
-  (or used the answer key), at any check;
+  re-run passed (a weight no rank can get right without the part's parallel work: nothing a rank
+  says about its own communication counts);
 - log points: the part's `log` points when the .log shows it matching on every rank of a run the
   rubric counts (world size, and where the course asks for them, nodes and a Slurm job), written
   by the code handed in, and the grader's re-run at the first public check agrees (a log is
@@ -47,8 +47,7 @@ def score_part(part, outcomes: list, checks: list, points, evidence, log_usable:
     weights = {c.name: c.weight for c in checks}
     total_weight = sum(weights[o.check] for o in outcomes) or 1.0
     passed_weight = sum(weights[o.check] for o in outcomes if o.status == Status.PASSED)
-    comm_failures = [o for o in outcomes if not o.comm_ok]
-    rerun = 0.0 if comm_failures else points.rerun * passed_weight / total_weight
+    rerun = points.rerun * passed_weight / total_weight
     failing = [o for o in outcomes if o.status != Status.PASSED]
     if not failing:
         status = Status.PASSED
@@ -63,10 +62,6 @@ def score_part(part, outcomes: list, checks: list, points, evidence, log_usable:
             message = f"{where}: {first.message}"
             if len(failing) > 1:
                 message += f" (and {len(failing) - 1} more of {len(outcomes)} checks)"
-    if comm_failures and not failing:
-        message = f"right weights, but {comm_failures[0].comm_message}; no re-run points"
-    elif comm_failures:
-        message += f"; also: {comm_failures[0].comm_message}"
     log_part = None
     log_points = 0.0
     if evidence is not None:

@@ -27,8 +27,7 @@ class RankRun:
     dtype: str = ""
     exception: str = ""
     traceback: str = ""
-    comm: list = field(default_factory=list)
-    answer_key_calls: int = 0
+    comm: list = field(default_factory=list)   # the rank's own word: a hint, never a verdict
     extra: dict = field(default_factory=dict)   # name -> float64 tensor (a backward check's gradients)
 
 
@@ -40,6 +39,7 @@ class PartRun:
     ranks: dict = field(default_factory=dict)    # rank -> RankRun
     detail: str = ""
     output: str = ""             # what the ranks printed (head and tail), for crashes
+    data: object = None          # the protocol.PartSecret the part ran on (grader.rerun.secret)
 
 
 def prepare_code(assignment: Path) -> dict:
@@ -50,8 +50,7 @@ def prepare_code(assignment: Path) -> dict:
 
 
 def _rank_run(rank: int, result: protocol.Result) -> RankRun:
-    run = RankRun(rank=rank, status=result.status.value, comm=[c for c in result.comm if isinstance(c, dict)][:1000],
-                  answer_key_calls=result.answer_key_calls)
+    run = RankRun(rank=rank, status=result.status.value, comm=[c for c in result.comm if isinstance(c, dict)][:1000])
     error = result.error or protocol.ErrorInfo()
     run.exception = error.exception[:2000]
     run.traceback = error.traceback[-6000:]
@@ -130,6 +129,7 @@ def _unstarted_parts(parts: list, report: WorldReport) -> dict:
     """PartRuns for `parts` of a world that ended before any of them ran (code that does not load)."""
     abort = report.abort
     status = {StopReason.LOAD_FAILED: Status.CRASHED, StopReason.START_TIMEOUT: Status.TIMEOUT,
+              StopReason.TIMEOUT: Status.TIMEOUT,
               StopReason.INFRA_ERROR: Status.INFRA_ERROR}.get(abort.reason, Status.CRASHED)
     detail = {StopReason.LOAD_FAILED: f"assignment4.py could not be loaded: {abort.detail}",
               StopReason.START_TIMEOUT: f"loading assignment4.py did not finish: {abort.detail}",
@@ -154,6 +154,7 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
             shutil.rmtree(work, ignore_errors=True)
         for part in report.completed:
             runs[part] = _completed_part(part, report.results[part])
+            runs[part].data = report.secrets.get(part)
         if report.abort is None:
             break
         left = [p for p in remaining if p not in runs]
@@ -162,6 +163,7 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
             ended_at = left.index(report.abort.part)
             for part in left[:ended_at + 1]:
                 runs[part] = _failed_part(part, report)
+                runs[part].data = report.secrets.get(part)
             remaining = left[ended_at + 1:]
             continue
         runs.update(_unstarted_parts(left, report))

@@ -36,8 +36,9 @@ ENTRY = "grader.rerun.zygote"      # the module both executors start: the zygote
 
 
 def world_budget(job: WorldJob) -> float:
-    """The longest a world may take before its executor is presumed stuck."""
-    return job.timeouts.world_start + job.timeouts.part * len(job.parts) + 30.0
+    """The longest a world may take before its executor is presumed stuck (the supervisor's own
+    clocks end every world well before)."""
+    return job.timeouts.world_start + job.timeouts.part * len(job.parts) + job.timeouts.done + 30.0
 
 
 # The only variables of the grader's environment that reach the processes running hand-ins.
@@ -249,8 +250,11 @@ class TorchrunExecutor(Counted):
         job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(work, "code")))
         world_size = job.world_size
         fifos = [os.path.join(work, f"rank{r}.fifo") for r in range(world_size)]
-        for path in fifos:
+        data_fifos = [os.path.join(work, f"rank{r}.data") for r in range(world_size)]
+        for path in fifos + data_fifos:
             os.mkfifo(path, 0o600)
+        # Opened for reading and writing, a FIFO never blocks the opener; the rank reads its end.
+        orders = {r: os.open(path, os.O_RDWR | os.O_NONBLOCK) for r, path in enumerate(data_fifos)}
         job_file = os.path.join(work, "job.json")
         with open(job_file, "w") as f:
             json.dump(protocol.encode(job), f)
@@ -267,8 +271,8 @@ class TorchrunExecutor(Counted):
         def output():
             with open(log_path, "rb") as f:
                 return {0: f.read()[-supervise.OUTPUT_TAIL:].decode("utf-8", "replace")}
-        return supervise.supervise(job, fds, [proc.pid], proc.pid, collect_output=output,
-                               launcher_exited=lambda: proc.poll() is not None)
+        return supervise.supervise(job, fds, orders, [proc.pid], proc.pid, supervise.draw_secrets(job),
+                                   collect_output=output, launcher_exited=lambda: proc.poll() is not None)
 
     def close(self):
         pass

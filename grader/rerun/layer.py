@@ -11,8 +11,11 @@ with the single-device layer in its own process (grader.pipeline.backward):
     input_grad   the gradient of X, [B, input_dim] on every rank (G @ W0^T)
     weight_grad  the gradient of the rank's own parameter, [input_dim, output_dim / p] (X^T G_rank)
 
-W0 and X are seeded as the handout seeds them; G is drawn from its own generator, seeded with the
-check's seed + 1 (grader.pipeline.backward draws the same).
+X and W0 are the part's data (grader.rerun.secret): X is real and the same on every rank; the W0
+rank r's layer is handed is real in rank r's own columns only and this rank's noise elsewhere, so
+the gathered output and the all-reduced gradient of X are right only if the ranks communicated. G
+is drawn from its own generator, seeded with the check's seed + 1 (grader.pipeline.backward draws
+the same).
 """
 
 import torch
@@ -24,17 +27,15 @@ def output_gradient(seed: int, batch: int, output_dim: int) -> torch.Tensor:
     return torch.randn(batch, output_dim, generator=torch.Generator().manual_seed(seed + 1))
 
 
-def forward_and_backward(module, check: dict) -> dict:
-    """Run the hand-in's layer on every rank; return its output and the gradients (see above)."""
-    import utils  # the trusted copy, next to the hand-in's assignment4.py
+def forward_and_backward(module, check: dict, data) -> dict:
+    """Run the hand-in's layer on every rank on `data` (a grader.rerun.secret.PartData: x, w0);
+    return its output and the gradients (see above)."""
     layer_class = getattr(module, "FullColumnParallelLinear", None)
     if not isinstance(layer_class, type):
         raise TypeError("assignment4.py has no class FullColumnParallelLinear")
     seed, batch = check["seed"], check["global_batch_size"]
-    input_dim, output_dim = check["input_dim"], check["output_dim"]
-    torch.manual_seed(seed)
-    initial_weight = torch.randn(input_dim, output_dim)
-    inputs, _ = utils.create_batch(batch, input_dim, output_dim, seed=seed, device="cpu")
+    output_dim = check["output_dim"]
+    initial_weight, inputs = data.w0.clone(), data.x.clone()
     grad_output = output_gradient(seed, batch, output_dim)
     x = inputs.detach().clone().requires_grad_(True)
     layer = layer_class(initial_weight, dist.get_world_size(), dist.get_rank())

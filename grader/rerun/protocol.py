@@ -2,10 +2,13 @@
 
     grader (executor)  --WorldRequest, WorldJob, Exit-->  zygote / world leader
     grader (executor)  <--Hello, WorldReport--            zygote / world leader
-    world supervisor   <--Ready, Start, Result..., Done / LoadFailed / InfraError--  each rank
+    world supervisor   --Run (part, token, the part's data) / Finish-->  each rank (its data pipe)
+    world supervisor   <--Joined, Loading, Ready, Result..., Done / LoadFailed / InfraError--  each rank
 
 A rank runs hand-in code, so what it sends is untrusted: `decode` checks the type tag and every
 field's type and raises ProtocolError on anything else; the supervisor then ends the world. The
+supervisor, not the rank, says which part runs next (Run, with a fresh token the Result must
+echo), so a result for a part the supervisor has not started is a forgery by construction; the
 order of a rank's messages is the supervisor's to check (grader.rerun.supervise). Frames and
 tensors are grader.rerun.channel's.
 """
@@ -33,6 +36,7 @@ class StopReason(str, Enum):
     RANKS_DISAGREE = "ranks_disagree"  # a part returned on some ranks and raised on others
     PROTOCOL = "protocol"              # a malformed or out-of-order message (hand-in code writing to the pipe)
     INFRA_ERROR = "infra_error"        # the machinery failed: no part of the hand-in is to blame
+                                       # (believed from a rank only before its hand-in code loads)
 
 
 class RankStatus(str, Enum):
@@ -53,7 +57,8 @@ class ErrorInfo:
 @dataclass
 class Timeouts:
     world_start: float = 60.0
-    part: float = 20.0
+    part: float = 20.0                 # each part, from the moment the supervisor starts it on a rank
+    done: float = 5.0                  # after the last part's result, until the rank says it is done
 
 
 @dataclass
@@ -96,9 +101,40 @@ class Ready:
 
 
 @dataclass
-class Start:
-    TYPE: typing.ClassVar[str] = "start"
+class PartSecret:
+    """The seeds of one part's data in one world, drawn by the world's leader after it forked the
+    ranks (grader.rerun.secret says what each seed makes). A rank is sent its own view: the blocks
+    that are not its own left out (None), and only its own noise seed."""
+    seed: Optional[int] = None          # what every rank of the part shares (the batch, or its inputs)
+    blocks: list[Optional[int]] = field(default_factory=list)   # one per rank: its own rows or columns
+    noise: list[Optional[int]] = field(default_factory=list)    # one per rank: what stands in for the others'
+
+
+@dataclass
+class Run:
+    """Supervisor to rank: run `part` now, on this data; the Result must carry `token`."""
+    TYPE: typing.ClassVar[str] = "run"
     part: str = ""
+    token: str = ""
+    data: PartSecret = field(default_factory=PartSecret)
+
+
+@dataclass
+class Finish:
+    """Supervisor to rank: no part is left; say Done."""
+    TYPE: typing.ClassVar[str] = "finish"
+
+
+@dataclass
+class Joined:
+    """Rank to supervisor: gloo is up (the last message an infrastructure error may follow)."""
+    TYPE: typing.ClassVar[str] = "joined"
+
+
+@dataclass
+class Loading:
+    """Rank to supervisor: the hand-in's code is about to run; from here on the rank is the hand-in's."""
+    TYPE: typing.ClassVar[str] = "loading"
 
 
 @dataclass
@@ -111,7 +147,8 @@ class Result:
     extra: dict[str, dict] = field(default_factory=dict)   # more tensors, by name, in the same form
                                                            # (a backward check's gradients)
     comm: list[dict] = field(default_factory=list)   # {"op", "numel", "reduce_op"} per collective called
-    answer_key_calls: int = 0          # calls of utils.expected_weight
+                                                     # (the rank's word: a hint for feedback, never a verdict)
+    token: str = ""                    # the token of the Run this answers
     seconds: float = 0.0
     error: Optional[ErrorInfo] = None
 
@@ -153,12 +190,14 @@ class WorldReport:
     seconds: float = 0.0
     timeline: dict[str, float] = field(default_factory=dict)
     isolation: dict = field(default_factory=dict)
+    secrets: dict[str, PartSecret] = field(default_factory=dict)   # part -> the data its ranks were served
 
 
-Message = Union[WorldJob, WorldRequest, Exit, Hello, Ready, Start, Result, Done, LoadFailed, InfraError,
-                WorldReport]
+Message = Union[WorldJob, WorldRequest, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,
+                LoadFailed, InfraError, WorldReport]
 TYPES = {cls.TYPE: cls for cls in typing.get_args(Message)}
-RANK_MESSAGES = (Ready, Start, Result, Done, LoadFailed, InfraError)
+RANK_MESSAGES = (Joined, Loading, Ready, Result, Done, LoadFailed, InfraError)
+ORDERS = (Run, Finish)   # what a rank reads on its data pipe
 
 
 def stopped(job: WorldJob, reason: StopReason, detail: str, part=None) -> WorldReport:

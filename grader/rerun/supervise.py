@@ -1,14 +1,22 @@
 """Watch one world's ranks until the world is complete or must end, and say which part ended it.
 
-`supervise` reads every rank's messages (grader.rerun.protocol) from its own pipe and decides:
+`supervise` drives every rank through the job's parts: when a rank is ready, and each time it
+reports a part, it is sent the next part to run (Run, on its data pipe, with the part's data
+(grader.rerun.secret) and a fresh token), or Finish. It reads every rank's messages
+(grader.rerun.protocol) from its own pipe and decides:
 
-- all ranks reported every part: the world is complete;
+- all ranks reported every part and said done: the world is complete;
 - a part's results disagree across ranks (ok on some, an error on others) or a collective failed:
   the ranks may be out of step, so the world is ended and the report says at which part;
-- a part runs past its wall clock, or a rank dies: likewise, naming the part;
-- the code does not load, or gloo does not start: the world ends before any part;
-- a rank sends a malformed message or one out of order (hand-in code writing to the pipe): the
-  world ends at the earliest part not yet settled.
+- a part runs past its wall clock, or a rank dies: likewise, naming the part. Every gap has a
+  clock: loading (world_start), each part from the moment a rank was sent it (part), and the end,
+  after the last part's results, until every rank says done (done); a world that runs out of time
+  keeps the parts it settled;
+- the code does not load: the world ends before any part. Gloo that does not start is the
+  machine's failure, believed only before the rank says it loads the hand-in's code;
+- a rank sends a malformed message, one out of order, or a result for a part it was not sent
+  (no token of a Run it was given): that is hand-in code writing to the pipe, and the world ends at
+  the part that rank was running (at loading, before any).
 """
 
 import os
@@ -16,7 +24,7 @@ import selectors
 import signal
 import time
 
-from grader.rerun import channel, protocol
+from grader.rerun import channel, protocol, secret
 from grader.rerun.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
 
 OUTPUT_HEAD = 4096
@@ -57,6 +65,12 @@ def _end(pgid: int, pids: list, grace: float = 0.0) -> dict:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for rank, pid in enumerate(pids):   # a rank that left the group (setpgid) is killed all the same
+        if rank not in codes:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     for rank, pid in enumerate(pids):
         if rank not in codes:
             try:
@@ -66,44 +80,25 @@ def _end(pgid: int, pids: list, grace: float = 0.0) -> dict:
     return codes
 
 
-def _in_order(expecting: dict, rank: int, message, parts: list) -> bool:
-    """Whether `message` is the one rank `rank` may send now: ready, then start/result for each part
-    in the job's order, then done. Advances the rank's expectation."""
-    kind, part = message.TYPE, getattr(message, "part", None)
-    want = expecting[rank]
-    if want == "ready":
-        ok = kind == "ready"
-        nxt = ("start", parts[0]) if parts else "done"
-    elif isinstance(want, tuple) and want[0] == "start":
-        ok = kind == "start" and part == want[1]
-        nxt = ("result", want[1])
-    elif isinstance(want, tuple) and want[0] == "result":
-        ok = kind == "result" and part == want[1]
-        i = parts.index(want[1]) + 1
-        nxt = ("start", parts[i]) if i < len(parts) else "done"
-    else:
-        ok, nxt = kind == "done", "nothing"
-    if ok:
-        expecting[rank] = nxt
-    return ok
-
-
 class _Watch:
     """The supervisor's state for one world: what every rank has said, and when."""
 
-    def __init__(self, job: WorldJob, fds: dict):
+    def __init__(self, job: WorldJob, fds: dict, orders: dict, secrets: dict):
         self.job, self.parts, self.size = job, job.parts, job.world_size
         self.started = time.monotonic()
         self.start_deadline = self.started + job.timeouts.world_start
         self.timeline = {}      # when (s after the ranks were forked) every rank was ready, was done
         self.readers = {rank: channel.Reader() for rank in fds}
+        self.orders, self.secrets = orders, secrets
         self.ranks = set(fds)
         self.ready, self.done, self.closed = set(), set(), set()
         self.gave_up = set()    # ranks that reported a failed collective and then ended on purpose
-        self.expecting = {rank: "ready" for rank in fds}   # the only message each rank may send next
-        self.in_part = {}       # rank -> the part it last started
+        # What each rank may send next: "joined", "loading", "load" (Ready or LoadFailed),
+        # ("result", i, token) for part i, "done", "nothing".
+        self.expecting = {rank: "joined" for rank in fds}
         self.results = {p: {} for p in self.parts}
         self.part_started = {}
+        self.settled_at = None  # when the last part was settled (the done clock starts)
         self.skipped = []
         self.judged = 0         # parts[:judged] have a consistent result from every rank
         self.abort = None
@@ -126,6 +121,8 @@ class _Watch:
             if len(statuses) > 1:
                 return self.stop(StopReason.RANKS_DISAGREE, self.current, " / ".join(statuses))
             self.judged += 1
+        if self.judged == len(self.parts) and self.settled_at is None:
+            self.settled_at = time.monotonic()
 
     @property
     def complete(self) -> bool:
@@ -146,64 +143,121 @@ class _Watch:
                 late = sorted(self.ranks - set(self.results[self.current]))
                 self.stop(StopReason.TIMEOUT, self.current,
                           f"ranks {late} still running after {self.job.timeouts.part:g} s")
+        if self.settled_at is not None:
+            deadline = self.settled_at + self.job.timeouts.done
+            deadlines.append(deadline)
+            if now >= deadline:
+                late = sorted(self.ranks - self.done)
+                self.stop(StopReason.TIMEOUT, None, f"ranks {late} reported every part but did not end "
+                                                    f"within {self.job.timeouts.done:g} s")
         return min(deadlines) if deadlines else None
 
     def closed_pipe(self, rank: int) -> None:
         self.closed.add(rank)
         if rank not in self.done and rank not in self.gave_up:
-            self.stop(StopReason.RANK_DIED, self.current, f"rank {rank} exited before it finished")
+            self.stop(StopReason.RANK_DIED, self.running(rank), f"rank {rank} exited before it finished")
+
+    def running(self, rank: int):
+        """The part rank `rank` was sent last and has not reported (or the earliest unsettled)."""
+        want = self.expecting.get(rank)
+        return self.parts[want[1]] if isinstance(want, tuple) else self.current
+
+    def send_next(self, rank: int, index: int) -> None:
+        """Start part `index` on `rank` (Finish when there is none)."""
+        if index < len(self.parts):
+            part = self.parts[index]
+            token = os.urandom(16).hex()
+            self.expecting[rank] = ("result", index, token)
+            self.part_started.setdefault(part, time.monotonic())
+            message = protocol.Run(part=part, token=token, data=secret.view(self.secrets[part], rank))
+        else:
+            self.expecting[rank] = "done"
+            message = protocol.Finish()
+        try:
+            protocol.send(self.orders[rank], message)
+        except OSError:
+            pass   # the rank closed its data pipe (its hand-in did): its clock runs out
 
     def received(self, rank: int, data: bytes) -> None:
         try:
             messages = [protocol.decode(m, protocol.RANK_MESSAGES) for m in self.readers[rank].feed(data)]
         except channel.ChannelError as e:
-            return self.stop(StopReason.PROTOCOL, self.current, f"rank {rank} sent a malformed message: {e}")
+            return self.forged(rank, f"sent a malformed message: {e}")
         for message in messages:
             if self.abort is not None:
                 return
             self.on_message(rank, message)
 
+    def forged(self, rank: int, what: str) -> None:
+        """A message the rank's worker could not have sent now: the hand-in's, at the part it ran."""
+        want = self.expecting[rank]
+        if isinstance(want, tuple):
+            self.judged = min(self.judged, want[1])
+            return self.stop(StopReason.PROTOCOL, self.parts[want[1]],
+                             f"rank {rank} {what} while it ran this part (hand-in code writing to the "
+                             f"grader's pipe)")
+        if want in ("load", "joined", "loading"):
+            return self.stop(StopReason.PROTOCOL, None, f"rank {rank} {what} while assignment4.py was loading")
+        return self.stop(StopReason.PROTOCOL, self.current, f"rank {rank} {what} after its last part")
+
     def on_message(self, rank: int, message) -> None:
-        if not isinstance(message, (protocol.LoadFailed, protocol.InfraError)) and \
-                not _in_order(self.expecting, rank, message, self.parts):
-            # Blame the earliest part not yet settled: the rank's own, even if a forged result had
-            # completed it, or an earlier one that processes of this rank ran ahead of.
-            blamed = self.in_part.get(rank, self.current)
-            if blamed in self.parts:
-                self.judged = min(self.judged, self.parts.index(blamed))
-            return self.stop(StopReason.PROTOCOL, self.current,
-                             f"rank {rank} sent {message.TYPE!r} out of order (a second result, or a "
-                             f"message written by the hand-in itself)")
-        if isinstance(message, protocol.Ready):
+        want, kind = self.expecting[rank], message.TYPE
+        if isinstance(message, protocol.InfraError):
+            if want != "joined":   # after the hand-in's code is loaded, the hand-in speaks for the rank
+                return self.forged(rank, "claimed an infrastructure error")
+            self.expecting[rank] = "nothing"
+            return self.stop(StopReason.INFRA_ERROR, None, message.error.exception)
+        if isinstance(message, protocol.Result):
+            if not (isinstance(want, tuple) and message.part == self.parts[want[1]]):
+                return self.forged(rank, f"sent a result for {message.part!r} out of order, a part it was not running")
+            if message.token != want[2]:
+                return self.forged(rank, f"sent a result for {message.part!r} out of order, without the token "
+                                         f"the part was started with")
+            self.results[message.part].setdefault(rank, message)
+            if message.status == RankStatus.DIST_ERROR:
+                self.gave_up.add(rank)
+                self.expecting[rank] = "nothing"
+            else:
+                self.send_next(rank, want[1] + 1)
+            return
+        allowed = {"joined": ("joined",), "loading": ("loading",), "load": ("ready", "load_failed"), "done": ("done",)}
+        if not isinstance(want, str) or kind not in allowed.get(want, ()):
+            return self.forged(rank, f"sent {kind!r} out of order")
+        if isinstance(message, protocol.Joined):
+            self.expecting[rank] = "loading"
+        elif isinstance(message, protocol.Loading):
+            self.expecting[rank] = "load"
+        elif isinstance(message, protocol.Ready):
             self.ready.add(rank)
             if len(self.ready) == self.size:
                 self.timeline["ready"] = round(time.monotonic() - self.started, 4)
             self.skipped = message.skipped_lines
-        elif isinstance(message, protocol.Start):
-            self.part_started.setdefault(message.part, time.monotonic())
-            self.in_part[rank] = message.part
-        elif isinstance(message, protocol.Result):
-            self.results[message.part].setdefault(rank, message)
-            if message.status == RankStatus.DIST_ERROR:
-                self.gave_up.add(rank)
+            self.send_next(rank, 0)
         elif isinstance(message, protocol.Done):
+            self.expecting[rank] = "nothing"
             self.done.add(rank)
             if len(self.done) == self.size:
                 self.timeline["done"] = round(time.monotonic() - self.started, 4)
         elif isinstance(message, protocol.LoadFailed):
+            self.expecting[rank] = "nothing"
             self.stop(StopReason.LOAD_FAILED, None, message.error.exception, error=message.error)
-        elif isinstance(message, protocol.InfraError):
-            self.stop(StopReason.INFRA_ERROR, None, message.error.exception)
 
 
-def supervise(job: WorldJob, fds: dict, pids: list, pgid: int, collect_output=None,
-              launcher_exited=None) -> WorldReport:
+def draw_secrets(job: WorldJob) -> dict:
+    """Fresh data for every part of the world (grader.rerun.secret). Call only once the ranks are
+    forked: no rank may inherit it."""
+    return {part: secret.draw(part, job.world_size, bool(job.check.get("backward"))) for part in job.parts}
+
+
+def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, secrets: dict,
+              collect_output=None, launcher_exited=None) -> WorldReport:
     """Watch the ranks of one world until it is complete or must end; see the module docstring.
 
-    `fds` maps each rank to the read end of its result pipe. `launcher_exited`, when given, says
+    `fds` maps each rank to the read end of its result pipe, `orders` to the write end of its data
+    pipe; `secrets` (draw_secrets') are the parts' data. `launcher_exited`, when given, says
     whether the process that started the ranks has ended (torchrun); the world cannot finish after.
     """
-    watch = _Watch(job, fds)
+    watch = _Watch(job, fds, orders, secrets)
     selector = selectors.DefaultSelector()
     for rank, fd in fds.items():
         selector.register(fd, selectors.EVENT_READ, rank)
@@ -230,11 +284,12 @@ def supervise(job: WorldJob, fds: dict, pids: list, pgid: int, collect_output=No
             if watch.abort is not None:
                 break
     exit_codes = _end(pgid, pids, grace=0.5 if watch.abort is None else 0.0)
-    for fd in fds.values():
+    for fd in list(fds.values()) + list(orders.values()):
         os.close(fd)
     selector.close()
     watch.timeline["ended"] = round(time.monotonic() - watch.started, 4)
     output = collect_output() if collect_output else _output(job.work_dir, job.world_size)
     return WorldReport(completed=watch.parts[:watch.judged], results=watch.results, abort=watch.abort,
                        exit_codes=exit_codes, output=output, skipped_lines=watch.skipped,
-                       seconds=round(time.monotonic() - watch.started, 3), timeline=watch.timeline)
+                       seconds=round(time.monotonic() - watch.started, 3), timeline=watch.timeline,
+                       secrets=secrets)

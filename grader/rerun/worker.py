@@ -1,12 +1,14 @@
-"""What runs inside one rank of a re-run world: load the hand-in's code, call its parts, report.
+"""What runs inside one rank of a re-run world: load the hand-in's code, run the parts it is told to, report.
 
 The rank joins a gloo world over a file store, loads `assignment4.py` next to the trusted
-`utils.py`, and for each part sets the check's configuration on the module, calls the part's
-function with `seed=` and `device="cpu"`, and sends the returned weight, the collectives the
-part called, and any error over its result pipe (grader.rerun.protocol). At a backward check it
-runs Part 4's layer alone instead (grader.rerun.layer). It never compares anything: the verdict is
-the grader's, in the grader's own process. Tracebacks keep the hand-in's own frames only
-(assignment4.py and utils.py, by file name): nothing of the grading machine's paths.
+`utils.py`, and then waits on its data pipe for the supervisor's orders: for each Run it sets the
+check's configuration on the module, serves the part's data (grader.rerun.secret) through
+`utils.create_batch`, calls the part's function with `seed=` and `device="cpu"`, and sends the
+returned weight (with the Run's token, the collectives the part called and any error) over its
+result pipe (grader.rerun.protocol). At a backward check it runs Part 4's layer alone instead
+(grader.rerun.layer). It never compares anything: the verdict is the grader's, in the grader's own
+process, and nothing said here is believed but the tensors, which only the part's work makes right.
+Tracebacks keep the hand-in's own frames only (assignment4.py and utils.py, by file name).
 
 Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
 - top-level script code (initialising, calling the parts, printing) is not executed; imports,
@@ -27,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from grader.parts import BY_ID
-from grader.rerun import channel, layer, protocol
+from grader.rerun import channel, layer, protocol, secret
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.protocol import ErrorInfo, RankStatus
 
@@ -172,8 +174,9 @@ def _is_dist_failure(exc: BaseException) -> bool:
         s in text for s in ("gloo", "timed out", "connection closed", "connection reset"))
 
 
-def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: list) -> protocol.Result:
-    """Call one part; return its Result (ok / not_implemented / crashed / dist_error / oom)."""
+def run_part(module, part_id: str, check: dict, comm: CommRecorder, data: secret.PartData) -> protocol.Result:
+    """Call one part on `data` (this rank's view); return its Result (ok / not_implemented /
+    crashed / dist_error / oom)."""
     part = BY_ID[part_id]
     function = getattr(module, part.function, None)
     if not callable(function):
@@ -182,14 +185,13 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: 
     wanted = {"seed": check["seed"], "device": "cpu"}
     if part_id == "grad_accumulation":
         wanted["accumulation_steps"] = check["accumulation_steps"]
-    answer_key.clear()
     calls = []
     started = time.monotonic()
     result = protocol.Result(part=part_id, status=RankStatus.OK)
     try:
         if check.get("backward"):
             with CudaOnCpu(), comm.recording(calls):
-                tensors = layer.forward_and_backward(module, check)
+                tensors = layer.forward_and_backward(module, check, data)
             result.weight = channel.encode_tensor(tensors.pop("output"))
             result.extra = {name: channel.encode_tensor(t) for name, t in tensors.items()}
         else:
@@ -209,7 +211,6 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: 
         result.status = RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
         result.error = _error(e)
     result.comm = calls
-    result.answer_key_calls = len(answer_key)
     result.seconds = round(time.monotonic() - started, 4)
     return result
 
@@ -232,20 +233,11 @@ def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
                           SLURM_PROCID=str(node), SLURM_LOCALID="0")
 
 
-def _spy_on_answer_key(answer_key: list) -> None:
-    """Count calls of utils.expected_weight: the closed form is the script's check, not a way to
-    compute the step."""
-    import utils  # the trusted copy, next to the hand-in's assignment4.py
-    closed_form = utils.expected_weight
+def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None, data_fd: int = 4) -> None:
+    """The whole life of one rank. Never returns: the process ends with os._exit.
 
-    def expected_weight(*args, **kwargs):
-        answer_key.append(1)
-        return closed_form(*args, **kwargs)
-    utils.expected_weight = expected_weight
-
-
-def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None) -> None:
-    """The whole life of one rank. Never returns: the process ends with os._exit."""
+    Messages: Joined (gloo is up), Loading (the hand-in's code runs from here on), Ready, then a
+    Result per Run read from `data_fd`, and Done at Finish."""
     me = os.getpid()
 
     def report(message):
@@ -265,12 +257,14 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
         except Exception as e:  # noqa: BLE001 - nothing of the hand-in has run yet
             report(protocol.InfraError(error=_error(e)))
             os._exit(0)
+        report(protocol.Joined())
         comm = CommRecorder()
         comm.install()
         disarm_cuda_calls()
         prepared = prepared or prepare(job)
-        answer_key = []
-        _spy_on_answer_key(answer_key)
+        served = {"sizes": (job.check["global_batch_size"], job.check["input_dim"], job.check["output_dim"])}
+        secret.serve_batches(served)
+        report(protocol.Loading())
         try:
             if prepared["error"]:
                 report(protocol.LoadFailed(error=prepared["error"]))
@@ -281,15 +275,25 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
             report(protocol.LoadFailed(error=_error(e)))
             os._exit(0)
         report(protocol.Ready(skipped_lines=prepared["skipped"]))
-        for part_id in job.parts:
-            report(protocol.Start(part=part_id))
+        while True:
+            order = protocol.receive(data_fd, protocol.ORDERS)
+            if not isinstance(order, protocol.Run):
+                break   # Finish, or the supervisor is gone
             torch.set_num_threads(1)  # one compute thread per rank, whatever the last part set
             configure(module, job.check, rank, job.world_size)
-            result = run_part(module, part_id, job.check, comm, answer_key)
+            try:
+                served["data"] = secret.rank_data(order, job.check, rank)
+            except Exception as e:  # noqa: BLE001 - the data pipe is the hand-in's to break once it has run
+                result = protocol.Result(part=order.part, status=RankStatus.CRASHED, error=_error(e))
+            else:
+                result = run_part(module, order.part, job.check, comm, served["data"])
+            served["data"] = None
+            result.part, result.token = order.part, order.token
             report(result)
             if result.status == RankStatus.DIST_ERROR:
                 os._exit(0)
-        report(protocol.Done())
+        if order is not None:
+            report(protocol.Done())
     except BaseException:  # noqa: BLE001 - the pipe may be gone; the supervisor sees the exit
         traceback.print_exc()
         os._exit(3)

@@ -5,6 +5,10 @@ imported torch and nothing of any hand-in): it enters the world's namespaces (gr
 writes the hand-in's code into the world's folder, forks `world_size` ranks, each with its limits, stdout and stderr going to a file of its own, and
 hands them to grader.rerun.supervise, which decides when the world ends and at which part.
 
+Only then, with every rank forked, does the leader draw the parts' data (grader.rerun.secret):
+no rank holds it but the view the supervisor sends it, and the leader cannot be read by the
+ranks (it is not dumpable). The data's seeds go back to the grader in the world's report.
+
 The caller (grader.rerun.check) starts a new world for the parts after the one that ended a world,
 so a part that crashes or hangs costs only that part.
 """
@@ -15,7 +19,7 @@ import signal
 
 from grader.rerun import protocol, sandbox
 from grader.rerun.protocol import StopReason, WorldJob, WorldReport
-from grader.rerun.supervise import supervise
+from grader.rerun.supervise import draw_secrets, supervise
 from grader.limits import Limits
 
 
@@ -30,9 +34,11 @@ def _close_inherited(keep: int) -> None:
 
 
 def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, prepared: dict) -> tuple:
-    """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its pipe)."""
+    """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its
+    result pipe, write end of its data pipe)."""
     from grader.rerun import worker
     read_fd, write_fd = os.pipe()
+    data_read, data_write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the rank
         try:
@@ -47,33 +53,36 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             os.dup2(devnull, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)
-            os.dup2(write_fd, 3)  # the result pipe is fd 3; every other descriptor is closed
-            _close_inherited(3)
+            if data_read == 3:
+                data_read = os.dup(data_read)
+            os.dup2(write_fd, 3)  # the result pipe is fd 3, the data pipe fd 4; every other descriptor is closed
+            os.dup2(data_read, 4)
+            _close_inherited(4)
             os.chdir(job.work_dir)
             sandbox.limit_rank(limits, uid)
-            worker.rank_main(job, rank, 3, prepared)
+            worker.rank_main(job, rank, 3, prepared, 4)
         finally:
             os._exit(4)
     os.close(write_fd)
+    os.close(data_read)
     try:
         os.setpgid(pid, pgid or pid)
     except OSError:
         pass  # the child has already done it (or exited)
-    return pid, read_fd
+    return pid, read_fd, data_write
 
 
 def run_world(job: WorldJob, uid: int, limits: Limits) -> WorldReport:
     """Fork the world's ranks, supervise them to the end, and return the world's report."""
     from grader.rerun import worker
     prepared = worker.prepare(job)
-    pids, fds = [], {}
+    pids, fds, orders = [], {}, {}
     pgid = 0
     for rank in range(job.world_size):
-        pid, fd = fork_rank(job, rank, pgid, uid, limits, prepared)
+        pid, fds[rank], orders[rank] = fork_rank(job, rank, pgid, uid, limits, prepared)
         pgid = pgid or pid
         pids.append(pid)
-        fds[rank] = fd
-    return supervise(job, fds, pids, pgid)
+    return supervise(job, fds, orders, pids, pgid, draw_secrets(job))
 
 
 def write_code(job: WorldJob, code_dir: str) -> str:

@@ -56,10 +56,11 @@ def _torchrun_rank(job_file: str) -> None:
         job = protocol.decode(json.load(f), (protocol.WorldJob,))
     rank = int(os.environ["RANK"])
     fd = os.open(os.path.join(job.work_dir, f"rank{rank}.fifo"), os.O_WRONLY)
+    data_fd = os.open(os.path.join(job.work_dir, f"rank{rank}.data"), os.O_RDONLY)
     worker.warm_up()  # on the start-up clock, as the zygote does, not on the first part's
     os.chdir(job.work_dir)
     sandbox.limit_rank(Limits(**job.limits), os.getuid())
-    worker.rank_main(job, rank, fd)
+    worker.rank_main(job, rank, fd, data_fd=data_fd)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,139 @@
+"""The data a part runs on: drawn fresh for every world, known whole to the grader alone.
+
+A rank's weight can only be judged by what the rank could not have produced without doing the
+part's parallel work. So the batch a part trains on is not the handout's seeded one: the world's
+leader draws its seeds (os.urandom) after it has forked the ranks, serves each rank its own view
+when the part starts (grader.rerun.supervise), and reports the seeds to the grader, which computes
+every expected value from them in its own process (grader.pipeline.compare, backward).
+
+What a rank of p sees, per part (B x I inputs X, B x O targets Y; W0 the initial weight):
+
+    baseline, grad_accumulation   the real X and Y, the same on every rank
+    data_parallel                 real rows only in its own slice [r*B/p, (r+1)*B/p) of X and Y,
+                                  its own noise in every other row: the whole batch on one rank, or
+                                  an all-reduce of nothing, gives a wrong weight
+    tensor_parallel (the step)    the real X; real targets only in its own columns [r*O/p,
+                                  (r+1)*O/p) of Y, its own noise elsewhere: the gradient of rank r's
+                                  columns of W needs only those, so the column-parallel step is
+                                  right, and the full weight needs every rank's updated columns
+    backward check                the real X; the layer is handed a W0 whose own columns are real
+                                  and whose other columns are its own noise: the gathered output and
+                                  the all-reduced gradient of X are right only if the ranks communicate
+
+Each part of each world has seeds of its own, so nothing one part saw helps in another. The
+initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as the handout writes it.
+Every value is drawn in float32 on the CPU, as utils.create_batch draws; the grader widens to float64.
+"""
+
+import functools
+import os
+import types
+from dataclasses import dataclass
+
+import torch
+
+from grader.rerun.protocol import PartSecret
+
+ROWS, COLUMNS, WEIGHT, WHOLE = "rows", "columns", "weight", "whole"
+
+
+def layout(part: str, backward: bool) -> str:
+    """How a part's data is split over the ranks: ROWS, COLUMNS (of Y), WEIGHT (columns of W0), WHOLE."""
+    if backward:
+        return WEIGHT
+    return {"data_parallel": ROWS, "tensor_parallel": COLUMNS}.get(part, WHOLE)
+
+
+def _seed() -> int:
+    return int.from_bytes(os.urandom(8), "little") >> 1   # a torch.Generator takes up to 2**63
+
+
+def draw(part: str, world_size: int, backward: bool) -> PartSecret:
+    """Fresh seeds for one part of one world (call only after the ranks are forked)."""
+    split = layout(part, backward) != WHOLE
+    return PartSecret(seed=_seed(), blocks=[_seed() for _ in range(world_size)] if split else [],
+                      noise=[_seed() for _ in range(world_size)] if split else [])
+
+
+def view(secret: PartSecret, rank: int) -> PartSecret:
+    """What rank `rank` is sent: the shared seed, its own block and its own noise; None elsewhere."""
+    return PartSecret(seed=secret.seed, blocks=[b if k == rank else None for k, b in enumerate(secret.blocks)],
+                      noise=[n if k == rank else None for k, n in enumerate(secret.noise)])
+
+
+def _randn(seed: int, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@dataclass
+class PartData:
+    """One rank's (or, for the grader, the real) tensors of a part: float32, on the CPU."""
+    x: torch.Tensor                  # [B, I]
+    y: torch.Tensor = None           # [B, O] (a step)
+    w0: torch.Tensor = None          # [I, O] (a backward check: the W0 the layer is handed)
+
+
+def tensors(secret: PartSecret, layout_: str, batch: int, input_dim: int, output_dim: int,
+            rank=None) -> PartData:
+    """The real data (`rank` None: every block, no noise) or rank `rank`'s view of it."""
+    p = max(1, len(secret.blocks))
+    mine = (lambda k: True) if rank is None else (lambda k: k == rank)
+    if layout_ == WHOLE:
+        g = torch.Generator().manual_seed(secret.seed)
+        x = torch.randn(batch, input_dim, generator=g)
+        return PartData(x=x, y=torch.randn(batch, output_dim, generator=g))
+    if layout_ == ROWS:
+        local = batch // p
+        x, y = (torch.empty(batch, input_dim), torch.empty(batch, output_dim)) if rank is None else \
+            _noise(secret.noise[rank], (batch, input_dim), (batch, output_dim))
+        for k in range(p):
+            if mine(k):
+                g = torch.Generator().manual_seed(secret.blocks[k])
+                x[k * local:(k + 1) * local] = torch.randn(local, input_dim, generator=g)
+                y[k * local:(k + 1) * local] = torch.randn(local, output_dim, generator=g)
+        return PartData(x=x, y=y)
+    cols = output_dim // p
+    shape = (input_dim, output_dim) if layout_ == WEIGHT else (batch, output_dim)
+    split = torch.empty(*shape) if rank is None else _noise(secret.noise[rank], shape)[0]
+    for k in range(p):
+        if mine(k):
+            split[:, k * cols:(k + 1) * cols] = _randn(secret.blocks[k], shape[0], cols)
+    x = _randn(secret.seed, batch, input_dim)
+    return PartData(x=x, w0=split) if layout_ == WEIGHT else PartData(x=x, y=split)
+
+
+def _noise(seed: int, *shapes) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g) for shape in shapes]
+
+
+# ---- inside the rank ----------------------------------------------------------------------------
+
+def serve_batches(served: dict) -> None:
+    """Replace utils.create_batch (before the hand-in imports it) with one that returns the part's
+    data when asked for the check's sizes, and the seeded batch otherwise. The seeded batch is drawn
+    either way, so the global RNG stands where the handout's create_batch leaves it.
+    utils.expected_weight keeps drawing the seeded batch."""
+    import utils  # the trusted copy, next to the hand-in's assignment4.py
+    original = utils.create_batch
+
+    def create_batch(batch_size, input_dim, output_dim, seed=42, device=None):
+        inputs, targets = original(batch_size, input_dim, output_dim, seed=seed, device=device)
+        data = served.get("data")
+        if data is None or data.y is None or (batch_size, input_dim, output_dim) != served.get("sizes"):
+            return inputs, targets
+        return data.x.clone().to(inputs.device), data.y.clone().to(targets.device)
+    create_batch.__doc__ = original.__doc__
+    utils.create_batch = create_batch
+    # The closed form stays the handout's (on the seeded batch): it is the script's check, and
+    # matches none of the data a part is served.
+    closed_form = utils.expected_weight
+    utils.expected_weight = functools.update_wrapper(types.FunctionType(
+        closed_form.__code__, dict(vars(utils), create_batch=original), closed_form.__name__,
+        closed_form.__defaults__, closed_form.__closure__), closed_form)
+
+
+def rank_data(run, check: dict, rank: int) -> PartData:
+    """Rank `rank`'s tensors of the part a protocol.Run starts (its data is the rank's view)."""
+    return tensors(run.data, layout(run.part, bool(check.get("backward"))), check["global_batch_size"],
+                   check["input_dim"], check["output_dim"], rank)
