@@ -25,7 +25,6 @@ initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as 
 Every value is drawn in float32 on the CPU, as utils.create_batch draws; the grader widens to float64.
 """
 
-import functools
 import os
 import types
 from dataclasses import dataclass
@@ -128,9 +127,9 @@ def serve_batches(served: dict) -> None:
     # The closed form stays the handout's (on the seeded batch): it is the script's check, and
     # matches none of the data a part is served.
     closed_form = utils.expected_weight
-    utils.expected_weight = functools.update_wrapper(types.FunctionType(
-        closed_form.__code__, dict(vars(utils), create_batch=original), closed_form.__name__,
-        closed_form.__defaults__, closed_form.__closure__), closed_form)
+    utils.expected_weight = types.FunctionType(closed_form.__code__, dict(vars(utils), create_batch=original),
+                                               closed_form.__name__, closed_form.__defaults__)
+    utils.expected_weight.__doc__ = closed_form.__doc__   # and no __wrapped__ leading back to the data
 
 
 def rank_data(run, check: dict, rank: int) -> PartData:

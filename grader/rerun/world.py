@@ -65,6 +65,7 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             os._exit(4)
     os.close(write_fd)
     os.close(data_read)
+    os.set_blocking(data_write, False)   # a rank that stops reading its orders must never hold up the leader
     try:
         os.setpgid(pid, pgid or pid)
     except OSError:
