@@ -21,7 +21,7 @@ from tests.corpus import REFERENCE, ROOT
 
 # Rubric.digest() of the stock course's grader/rubric.yaml (comments and layout do not count). A
 # deliberate change of the stock course changes it here too, and the stock_rubric tests with it.
-STOCK_RUBRIC = "6235b1e18ce5d69e3f3c3c9d90bd970a2426f409edc3bfd8049d9425b5d24e3c"
+STOCK_RUBRIC = "6acd8d1e95cf36f0c32aa8915e01105c3cb07db37797d2c28e21affbf392528c"
 NOT_STOCK = ("grader/rubric.yaml is not the stock course's rubric: this test checks the stock course's "
              "own checks and numbers")
 
