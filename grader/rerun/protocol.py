@@ -112,6 +112,7 @@ class Result:
                                                            # (a backward check's gradients)
     comm: list[dict] = field(default_factory=list)   # {"op", "numel", "reduce_op"} per collective called
     answer_key_calls: int = 0          # calls of utils.expected_weight
+    devices: list[int] = field(default_factory=list)   # GPU indices the part asked for (cuda:5, set_device(5))
     seconds: float = 0.0
     error: Optional[ErrorInfo] = None
 
@@ -149,6 +150,9 @@ class WorldReport:
     abort: Optional[Abort] = None
     exit_codes: dict[int, Optional[int]] = field(default_factory=dict)
     output: dict[int, str] = field(default_factory=dict)   # head and tail of each rank's stdout/stderr
+    progress: dict[int, str] = field(default_factory=dict)   # the tail of each rank's rank<N>.calls:
+                                                             # the collectives of its last part, one
+                                                             # JSON line each, written before each call
     skipped_lines: list[int] = field(default_factory=list)
     seconds: float = 0.0
     timeline: dict[str, float] = field(default_factory=dict)
