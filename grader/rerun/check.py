@@ -154,10 +154,10 @@ def _what(call: dict, words: Words) -> str:
 
 def hang_detail(calls: dict, returned: set, words: Words) -> str:
     """Who waited for whom, from each rank's collectives in the part (`calls`: rank -> list, in
-    order; `returned`: the ranks that returned from the part): "rank 1 returned after 1 collective;
-    ranks 0, 2, 3 waited in collective #2 of the part (all_reduce of 2048 elements), which rank 1
-    never called". Ranks, counts and sizes are not said at a hidden check. "" when nobody waited in
-    a collective."""
+    order; `returned`: the ranks that returned from the part): "rank 1 returned from the part
+    without calling a collective; ranks 0, 2, 3 waited in collective #1 of the part (all_reduce of
+    2048 elements), while rank 1 never called it". Rank numbers, counts past 3 and sizes are not
+    said at a hidden check. "" when no rank waited in a collective."""
     size = len(calls)
     waiting = {r: c for r, c in calls.items() if r not in returned and c}
     if not waiting:
@@ -204,7 +204,11 @@ def _failed_part(part: str, report: WorldReport, words: Words) -> PartRun:
     reason, detail = abort.reason, words.stopped(abort.reason, abort.detail)
     crashed = [r for r in sorted(ranks.values(), key=lambda r: r.rank) if r.status == "crashed"]
     waited = [r for r in ranks.values() if r.status == "dist_error"]
-    timed_out = any("timed out" in r.exception.lower() or "timeout" in r.exception.lower() for r in waited)
+    # Read from the rank's own words, which a hidden check does not keep: the verdict must not
+    # depend on whether the check is hidden.
+    timed_out = any(m.status == RankStatus.DIST_ERROR and m.error is not None and
+                    any(s in m.error.exception.lower() for s in ("timed out", "timeout"))
+                    for m in report.results.get(part, {}).values())
     codes = {r: c for r, c in report.exit_codes.items() if c not in (0, None)}
     output = _output_text(report)
     returned = {r.rank for r in ranks.values() if r.status == "ok"}
