@@ -111,6 +111,8 @@ class HandinResult(ToDict):
     rubric_sha256: str = ""
     seconds: float = 0.0
     graded_at: str = ""
+    grader_error: str = ""             # grading crashed: the grader's exception and traceback, for the
+                                       # TAs (grading.json); never in the student's feedback
 
 
 @lru_cache(maxsize=1)
@@ -144,4 +146,14 @@ def ungraded(result: HandinResult, rubric, status: Status, message: str, why_not
     result.status, result.score, result.message = status, score, message
     if not result.parts:
         mark_not_run(result, rubric, why_not_run)
+    return result
+
+
+def grading_crashed(result: HandinResult, rubric, error: BaseException, traceback: str) -> HandinResult:
+    """`result` as one whose grading crashed (a grader bug): the student reads that it did and that
+    it says nothing of their code; the exception and `traceback` go to `grader_error`, for the TAs
+    only (the grader's text may quote anything it was handling, a hidden check's values included)."""
+    ungraded(result, rubric, Status.ERROR, f"grading this hand-in failed ({type(error).__name__}, a grader "
+             f"bug, not your code): the course staff have the details", "not run: grading failed")
+    result.grader_error = f"{type(error).__name__}: {error}\n{traceback[-3000:]}"
     return result

@@ -6,8 +6,10 @@ replace the whole list. Unknown keys, wrong types and impossible values are refu
 RubricError that names the file and the key and, for unknown keys, lists the valid ones.
 
 The public rubric, what students' `check` and `package` grade with, is derived from it
-(`public_rubric`): its public checks, each also at `public_world_sizes`, and nothing hidden. The
-student release holds it written out as `grader/rubric-public.yaml`, in place of rubric.yaml.
+(`public_rubric`): its public checks and nothing hidden. Grading and students' check run the same
+public checks: each public check of the file at its own world size and then at each of
+`public_world_sizes` (at_public_world_sizes, when the file is read). The student release holds the
+public rubric written out as `grader/rubric-public.yaml`, in place of rubric.yaml.
 """
 
 import dataclasses
@@ -133,8 +135,9 @@ class Rubric:
     limits: Limits = field(default_factory=Limits)
     files: Files = field(default_factory=Files)
     gradescope: Gradescope = field(default_factory=Gradescope)
-    public_world_sizes: list = field(default_factory=lambda: [4, 1, 2])  # the public rubric re-runs
-                                 # each public check at its own world size, then at these (one node)
+    public_world_sizes: list = field(default_factory=lambda: [4, 1, 2])  # grading and the students'
+                                 # check run each public check at its own world size, then at these
+                                 # (one node), its weight shared by them (at_public_world_sizes)
 
     @property
     def default_check(self) -> Check:
@@ -206,7 +209,28 @@ def rubric_from_dict(data: dict, source: str = "rubric") -> Rubric:
             raise RubricError(f"{source}.checks: expected a non-empty list of checks")
         rubric.checks = [_build(Check, c, f"{source}.checks[{i}]") for i, c in enumerate(checks_data)]
     _validate(rubric, source)
+    rubric.checks = at_public_world_sizes(rubric.checks, rubric.public_world_sizes)
+    _validate(rubric, f"{source} (its public checks at public_world_sizes)")
     return rubric
+
+
+def at_public_world_sizes(checks: list, sizes: list) -> list:
+    """The checks grading runs: each public check at its own world size and then at each of
+    `sizes` (on one node, named e.g. 'default-2-ranks'), its weight shared equally by them, so the
+    public configuration weighs what it weighs at one world size and the hidden checks keep their
+    shares; the hidden checks as they are. Students' check runs the same public checks."""
+    out = []
+    for check in checks:
+        if check.hidden:
+            out.append(check)
+            continue
+        at = [check.world_size] + [n for n in dict.fromkeys(sizes) if n != check.world_size]
+        share = check.weight / len(at)
+        out.append(dataclasses.replace(check, weight=share))
+        for size in at[1:]:
+            name = f"{check.name}-{size}-rank{'s' if size > 1 else ''}"
+            out.append(dataclasses.replace(check, name=name, world_size=size, nodes=1, weight=share))
+    return out
 
 
 def _validate(rubric: Rubric, source: str) -> None:
@@ -280,20 +304,11 @@ def load_rubric(path=None) -> Rubric:
 
 
 def public_rubric(rubric: Rubric) -> Rubric:
-    """What students' check and package grade with: `rubric` without its hidden checks, each public
-    check re-run at its own world size and then at each of `public_world_sizes` (on one node, named
-    e.g. 'default-2-ranks'), and without the graders' Gradescope limits. A public check whose sizes
-    do not divide at one of those world sizes is refused, naming the check and the size."""
-    checks = []
-    for check in (c for c in rubric.checks if not c.hidden):
-        checks.append(check)
-        for size in dict.fromkeys(rubric.public_world_sizes):
-            if size != check.world_size:
-                name = f"{check.name}-{size}-rank{'s' if size > 1 else ''}"
-                checks.append(dataclasses.replace(check, name=name, world_size=size, nodes=1))
-    public = dataclasses.replace(rubric, checks=checks, gradescope=Gradescope(), public_world_sizes=[])
-    _validate(public, "the public rubric (the public checks at public_world_sizes)")
-    return public
+    """What students' check and package grade with: `rubric` without its hidden checks and without
+    the graders' Gradescope limits. Its public checks are those grading runs: already at every public
+    world size (at_public_world_sizes, when the rubric was read), so its public_world_sizes is empty."""
+    checks = [c for c in rubric.checks if not c.hidden]
+    return dataclasses.replace(rubric, checks=checks, gradescope=Gradescope(), public_world_sizes=[])
 
 
 def load_public_rubric(path=None) -> Rubric:

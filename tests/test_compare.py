@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import yaml
 
 from grader.pipeline.compare import diagnose, expected, judge
 from grader.pipeline.diagnose import local_ranks, tp_step
@@ -9,7 +10,7 @@ from grader.pipeline.say import Say
 from grader.rerun import secret
 from grader.rerun.check import PartRun, RankRun
 from grader.results import Status
-from grader.rubric import Check, RubricError, Tolerance, load_rubric, public_rubric, rubric_from_dict
+from grader.rubric import DEFAULT_RUBRIC, Check, RubricError, Tolerance, load_rubric, public_rubric, rubric_from_dict
 from tests.worlds import closed_form_step
 
 CHECK = Check(name="t", world_size=4, seed=5, global_batch_size=24, input_dim=7, output_dim=8, accumulation_steps=3)
@@ -217,9 +218,10 @@ def test_the_default_rubric_is_valid_and_adds_up_to_100():
         ("default", 4), ("default-1-rank", 1), ("default-2-ranks", 2)]
     assert rubric.max_score == 100
     assert [(c.world_size, c.nodes, c.kind) for c in rubric.checks] == [
-        (4, 1, "step"), (1, 1, "step"), (2, 1, "step"), (4, 1, "step"), (4, 4, "step"), (2, 1, "backward"),
-        (4, 1, "backward")]
-    assert not rubric.checks[0].hidden and all(c.hidden for c in rubric.checks[1:])
+        (4, 1, "step"), (1, 1, "step"), (2, 1, "step"),                       # the public check at 4, 1, 2 ranks
+        (1, 1, "step"), (2, 1, "step"), (4, 1, "step"), (4, 4, "step"), (2, 1, "backward"), (4, 1, "backward")]
+    assert not any(c.hidden for c in rubric.checks[:3]) and all(c.hidden for c in rubric.checks[3:])
+    assert sum(c.weight for c in rubric.checks[:3]) == pytest.approx(1.0)   # together, the one public check's weight
     tp = sum(c.weight for c in rubric.checks)
     assert 28 * sum(c.weight for c in rubric.checks if c.kind == "backward") / tp == 14   # the backward's share
     assert (rubric.log_min_world_size, rubric.log_min_nodes, rubric.log_slurm_job) == (4, 1, False)
@@ -228,10 +230,14 @@ def test_the_default_rubric_is_valid_and_adds_up_to_100():
 def test_the_public_rubric_is_the_graders_public_checks_at_the_public_world_sizes():
     rubric = load_rubric()
     public = public_rubric(rubric)
+    written = [c for c in rubric_from_dict(yaml.safe_load(DEFAULT_RUBRIC.read_text()) | {"public_world_sizes": []}).checks
+               if not c.hidden]
     want = [(c.seed, c.global_batch_size, c.input_dim, c.output_dim, c.accumulation_steps, c.kind, size)
-            for c in rubric.checks if not c.hidden for size in dict.fromkeys([c.world_size, *rubric.public_world_sizes])]
+            for c in written for size in dict.fromkeys([c.world_size, *rubric.public_world_sizes])]
     assert [(c.seed, c.global_batch_size, c.input_dim, c.output_dim, c.accumulation_steps, c.kind, c.world_size)
             for c in public.checks] == want
+    # Grading runs the very checks students' check runs: the feedback and check agree check by check.
+    assert [c for c in rubric.checks if not c.hidden] == public.checks
     assert not any(c.hidden for c in public.checks) and public.default_check == rubric.default_check
     for key in ("parts", "tolerance", "learning_rate", "log_min_world_size", "log_min_nodes", "log_slurm_job",
                 "timeouts", "limits", "files"):
@@ -240,10 +246,10 @@ def test_the_public_rubric_is_the_graders_public_checks_at_the_public_world_size
 
 
 def test_a_public_world_size_a_public_check_cannot_run_at_is_refused_naming_check_and_size():
-    rubric = rubric_from_dict({"checks": [{"name": "default", "world_size": 2, "output_dim": 30}],
-                               "public_world_sizes": [2, 1, 4]}, "r.yaml")   # valid for the graders
+    # Grading runs the public checks at every public world size too, so the rubric itself is refused.
     with pytest.raises(RubricError, match=r"\(default-4-ranks\): output_dim \(30\) is not divisible by world_size \(4\)"):
-        public_rubric(rubric)
+        rubric_from_dict({"checks": [{"name": "default", "world_size": 2, "output_dim": 30}],
+                          "public_world_sizes": [2, 1, 4]}, "r.yaml")
 
 
 @pytest.mark.parametrize("data,message", [

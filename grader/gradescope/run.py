@@ -25,7 +25,7 @@ from grader.pipeline.handin import Handin, folder_digest
 from grader.pipeline.report import gradescope_results, limited_results
 from grader.rerun.executor import make_executor
 from grader.rerun.sandbox import scratch_dir
-from grader.results import Status, new_result, ungraded
+from grader.results import grading_crashed, new_result
 from grader.rubric import load_rubric
 
 
@@ -73,8 +73,7 @@ def grade_submission(submission="/autograder/submission", results="/autograder/r
         executor = make_executor("warm", "best")
         result = grade_handin(handin, rubric, executor, scratch)
     except Exception as e:  # noqa: BLE001 - the result file is written whatever happens
-        ungraded(result, rubric, Status.ERROR, f"grading failed: {type(e).__name__}: {e}", "not run: grading failed")
-        result.notes.append("grader traceback:\n```\n" + traceback.format_exc()[-3000:] + "```")
+        grading_crashed(result, rubric, e, traceback.format_exc())
     finally:
         if executor is not None:
             executor.close()

@@ -2,7 +2,7 @@
 
 `grade_handin` always returns a HandinResult: a hand-in that cannot be graded as handed in is
 `invalid` (with the reason; no score unless the rubric's `files.invalid_scores_zero`), a crash of
-the grader itself is `error` (no score), and a failure of the re-run machinery is `infra_error`
+the grader itself is `error` (no score; its traceback in grading.json's `grader_error` only), and a failure of the re-run machinery is `infra_error`
 (no score).
 """
 
@@ -22,7 +22,7 @@ from grader.pipeline.say import Say
 from grader.pipeline.score import log_validity, score_handin
 from grader.rerun import check as rerun
 from grader.rerun.sandbox import scratch_dir
-from grader.results import CheckOutcome, HandinResult, Status, new_result, ungraded
+from grader.results import CheckOutcome, HandinResult, Status, grading_crashed, new_result, ungraded
 
 RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
 
@@ -156,9 +156,7 @@ def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
         score_handin(result, outcomes, rubric, log_report, log_usable)
         result.notes = list(dict.fromkeys(result.notes))   # one note, said once
     except Exception as e:  # noqa: BLE001 - one hand-in's grading bug must not end the batch
-        ungraded(result, rubric, Status.ERROR, f"grading this hand-in failed: {type(e).__name__}: {e}",
-                 "not run: grading failed")
-        result.notes.append("grader traceback:\n```\n" + traceback.format_exc()[-3000:] + "```")
+        grading_crashed(result, rubric, e, traceback.format_exc())
     finally:
         shutil.rmtree(work, ignore_errors=True)
         result.seconds = round(time.monotonic() - started, 3)

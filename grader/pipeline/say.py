@@ -5,9 +5,14 @@ from them (a local batch, a micro-batch, a shard's width, a ratio of updates, a 
 secret. Messages are built from structured values through `Say`, once, where the verdict is
 made: at a public check `say.num(4, "world_size")` is "4"; at a hidden one it is "world_size",
 and a ratio or a difference is said in words. Nothing is masked afterwards, so a headline and the
-line under it say the same thing and "assignment4.py" keeps its name. Text that is not ours (an
-exception a hand-in raised) is shown with the check's secret numbers, as whole numbers, replaced
-by "#" (`say.text`); numbers that a public check shares are not secret.
+line under it say the same thing and "assignment4.py" keeps its name.
+
+Text that is not ours (an exception's message, what a rank printed) never reaches a hidden check's
+messages: grader.rerun.hidden keeps only the exception's type and the hand-in's own lines where
+the re-run's results come in, since no mask catches every spelling of a number (torch's "input of
+size 165" is 15 x 11; a hand-in may print in hex). `say.text` still replaces the check's secret
+numbers, as whole numbers, by "#" in what is said of a rank (a second guard, not the first);
+numbers that a public check shares are not secret.
 """
 
 import re
@@ -53,7 +58,8 @@ class Say:
         return f"rank{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))}"
 
     def text(self, text: str) -> str:
-        """A hand-in's own words (an exception), its secret numbers replaced by "#"."""
+        """What is said of a rank (at a hidden check already without its own words, see the module
+        docstring), its secret numbers replaced by "#"."""
         text = text or ""
         for value in self.secrets:
             text = re.sub(rf"(?<![\w.]){value}(?![\w]|\.\d)", "#", text)

@@ -5,8 +5,16 @@ a world of the check's size. When a part ends its world (a crash on some ranks, 
 rank), that part is recorded as such and a new world runs the parts after it, so one broken part
 costs only that part. The weights come back as tensors, checked for shape and type in
 grader.rerun.channel; judging them is grader.pipeline.compare's job.
+
+Everything a rank says passes through grader.rerun.hidden's `Words` on its way into a PartRun: at a
+hidden check only an exception's type and the hand-in's own lines are kept. A part whose world
+timed out, or whose ranks fell out of step, is described from each rank's collectives (its result,
+or the progress record a hung rank left, grader.rerun.hooks): who returned, who waited in which
+collective, what the others called instead (`hang_detail`). At a check of several nodes a GPU index
+at or above LOCAL_WORLD_SIZE fails the part (`_device_problem`).
 """
 
+import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,6 +22,8 @@ from pathlib import Path
 from grader import kit
 from grader.parts import PART_IDS
 from grader.rerun import channel, protocol
+from grader.rerun.hidden import Words
+from grader.rerun.hooks import COLLECTIVES
 from grader.rerun.protocol import RankStatus, StopReason, WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status
@@ -28,6 +38,7 @@ class RankRun:
     exception: str = ""
     traceback: str = ""
     comm: list = field(default_factory=list)   # the rank's own word: a hint, never a verdict
+    devices: list = field(default_factory=list)  # GPU indices the part asked for
     extra: dict = field(default_factory=dict)   # name -> float64 tensor (a backward check's gradients)
 
 
@@ -49,26 +60,64 @@ def prepare_code(assignment: Path) -> dict:
             "utils.py": kit.UTILS.read_text()}
 
 
-def _rank_run(rank: int, result: protocol.Result) -> RankRun:
-    run = RankRun(rank=rank, status=result.status.value, comm=[c for c in result.comm if isinstance(c, dict)][:1000])
-    error = result.error or protocol.ErrorInfo()
-    run.exception = error.exception[:2000]
-    run.traceback = error.traceback[-6000:]
+REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+
+
+def _call(call) -> dict:
+    """A collective as a rank recorded it, held to the names and numbers a collective can have."""
+    if not isinstance(call, dict):
+        return None
+    numel = call.get("numel")
+    reduce_op = call.get("reduce_op")
+    return {"op": call.get("op") if call.get("op") in COLLECTIVES else "other",
+            "numel": numel if isinstance(numel, int) and not isinstance(numel, bool) and 0 <= numel < 1 << 40 else 0,
+            "reduce_op": reduce_op if reduce_op in REDUCE_OPS else None}
+
+
+def _rank_run(rank: int, result: protocol.Result, words: Words) -> RankRun:
+    run = RankRun(rank=rank, status=result.status.value, comm=[c for c in map(_call, result.comm[:1000]) if c],
+                  devices=[d for d in result.devices[:100] if isinstance(d, int) and not isinstance(d, bool)])
+    run.exception, run.traceback = words.error(result.error)
     if result.status == RankStatus.OK:
         try:
             run.weight = channel.decode_tensor(result.weight)
             run.dtype = str(result.weight.get("dtype", ""))[:20]
             run.extra = {str(name)[:40]: channel.decode_tensor(t) for name, t in list(result.extra.items())[:8]}
         except (channel.ChannelError, AttributeError) as e:
-            run.status, run.exception = "crashed", f"the returned weight could not be read back ({e})"
+            run.status = "crashed"
+            run.exception = "the returned weight could not be read back" + ("" if words.hidden else f" ({e})")
     return run
 
 
-def _completed_part(part: str, results: dict) -> PartRun:
-    ranks = {rank: _rank_run(rank, m) for rank, m in results.items()}
+def _device_problem(ranks: dict, check, words: Words) -> str:
+    """On several nodes, a GPU index at or above LOCAL_WORLD_SIZE (the node's GPUs): a device picked
+    by the global rank, which CudaOnCpu would otherwise let pass. On a cluster it fails
+    ("invalid device ordinal"). The record comes from the rank: it can only fail a part."""
+    if check.nodes <= 1:
+        return ""
+    per_node = check.world_size // check.nodes
+    for rank, run in sorted(ranks.items()):
+        index = next((i for i in run.devices if i >= per_node), None)
+        if index is None:
+            continue
+        if words.hidden:
+            return ("a rank asked for a GPU index at or above its node's number of GPUs (LOCAL_WORLD_SIZE), "
+                    "which fails on a cluster of several nodes: pick the device by LOCAL_RANK "
+                    "(torch.device('cuda', local_rank)), not by the global rank")
+        return (f"rank {rank} asked for cuda:{index} but its node has {per_node} GPU{'s' if per_node > 1 else ''} "
+                f"(LOCAL_WORLD_SIZE = {per_node}; its LOCAL_RANK is {rank % per_node}), which fails on a cluster: "
+                f"use LOCAL_RANK to pick the device (torch.device('cuda', local_rank)), not the global rank")
+    return ""
+
+
+def _completed_part(part: str, results: dict, check, words: Words) -> PartRun:
+    ranks = {rank: _rank_run(rank, m, words) for rank, m in results.items()}
     statuses = {r.status for r in ranks.values()}
     status = {"ok": Status.PASSED, "not_implemented": Status.NOT_IMPLEMENTED,
               "oom": Status.OOM}.get(statuses.pop() if len(statuses) == 1 else "", Status.CRASHED)
+    device = _device_problem(ranks, check, words) if status == Status.PASSED else ""
+    if device:
+        return PartRun(part=part, status=Status.CRASHED, ranks=ranks, detail=device)
     return PartRun(part=part, status=status, ranks=ranks)
 
 
@@ -77,43 +126,121 @@ def _output_text(report: WorldReport) -> str:
     return "\n".join(chunks)[-12000:]
 
 
-def _failed_part(part: str, report: WorldReport) -> PartRun:
+def _progress_calls(text: str, part: str) -> list:
+    """The collectives a rank's progress record (grader.rerun.hooks) lists for `part`, in order."""
+    calls = []
+    for line in (text or "").splitlines()[-1000:]:
+        try:
+            record = json.loads(line[:400])
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("part") == part and record.get("n") == len(calls) + 1:
+            calls.append(_call(record))
+    return calls
+
+
+def _ordinal(n: int, words: Words) -> str:
+    """"collective #2 of the part"; at a hidden check, a count past 3 is not said (it can be a hidden value)."""
+    if words.hidden and n > 3:
+        return "a later collective of the part (past the third)"
+    return f"collective #{n} of the part"
+
+
+def _what(call: dict, words: Words) -> str:
+    """"all_reduce of 2048 elements"; the op alone at a hidden check (a size is a hidden value)."""
+    return call["op"] if words.hidden else f"{call['op']} of {call['numel']} elements"
+
+
+def hang_detail(calls: dict, returned: set, words: Words) -> str:
+    """Who waited for whom, from each rank's collectives in the part (`calls`: rank -> list, in
+    order; `returned`: the ranks that returned from the part): "rank 1 returned from the part
+    without calling a collective; ranks 0, 2, 3 waited in collective #1 of the part (all_reduce of
+    2048 elements), while rank 1 never called it". Rank numbers, counts past 3 and sizes are not
+    said at a hidden check. "" when no rank waited in a collective."""
+    size = len(calls)
+    waiting = {r: c for r, c in calls.items() if r not in returned and c}
+    if not waiting:
+        return ""
+    n = min(len(c) for c in waiting.values())   # the earliest collective a rank is stuck in
+    stuck = waiting[min(r for r, c in waiting.items() if len(c) == n)][n - 1]
+    same = sorted(r for r, c in calls.items() if r not in returned and len(c) == n and c[n - 1] == stuck)
+    said = []
+    done = sorted(returned)
+    if done:
+        counts = sorted({len(calls[r]) for r in done})
+        after = "" if words.hidden or len(counts) > 1 else " without calling a collective" if not counts[0] else \
+            f" after {counts[0]} collective{'s' if counts[0] != 1 else ''}"
+        said.append(f"{words.ranks(done, size)} returned from the part{after}")
+    said.append(f"{words.ranks(same, size)} waited in {_ordinal(n, words)} ({_what(stuck, words)})")
+    others = []
+    for rank in sorted(set(calls) - set(same)):
+        mine = calls[rank]
+        if len(mine) >= n and mine[n - 1] != stuck:
+            others.append(f"{words.rank(rank, 'one rank')} called {_what(mine[n - 1], words)} there instead")
+        elif len(mine) < n and rank in returned:
+            others.append(f"{words.rank(rank, 'one rank')} never called it")
+        elif len(mine) < n and mine:
+            others.append(f"{words.rank(rank, 'one rank')} waited in an earlier one ({_what(mine[-1], words)})")
+        elif not mine and rank not in returned:
+            others.append(f"{words.rank(rank, 'one rank')} called no collective at all in the part (still computing: a loop "
+                          f"that does not end?)")
+    if others:
+        said[-1] += ", while " + "; ".join(dict.fromkeys(others))
+    return "; ".join(said) + " (a rank that skips, adds or reorders a collective makes the others wait)"
+
+
+def _part_calls(part: str, ranks: dict, report: WorldReport) -> dict:
+    """rank -> its collectives in `part`: from its result where it reported one, else from its progress record."""
+    size = max([*ranks, *report.exit_codes, *report.progress, -1]) + 1
+    return {r: ranks[r].comm if r in ranks else _progress_calls(report.progress.get(r, ""), part)
+            for r in range(size)}
+
+
+def _failed_part(part: str, report: WorldReport, words: Words) -> PartRun:
     """The PartRun of the part at which a world had to end, with the likeliest cause first."""
     abort = report.abort
-    ranks = {rank: _rank_run(rank, m) for rank, m in report.results.get(part, {}).items()}
-    reason, detail = abort.reason, abort.detail
+    ranks = {rank: _rank_run(rank, m, words) for rank, m in report.results.get(part, {}).items()}
+    reason, detail = abort.reason, words.stopped(abort.reason, abort.detail)
     crashed = [r for r in sorted(ranks.values(), key=lambda r: r.rank) if r.status == "crashed"]
     waited = [r for r in ranks.values() if r.status == "dist_error"]
-    timed_out = any("timed out" in r.exception.lower() or "timeout" in r.exception.lower() for r in waited)
+    # Read from the rank's own words, which a hidden check does not keep: the verdict must not
+    # depend on whether the check is hidden.
+    timed_out = any(m.status == RankStatus.DIST_ERROR and m.error is not None and
+                    any(s in m.error.exception.lower() for s in ("timed out", "timeout"))
+                    for m in report.results.get(part, {}).values())
     codes = {r: c for r, c in report.exit_codes.items() if c not in (0, None)}
     output = _output_text(report)
+    returned = {r.rank for r in ranks.values() if r.status == "ok"}
+    hang = hang_detail(_part_calls(part, ranks, report), returned, words)
     if reason == StopReason.TIMEOUT:
         status = Status.TIMEOUT
-        detail = f"{part} did not finish: {detail} (a hang, or a rank waiting for a collective the others skipped)"
+        detail = f"{part} did not finish: {detail}" + (f"; {hang}" if hang else
+                                                       " (a hang, or a rank waiting for a collective the others skipped)")
     elif crashed:
         status = Status.CRASHED
         first = crashed[0]
-        detail = f"rank {first.rank} raised {first.exception}"
+        detail = f"{words.rank(first.rank)} raised {first.exception}"
         if waited:
             detail += "; the other ranks then waited for it in a collective"
     elif any(r.status == "oom" for r in ranks.values()):
         status, detail = Status.OOM, "a rank ran out of memory"
-    elif waited and (timed_out or any(r.status == "ok" for r in ranks.values())):
+    elif waited and (timed_out or returned):
         status = Status.TIMEOUT
-        finished = sorted(r.rank for r in ranks.values() if r.status == "ok")
-        detail = ("a collective timed out: some rank never joined it" if not finished else
-                  f"the ranks fell out of step: rank{'s' if len(finished) > 1 else ''} "
-                  f"{', '.join(map(str, finished))} finished while the others waited in a collective")
-        detail += " (a rank that skips or adds a collective makes the others wait)"
+        finished = sorted(returned)
+        detail = hang or ("a collective timed out: some rank never joined it" if not finished else
+                          f"the ranks fell out of step: {words.ranks(finished, len(ranks))} finished while "
+                          f"the others waited in a collective")
+        if not hang:
+            detail += " (a rank that skips or adds a collective makes the others wait)"
     elif reason == StopReason.RANK_DIED and any(s in output for s in ("MemoryError", "bad_alloc", "allocate memory")):
         status, detail = Status.OOM, f"{detail}: out of memory"
     else:
         status = Status.CRASHED
         if waited:
             detail = f"a collective failed: {waited[0].exception}"
-        elif codes:
+        elif codes and not words.hidden:   # an exit code is the rank's to choose
             detail = f"{detail} (exit codes {codes})"
-    return PartRun(part=part, status=status, ranks=ranks, detail=detail, output=output)
+    return PartRun(part=part, status=status, ranks=ranks, detail=detail, output=words.output(output))
 
 
 def _world_job(code: dict, work: Path, check, rubric, parts: list) -> WorldJob:
@@ -125,20 +252,24 @@ def _world_job(code: dict, work: Path, check, rubric, parts: list) -> WorldJob:
                     timeouts=protocol.Timeouts(world_start=rubric.timeouts.world_start, part=rubric.timeouts.part))
 
 
-def _unstarted_parts(parts: list, report: WorldReport) -> dict:
+def _unstarted_parts(parts: list, report: WorldReport, words: Words) -> dict:
     """PartRuns for `parts` of a world that ended before any of them ran (code that does not load)."""
     abort = report.abort
     status = {StopReason.LOAD_FAILED: Status.CRASHED, StopReason.START_TIMEOUT: Status.TIMEOUT,
               StopReason.TIMEOUT: Status.TIMEOUT,
               StopReason.INFRA_ERROR: Status.INFRA_ERROR}.get(abort.reason, Status.CRASHED)
-    detail = {StopReason.LOAD_FAILED: f"assignment4.py could not be loaded: {abort.detail}",
-              StopReason.START_TIMEOUT: f"loading assignment4.py did not finish: {abort.detail}",
-              }.get(abort.reason, abort.detail)
+    said = words.stopped(abort.reason, abort.detail)
+    if abort.reason == StopReason.LOAD_FAILED and abort.error:
+        said = words.error(abort.error)[0]
+    detail = {StopReason.LOAD_FAILED: f"assignment4.py could not be loaded: {said}",
+              StopReason.START_TIMEOUT: f"loading assignment4.py did not finish: {said}",
+              }.get(abort.reason, said)
     ranks = {}
     if abort.error:
-        ranks = {0: RankRun(rank=0, status="crashed", exception=abort.error.exception[:2000],
-                            traceback=abort.error.traceback[-6000:])}
-    return {part: PartRun(part=part, status=status, detail=detail, output=_output_text(report), ranks=ranks)
+        exception, traceback = words.error(abort.error)
+        ranks = {0: RankRun(rank=0, status="crashed", exception=exception, traceback=traceback)}
+    return {part: PartRun(part=part, status=status, detail=detail, output=words.output(_output_text(report)),
+                          ranks=ranks)
             for part in parts}
 
 
@@ -146,6 +277,7 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
     """Run `parts` of `code` (prepare_code's) at `check`; return part id -> PartRun, for every part."""
     remaining = list(parts)
     runs = {}
+    words = Words(code, check.hidden)
     while remaining:
         work = Path(scratch_dir("world-", scratch))
         try:
@@ -153,7 +285,7 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
         finally:
             shutil.rmtree(work, ignore_errors=True)
         for part in report.completed:
-            runs[part] = _completed_part(part, report.results[part])
+            runs[part] = _completed_part(part, report.results[part], check, words)
             runs[part].data = report.secrets.get(part)
         if report.abort is None:
             break
@@ -162,10 +294,10 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
             # The part that ended the world, and any before it the world did not settle, failed.
             ended_at = left.index(report.abort.part)
             for part in left[:ended_at + 1]:
-                runs[part] = _failed_part(part, report)
+                runs[part] = _failed_part(part, report, words)
                 runs[part].data = report.secrets.get(part)
             remaining = left[ended_at + 1:]
             continue
-        runs.update(_unstarted_parts(left, report))
+        runs.update(_unstarted_parts(left, report, words))
         break
     return runs

@@ -3,6 +3,7 @@ on every collective a part calls (GRADING-NOTES: a data-parallel step that compu
 batch on every rank gives the right weight; only its collectives tell)."""
 
 import contextlib
+import json
 
 import torch
 import torch.distributed as dist
@@ -23,24 +24,49 @@ def _is_cuda(device) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
+def cuda_index(device):
+    """The GPU index a device names ("cuda:5", torch.device("cuda", 5), 5), or None ("cuda", "cpu")."""
+    if isinstance(device, torch.device):
+        return device.index if device.type == "cuda" else None
+    if isinstance(device, str) and device.startswith("cuda:"):
+        index = device[5:].strip()
+        return int(index) if index.isdigit() and len(index) < 6 else None
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    return None
+
+
 class CudaOnCpu(TorchFunctionMode):
-    """Every tensor that code asks to put on a GPU stays on the CPU."""
+    """Every tensor that code asks to put on a GPU stays on the CPU. The GPU index asked for is
+    noted on `spy` (a CommRecorder), since on a node of LOCAL_WORLD_SIZE GPUs a higher one fails."""
+
+    def __init__(self, spy=None):
+        super().__init__()
+        self.spy = spy
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
+            if self.spy is not None:
+                self.spy.asked_for(args[1] if len(args) > 1 else kwargs.get("device"))
             return args[0]
         if _is_cuda(kwargs.get("device")):
+            if self.spy is not None:
+                self.spy.asked_for(kwargs["device"])
             kwargs["device"] = "cpu"
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            if self.spy is not None:
+                self.spy.asked_for(args[1])
             args = (args[0], "cpu") + tuple(args[2:])
         return func(*args, **kwargs)
 
 
-def disarm_cuda_calls() -> None:
-    """torch.cuda calls that set up a GPU are no-ops here (there is none)."""
-    for name in ("set_device", "synchronize", "empty_cache", "reset_peak_memory_stats"):
+def disarm_cuda_calls(spy=None) -> None:
+    """torch.cuda calls that set up a GPU are no-ops here (there is none); the device set_device
+    asks for is noted on `spy`."""
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    torch.cuda.set_device = lambda device, *args, **kwargs: spy.asked_for(device) if spy is not None else None
     torch.cuda.current_device = lambda: 0
 
 
@@ -53,10 +79,17 @@ def _numel(value) -> int:
 
 
 class CommRecorder:
-    """Records each torch.distributed collective called while a part runs: (op, elements, reduce op)."""
+    """Records each torch.distributed collective called while a part runs: (op, elements, reduce op),
+    and the GPU indices the part asked for. Each call is also written, before it is made, as a line
+    of `progress` (a file the world's supervisor reads after it kills a hung world): what a rank
+    waits in survives the rank."""
 
-    def __init__(self):
+    def __init__(self, progress: str = ""):
         self.calls = None
+        self.devices = None
+        self.progress = progress
+        self.part = ""
+        self.inside = False
 
     def install(self) -> None:
         import torch.distributed.distributed_c10d as c10d
@@ -71,19 +104,48 @@ class CommRecorder:
 
     def _wrap(self, name, original):
         def recorded(*args, **kwargs):
+            if self.inside:
+                # torch hands a collective to the active TorchFunctionMode (CudaOnCpu), which calls
+                # the module's function, this wrapper, again: one call, recorded once.
+                return original(*args, **kwargs)
             if self.calls is not None and len(self.calls) < 1000:
                 op = kwargs.get("op", args[1] if name == "all_reduce" and len(args) > 1 else None)
                 self.calls.append({"op": name, "numel": _numel(list(args) + list(kwargs.values())),
                                    "reduce_op": str(op).rsplit(".", 1)[-1] if op is not None else None})
-            return original(*args, **kwargs)
+                self._note_progress(self.calls[-1])
+            self.inside = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.inside = False
         recorded.__name__ = name
         recorded.__wrapped__ = original
         return recorded
 
+    def _note_progress(self, call: dict) -> None:
+        if not self.progress:
+            return
+        try:
+            with open(self.progress, "a") as f:
+                f.write(json.dumps({"part": self.part, "n": len(self.calls), "op": call["op"],
+                                    "numel": call["numel"]}) + "\n")
+        except OSError:
+            pass   # the record only ever describes a hang; the part goes on without it
+
+    def asked_for(self, device) -> None:
+        index = cuda_index(device)
+        if index is not None and self.devices is not None and len(self.devices) < 100:
+            self.devices.append(index)
+
     @contextlib.contextmanager
-    def recording(self, calls: list):
-        self.calls = calls
+    def recording(self, calls: list, devices: list = None, part: str = ""):
+        self.calls, self.devices, self.part = calls, devices, part
+        if self.progress:
+            try:
+                open(self.progress, "w").close()   # the file holds the current part's calls only
+            except OSError:
+                pass
         try:
             yield calls
         finally:
-            self.calls = None
+            self.calls = self.devices = None

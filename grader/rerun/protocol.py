@@ -149,6 +149,7 @@ class Result:
     comm: list[dict] = field(default_factory=list)   # {"op", "numel", "reduce_op"} per collective called
                                                      # (the rank's word: a hint for feedback, never a verdict)
     token: str = ""                    # the token of the Run this answers
+    devices: list[int] = field(default_factory=list)   # GPU indices the part asked for (cuda:5, set_device(5))
     seconds: float = 0.0
     error: Optional[ErrorInfo] = None
 
@@ -186,6 +187,9 @@ class WorldReport:
     abort: Optional[Abort] = None
     exit_codes: dict[int, Optional[int]] = field(default_factory=dict)
     output: dict[int, str] = field(default_factory=dict)   # head and tail of each rank's stdout/stderr
+    progress: dict[int, str] = field(default_factory=dict)   # the tail of each rank's rank<N>.calls:
+                                                             # the collectives of its last part, one
+                                                             # JSON line each, written before each call
     skipped_lines: list[int] = field(default_factory=list)
     seconds: float = 0.0
     timeline: dict[str, float] = field(default_factory=dict)

@@ -50,6 +50,24 @@ def _output(work_dir: str, world_size: int) -> dict:
     return out
 
 
+PROGRESS_TAIL = 65536
+
+
+def _progress(work_dir: str, world_size: int) -> dict:
+    """The tail of each rank's record of its last part's collectives (grader.rerun.hooks), read
+    after the world ended: what a rank that never reported was waiting in."""
+    out = {}
+    for rank in range(world_size):
+        try:
+            with open(os.path.join(work_dir, f"rank{rank}.calls"), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - PROGRESS_TAIL))
+                out[rank] = f.read(PROGRESS_TAIL).decode("utf-8", "replace")
+        except OSError:
+            pass
+    return out
+
+
 def _end(pgid: int, pids: list, grace: float = 0.0) -> dict:
     """Kill the world's process group and reap its ranks; return each rank's exit code (-signal)."""
     deadline = time.monotonic() + grace
@@ -289,7 +307,8 @@ def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, sec
     selector.close()
     watch.timeline["ended"] = round(time.monotonic() - watch.started, 4)
     output = collect_output() if collect_output else _output(job.work_dir, job.world_size)
+    progress = _progress(job.work_dir, job.world_size) if watch.abort is not None else {}
     return WorldReport(completed=watch.parts[:watch.judged], results=watch.results, abort=watch.abort,
-                       exit_codes=exit_codes, output=output, skipped_lines=watch.skipped,
+                       exit_codes=exit_codes, output=output, progress=progress, skipped_lines=watch.skipped,
                        seconds=round(time.monotonic() - watch.started, 3), timeline=watch.timeline,
                        secrets=secrets)

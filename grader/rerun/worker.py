@@ -13,7 +13,8 @@ Tracebacks keep the hand-in's own frames only (assignment4.py and utils.py, by f
 Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
 - top-level script code (initialising, calling the parts, printing) is not executed; imports,
   definitions and plain assignments are (compile_assignment);
-- "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (grader.rerun.hooks).
+- "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (grader.rerun.hooks); the
+  GPU index asked for is reported, for the multi-node check's LOCAL_WORLD_SIZE.
 """
 
 import ast
@@ -185,17 +186,17 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, data: secret
     wanted = {"seed": check["seed"], "device": "cpu"}
     if part_id == "grad_accumulation":
         wanted["accumulation_steps"] = check["accumulation_steps"]
-    calls = []
+    calls, devices = [], []
     started = time.monotonic()
     result = protocol.Result(part=part_id, status=RankStatus.OK)
     try:
         if check.get("backward"):
-            with CudaOnCpu(), comm.recording(calls):
+            with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
                 tensors = layer.forward_and_backward(module, check, data)
             result.weight = channel.encode_tensor(tensors.pop("output"))
             result.extra = {name: channel.encode_tensor(t) for name, t in tensors.items()}
         else:
-            with CudaOnCpu(), comm.recording(calls):
+            with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
                 returned = function(**_kwargs_for(function, wanted))
             result.weight = channel.encode_tensor(_returned_weight(returned))
     except NotImplementedError as e:
@@ -211,6 +212,7 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, data: secret
         result.status = RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
         result.error = _error(e)
     result.comm = calls
+    result.devices = devices
     result.seconds = round(time.monotonic() - started, 4)
     return result
 
@@ -258,9 +260,9 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
             report(protocol.InfraError(error=_error(e)))
             os._exit(0)
         report(protocol.Joined())
-        comm = CommRecorder()
+        comm = CommRecorder(progress=os.path.join(job.work_dir, f"rank{rank}.calls"))
         comm.install()
-        disarm_cuda_calls()
+        disarm_cuda_calls(comm)
         prepared = prepared or prepare(job)
         served = {"sizes": (job.check["global_batch_size"], job.check["input_dim"], job.check["output_dim"])}
         secret.serve_batches(served)
