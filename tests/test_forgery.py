@@ -270,7 +270,7 @@ def test_a_whole_batch_data_parallel_step_with_an_all_reduce_of_nothing_earns_on
     one_rank = [c for c in RUBRIC.checks if c.world_size == 1]
     weights = sum(c.weight for c in RUBRIC.checks if "data_parallel" in c.parts())
     share = RUBRIC.parts["data_parallel"].rerun * sum(c.weight for c in one_rank) / weights
-    assert result["parts"]["data_parallel"]["rerun_points"] == pytest.approx(share)
+    assert result["parts"]["data_parallel"]["rerun_points"] == pytest.approx(share, abs=1e-4)   # points are kept to 4 decimals
     for part in ("baseline", "grad_accumulation", "tensor_parallel"):
         assert result["parts"][part]["status"] == "passed", part
 
