@@ -17,6 +17,7 @@ from grader import kit
 from grader.parts import PART_IDS
 from grader.pipeline import backward, compare, handin as handins
 from grader.pipeline.errfile import parse_err
+from grader.pipeline.logtext import read_log
 from grader.pipeline.runs import rule_of
 from grader.pipeline.say import Say
 from grader.pipeline.score import log_validity, score_handin
@@ -100,7 +101,7 @@ def _log_evidence(result: HandinResult, unpacked, code_sha256: str, rubric) -> t
     if log_report is not None:
         result.log = log_report.to_dict()
     if "err" in files:
-        err_report = parse_err(files["err"].read_bytes())
+        err_report = parse_err(read_log(files["err"]))
         result.err = err_report.to_dict()
         for flag in err_report.flags:
             result.flags.append(f"err_{flag.code}")
