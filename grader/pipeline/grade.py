@@ -26,6 +26,8 @@ from grader.rerun.sandbox import scratch_dir
 from grader.results import CheckOutcome, HandinResult, Status, new_result, ungraded
 
 RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
+DIFF_LINE_CHARS = 200   # characters shown of a line of the utils.py diff
+DIFF_READ = 5000        # lines of a handed-in utils.py compared (its first lines are what differ)
 
 
 def _utils_notes(student_utils: Path) -> list:
@@ -33,8 +35,10 @@ def _utils_notes(student_utils: Path) -> list:
     ours = kit.UTILS.read_text().splitlines()
     if theirs == ours:
         return []
-    diff = list(difflib.unified_diff(ours, theirs, "utils.py (provided)", "utils.py (handed in)", lineterm="", n=1))
-    shown = "\n".join(diff[:24]) + ("\n..." if len(diff) > 24 else "")
+    diff = list(difflib.unified_diff(ours, theirs[:DIFF_READ], "utils.py (provided)", "utils.py (handed in)",
+                                     lineterm="", n=1))
+    shown = "\n".join(d if len(d) <= DIFF_LINE_CHARS else d[:DIFF_LINE_CHARS] + kit.CUT
+                      for d in diff[:24]) + ("\n..." if len(diff) > 24 else "")
     return [f"utils.py differs from the provided one; the grader ran your code with the provided copy:\n"
             f"```diff\n{shown}\n```"]
 
