@@ -55,8 +55,7 @@ skeleton: $(STAMP)
 
 # The tree students receive: skeleton, utils, handout, Slurm jobs, check and package; no solution.
 release: $(STAMP)
-	@rm -rf $(RELEASE)
-	$(PY) -m grader release --out $(RELEASE)
+	$(PY) -m grader release --out $(RELEASE) --replace
 
 clean:
 	rm -rf build .pytest_cache

@@ -4,7 +4,7 @@
     python -m grader gradescope [--submission DIR] [--results FILE]
     python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]
     python -m grader skeleton [--check]
-    python -m grader release --out DIR
+    python -m grader release --out DIR [--replace]
     python -m grader public-rubric [--rubric FILE] [-o FILE]
     python -m grader check [PATH] [--log FILE] [--err FILE]
     python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
@@ -93,6 +93,8 @@ def _skeleton_arguments(p) -> None:
 
 def _release_arguments(p) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
+    p.add_argument("--replace", action="store_true",
+                   help="DIR may hold an earlier release: it is replaced once the new one is complete")
 
 
 def _public_rubric_arguments(p) -> None:

@@ -2,7 +2,8 @@
 
 Every path of the kit is named here once; every other module imports it from here. `source_digest`
 is what a cached result is held against: a result graded by other grading code, or against another
-`utils.py`, is graded again.
+`utils.py`, is graded again. What is written for a hand-in is bounded here (`fit`, `fit_text`): a
+hand-in never decides how much is written.
 """
 
 import hashlib
@@ -87,6 +88,42 @@ def read_yaml(path: Path, what: str, error: type):
         raise error(f"{path}: cannot read the {what} ({e.strerror})") from e
     except yaml.YAMLError as e:
         raise error(f"{path}: not valid YAML ({e})") from e
+
+
+CUT = "... (cut)"
+FILE_BYTES = 256 << 10   # each file written for a hand-in
+# (characters of one text, items of one list or mapping), tried in turn until the file fits.
+LEVELS = ((32_000, 1000), (2000, 100), (200, 20))
+
+
+def bounded(value, chars: int, items: int):
+    """JSON data with each text at most `chars` characters and each list or mapping at most `items`
+    items; a cut text ends with CUT, a cut list of texts with a last text saying how many are left out."""
+    if isinstance(value, str):
+        return value if len(value) <= chars else value[:chars] + CUT
+    if isinstance(value, dict):
+        return {bounded(k, chars, items): bounded(v, chars, items) for k, v in list(value.items())[:items]}
+    if isinstance(value, (list, tuple)):
+        kept = [bounded(v, chars, items) for v in value[:items]]
+        if len(value) > items and all(isinstance(v, str) for v in value[:items]):
+            kept.append(f"{CUT} ({len(value) - items} more)")
+        return kept
+    return value
+
+
+def fit(data: dict) -> dict:
+    """`data` bounded at the loosest of LEVELS whose JSON fits in FILE_BYTES (else the tightest)."""
+    for chars, items in LEVELS:
+        kept = bounded(data, chars, items)
+        if len(json.dumps(kept, indent=1).encode()) <= FILE_BYTES:
+            break
+    return kept
+
+
+def fit_text(text: str) -> str:
+    """A text file's content cut to FILE_BYTES."""
+    data = text.encode("utf-8", "replace")
+    return text if len(data) <= FILE_BYTES else data[:FILE_BYTES].decode("utf-8", "ignore") + "\n\n" + CUT + "\n"
 
 
 def atomic_write(path: Path, text: str) -> None:

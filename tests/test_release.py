@@ -108,6 +108,36 @@ def test_a_leak_is_found_and_refused(release, tmp_path):
         build_release(leaky)
 
 
+def _snapshot(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): (p.read_bytes() if p.is_file() else None, p.stat().st_mode)
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_a_refused_release_leaves_the_previous_one_in_place_and_a_good_one_replaces_it(release, tmp_path):
+    out = tmp_path / "build" / "release"
+    shutil.copytree(release, out)
+    before = _snapshot(out)
+    # A kit whose job scripts hold a solution line: refused at the last step, the leak scan.
+    kit_copy = tmp_path / "kit"
+    for name in ("assignment_4", "grader", "slurm", "lab", "student"):
+        shutil.copytree(ROOT / name, kit_copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (kit_copy / "slurm" / "notes.md").write_text("    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n")
+    with pytest.raises(ReleaseError, match="would leak"):
+        build_release(out, root=kit_copy, replace=True)
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["release"]   # nothing half-built left beside it
+    with pytest.raises(ReleaseError, match="not an empty folder"):     # without --replace: refused, untouched
+        build_release(out)
+    assert _snapshot(out) == before
+    (out / "stale.txt").write_text("from the release before\n")
+    build_release(out, replace=True)
+    assert not (out / "stale.txt").exists() and _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["release"]
+    with pytest.raises(ReleaseError, match="nor a release"):   # --replace replaces only a release
+        build_release(tmp_path / "kit", replace=True)
+    assert "rm -rf" not in (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
+
+
 def test_the_release_ships_the_public_rubric_derived_from_the_graders(release):
     """One source: rubric-public.yaml is written from grader/rubric.yaml, complete in itself."""
     shipped = rubric_from_dict(yaml.safe_load((release / "grader" / "rubric-public.yaml").read_text()))

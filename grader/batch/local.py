@@ -67,15 +67,19 @@ def infra_result(h, rubric, message: str):
 
 
 def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = "warm", sandbox: str = "auto",
-                  progress: bool = True) -> tuple:
+                  progress: bool = True, first=None) -> tuple:
     """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
-    it is graded. Returns ({student: its gradebook view}, worlds run, their seconds)."""
+    it is graded. Returns ({student: its gradebook view}, worlds run, their seconds). `first`: an
+    executor already started (the batch's probe of the sandbox), used and closed here."""
     results, worlds, world_seconds = {}, 0, 0.0
     if not todo:
+        if first is not None:
+            first.close()
         return results, worlds, world_seconds
     scratch = Path(scratch_dir("a4-grade-"))
     bar = Progress(len(todo), progress)
-    executors = [make_executor(executor, sandbox, rubric.limits) for _ in range(max(1, min(jobs, len(todo))))]
+    executors = ([first] if first is not None else []) + [
+        make_executor(executor, sandbox, rubric.limits) for _ in range(max(1, min(jobs, len(todo))) - (first is not None))]
     idle = queue.Queue()
     for ex in executors:
         idle.put(ex)

@@ -5,8 +5,8 @@
   nothing is graded.
 - A hand-in is kept in OUT/<student>/ (grading.json, results.json, feedback.md). Hand-ins are told
   apart by student id and file name (`source`): a file of the same name with other bytes is the
-  student's newer hand-in and replaces the earlier result (kept in OUT/.replaced/, listed in
-  summary.md); a further hand-in of the same student under another name goes into
+  student's newer hand-in and replaces the earlier result (moved to OUT/.replaced/ once the new
+  one is written, listed in summary.md); a further hand-in of the same student under another name goes into
   OUT/<student>~<first 8 hex digits of its sha256>/ and both are flagged `duplicate`.
 - Hand-ins already graded with the same bytes, rubric and grader code (grader.kit.source_digest)
   are not graded again (their grading.json is reused) unless `force`.
@@ -14,18 +14,20 @@
   once) or by the tasks of a Slurm job array (grader.batch.array).
 - Every hand-in's files are written as soon as it is graded, atomically; then grades.csv and
   summary.md from every result in OUT, whatever this invocation graded (grader.batch.gradebook).
+- A refused `grade` changes nothing in OUT: the paths, the rubric and (on this machine) the sandbox
+  are checked before anything is written.
 """
 
 import difflib
 import hashlib
 import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.batch import gradebook
 from grader.batch.local import grade_handins
+from grader.rerun.executor import make_executor
 from grader.pipeline import handin as handins, report
 from grader.results import Status, grader_digest, new_result, ungraded
 from grader.rubric import load_rubric
@@ -102,11 +104,8 @@ def _select(items: list, only) -> tuple:
 
 
 def _set_aside(out: Path, folder: str, sha256: str, h) -> str:
-    target = out / ".replaced" / f"{folder}-{(sha256 or 'unknown')[:8]}"
-    if target.exists():
-        shutil.rmtree(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    (out / folder).rename(target)
+    """What summary.md says of an earlier result that `h` replaces (report.write_handin moves it)."""
+    target = report.replaced_folder(out, folder, sha256)
     return (f"{report.student_of(folder)}: {h.name} has other bytes than when it was graded; graded again, "
             f"the earlier result is in {target.relative_to(out)}/")
 
@@ -140,17 +139,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     problems = [message for _, message in found.errors] + only_problems
     if problems:
         raise InputError("\n".join(problems))
-    out.mkdir(parents=True, exist_ok=True)
     summary = BatchSummary(out=str(out))
-    weights = {c.name: c.weight for c in rubric.checks}
-    for h in items:
-        if h.student in replaces:
-            summary.replaced.append(_set_aside(out, h.student, replaces[h.student], h))
-    for u in (i for i in items if isinstance(i, handins.Unreadable)):
-        result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
-                          "not run: the hand-in could not be read",
-                          score=0.0 if rubric.files.invalid_scores_zero else None)
-        report.write_handin(result, out, weights)
     todo = []
     for h in (i for i in items if isinstance(i, handins.Handin)):
         cached = None if force else _cached(out, h, rubric)
@@ -158,13 +147,31 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
             summary.cached += 1
         else:
             todo.append(h)
-    if executor == "slurm":
-        from grader.batch.array import grade_on_slurm
-        graded = grade_on_slurm(todo, out, rubric_path, rubric, sandbox=sandbox, jobs=jobs,
-                                progress=progress, **(slurm or {}))
-    else:
-        graded, summary.worlds, summary.world_seconds = grade_handins(todo, out, rubric, jobs, executor,
-                                                                      sandbox, progress)
+    # The sandbox is probed before OUT is touched: a refusal (SandboxUnavailable) leaves it as it was.
+    first = make_executor(executor, sandbox, rubric.limits) if todo and executor != "slurm" else None
+    try:
+        if first is not None:
+            first.start()
+        out.mkdir(parents=True, exist_ok=True)
+        weights = {c.name: c.weight for c in rubric.checks}
+        for h in items:
+            if h.student in replaces:
+                summary.replaced.append(_set_aside(out, h.student, replaces[h.student], h))
+        for u in (i for i in items if isinstance(i, handins.Unreadable)):
+            result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
+                              "not run: the hand-in could not be read",
+                              score=0.0 if rubric.files.invalid_scores_zero else None)
+            report.write_handin(result, out, weights)
+        if executor == "slurm":
+            from grader.batch.array import grade_on_slurm
+            graded = grade_on_slurm(todo, out, rubric_path, rubric, sandbox=sandbox, jobs=jobs,
+                                    progress=progress, **(slurm or {}))
+        else:
+            graded, summary.worlds, summary.world_seconds = grade_handins(todo, out, rubric, jobs, executor,
+                                                                          sandbox, progress, first=first)
+    finally:
+        if first is not None:
+            first.close()   # closing twice is harmless: grade_handins closes it too
     summary.graded = len(graded)
     views = gradebook.load_views(out)
     gradebook.write_gradebook(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced)

@@ -24,7 +24,7 @@ def skeleton_command(args) -> int:
 def release_command(args) -> int:
     from grader.instructor.release import ReleaseError, build_release
     try:
-        summary = build_release(args.out)
+        summary = build_release(args.out, replace=args.replace)
     except (ReleaseError, RubricError) as e:
         print(f"release: refused: {e}", file=sys.stderr)
         return 2

@@ -18,11 +18,17 @@ the reference's configuration, the rubric's default check and the handout disagr
 when the public rubric cannot be derived (a public check that does not divide at one of
 `public_world_sizes`), or when a scan of
 every file written finds solution text, a `reference/` path, or a hidden check's name or values.
+
+The release is built in a new folder beside DIR and moved into place only when it is complete and
+clean: a refused release leaves DIR as it was (with `--replace`, a previous release in DIR stays
+until the new one takes its place).
 """
 
 import dataclasses
+import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,11 +140,17 @@ def _copy(src: Path, dst: Path, written: list, out: Path) -> None:
     written.append(dst.relative_to(out).as_posix())
 
 
-def build_release(out, root: Path = ROOT) -> Release:
-    """Write the student release into `out` (a new or empty folder); see the module docstring."""
+def _is_release(folder: Path) -> bool:
+    return (folder / "grader" / PUBLIC_RUBRIC.name).is_file() and (folder / "assignment_4").is_dir()
+
+
+def build_release(out, root: Path = ROOT, replace: bool = False) -> Release:
+    """Write the student release into `out` (a new or empty folder; with `replace`, also one that
+    holds an earlier release); see the module docstring."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ReleaseError(f"{out} is not an empty folder: give a new folder, or empty it first")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (replace and _is_release(out)))):
+        raise ReleaseError(f"{out} is not an empty folder" + (" nor a release" if replace else "")
+                           + ": give a new folder" + ("" if replace else ", or --replace to replace a release"))
     if not skeleton.skeleton_is_current(root / "assignment_4" / "reference" / "assignment4.py",
                                         root / "assignment_4" / "assignment4.py"):
         raise ReleaseError("assignment_4/assignment4.py differs from what the reference generates: run "
@@ -148,9 +160,33 @@ def build_release(out, root: Path = ROOT) -> Release:
         raise ReleaseError("the configuration is said differently in different places; make them agree:\n  "
                            + "\n  ".join(mismatched))
     public = public_rubric_text(load_rubric(root / "grader" / DEFAULT_RUBRIC.name))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = out.parent / f".{out.name}.new-{os.getpid()}"   # made as mkdir makes folders (the umask's mode)
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    try:
+        release = _write(staged, root, public)
+        _swap(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    release.out = out
+    return release
+
+
+def _swap(staged: Path, out: Path) -> None:
+    """Put the complete release `staged` where `out` is; an earlier one goes only once it is in place."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        out.rename(old / "release")
+    staged.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write(out: Path, root: Path, public: str) -> Release:
     release = Release(out=out, rooms=list(ROOMS))
     written = release.files
-    out.mkdir(parents=True, exist_ok=True)
     for name in ("README.md", "requirements.txt"):
         _copy(root / "student" / name, out / name, written, out)
     for name in HANDOUT:
@@ -165,7 +201,6 @@ def build_release(out, root: Path = ROOT) -> Release:
     written.append(f"grader/{PUBLIC_RUBRIC.name}")
     leaks = find_leaks(out, root)
     if leaks:
-        shutil.rmtree(out)
         raise ReleaseError("the release would leak (nothing was left written):\n  " + "\n  ".join(leaks)
                            + _rename_hint(leaks))
     return release

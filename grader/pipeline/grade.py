@@ -17,6 +17,7 @@ from grader import kit
 from grader.parts import PART_IDS
 from grader.pipeline import backward, compare, handin as handins
 from grader.pipeline.errfile import parse_err
+from grader.pipeline.logtext import read_log
 from grader.pipeline.runs import rule_of
 from grader.pipeline.say import Say
 from grader.pipeline.score import log_validity, score_handin
@@ -25,6 +26,8 @@ from grader.rerun.sandbox import scratch_dir
 from grader.results import CheckOutcome, HandinResult, Status, grading_crashed, new_result, ungraded
 
 RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
+DIFF_LINE_CHARS = 200   # characters shown of a line of the utils.py diff
+DIFF_READ = 5000        # lines of a handed-in utils.py compared (its first lines are what differ)
 
 
 def _utils_notes(student_utils: Path) -> list:
@@ -32,8 +35,10 @@ def _utils_notes(student_utils: Path) -> list:
     ours = kit.UTILS.read_text().splitlines()
     if theirs == ours:
         return []
-    diff = list(difflib.unified_diff(ours, theirs, "utils.py (provided)", "utils.py (handed in)", lineterm="", n=1))
-    shown = "\n".join(diff[:24]) + ("\n..." if len(diff) > 24 else "")
+    diff = list(difflib.unified_diff(ours, theirs[:DIFF_READ], "utils.py (provided)", "utils.py (handed in)",
+                                     lineterm="", n=1))
+    shown = "\n".join(d if len(d) <= DIFF_LINE_CHARS else d[:DIFF_LINE_CHARS] + kit.CUT
+                      for d in diff[:24]) + ("\n..." if len(diff) > 24 else "")
     return [f"utils.py differs from the provided one; the grader ran your code with the provided copy:\n"
             f"```diff\n{shown}\n```"]
 
@@ -102,7 +107,7 @@ def _log_evidence(result: HandinResult, unpacked, code_sha256: str, rubric) -> t
     if log_report is not None:
         result.log = log_report.to_dict()
     if "err" in files:
-        err_report = parse_err(files["err"].read_bytes())
+        err_report = parse_err(read_log(files["err"]))
         result.err = err_report.to_dict()
         for flag in err_report.flags:
             result.flags.append(f"err_{flag.code}")

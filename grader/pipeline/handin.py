@@ -176,6 +176,8 @@ def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:
         except (UnicodeEncodeError, UnicodeDecodeError):
             raise HandinError(f"{zip_name}: the member name {info.filename!r} is not valid UTF-8; "
                               f"re-create the zip with plain file names") from None
+    if not raw.strip("/"):
+        raise HandinError(f"{zip_name}: a member has no name; re-create the zip from the files themselves")
     if "\x00" in raw or "\\" in raw:
         raise HandinError(f"{zip_name}: the member name {raw!r} has characters a file name cannot have")
     path = PurePosixPath(raw)
@@ -216,9 +218,9 @@ def extract_zip(data: bytes, dest: Path, zip_name: str, limits) -> list:
             target = (dest / name).resolve()
             if dest not in target.parents:
                 raise HandinError(f"{zip_name}: the member {name!r} would be written outside the hand-in; refused")
-            target.parent.mkdir(parents=True, exist_ok=True)
             written = 0
             try:
+                target.parent.mkdir(parents=True, exist_ok=True)   # fails where a file has its name
                 with z.open(info) as src, open(target, "wb") as out:
                     while chunk := src.read(CHUNK):
                         written += len(chunk)
@@ -241,11 +243,13 @@ def extract_zip(data: bytes, dest: Path, zip_name: str, limits) -> list:
 def _strip_single_folder(root: Path) -> list:
     entries = [e for e in root.iterdir()]
     if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink():
-        inner = entries[0]
+        name, children = entries[0].name, {c.name for c in entries[0].iterdir()}
+        free = next(f".stripped{i}" for i in range(len(children) + 1) if f".stripped{i}" not in children)
+        inner = entries[0].rename(root / free)   # "hw4/hw4/...": free the name its child moves to
         for child in list(inner.iterdir()):
             child.rename(root / child.name)
         inner.rmdir()
-        return [f"the files were inside a folder '{inner.name}/'; hand in the files themselves next time"]
+        return [f"the files were inside a folder '{name}/'; hand in the files themselves next time"]
     return []
 
 

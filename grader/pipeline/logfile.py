@@ -15,10 +15,13 @@ import math
 from collections import Counter
 
 from grader.parts import BY_ID, PART_IDS
+
+JOB_FIELDS = 40   # [Job] fields kept, and prefixes naming no part: a log cannot fill a report
 from grader.pipeline.logtext import (CLAIM, Dialect, EXCERPT_LINES, HANDOUT_RANK0_PARTS, INIT, JOB,
-                                      JOB_STATUS, KEY_VALUE, SLURM_JOB_ID, SLURM_MARK, SRUN_HOST, LogReport,
-                                      PartEvidence, RankClaim, as_bytes, add_flag, number, ranks_text, squash,
-                                      part_of_prefix)
+                                      JOB_STATUS, KEY_VALUE, LINE_CHARS, SLURM_JOB_ID, SLURM_MARK, SRUN,
+                                      SRUN_HOST, Budget, LogReport, LogTimeout, PartEvidence, RankClaim,
+                                      as_bytes, add_flag, clip, cut_flag, line_at, number, ranks_text, squash,
+                                      part_of_prefix, timeout_flag)
 
 
 def _claims_by_part(comparisons):
@@ -35,14 +38,14 @@ def _claims_by_part(comparisons):
         agg[0].add(("NI" if c[5] else c[3].decode(), diff != 0))
         if diff is not None and not math.isnan(diff):
             agg[1] = diff if agg[1] is None else max(agg[1], diff)
-        if len(agg[2]) < 2 and (text := squash(c[0])) not in agg[2]:
+        if len(agg[2]) < 2 and (text := clip(squash(c[0]), LINE_CHARS)) not in agg[2]:
             agg[2].append(text)
 
     for c in dict.fromkeys(comparisons):   # a long log repeats itself: aggregate before Python work
         if c[1] and (part := part_of_prefix(c[1])):
             prefixed.add(part)
             add(part, c)
-        elif c[1]:
+        elif c[1] and len(unknown) < JOB_FIELDS:
             unknown[c[1].decode("utf-8", "replace")] = None
     # Unprefixed comparisons (the handout's) fill, per rank and in order, the parts no prefix took.
     slots = [p for p in HANDOUT_RANK0_PARTS if p not in prefixed]
@@ -108,23 +111,30 @@ def parse_log(data: bytes | str, min_world_size: int | None = None) -> LogReport
     """What a run's stdout claims: dialect, world size, every part on every rank, and flags."""
     report = LogReport()
     try:
-        _parse_log(data, min_world_size, report)
+        _parse_log(data, min_world_size, report, Budget())
+    except LogTimeout:      # this hand-in loses its log's evidence, nobody else waits
+        report = LogReport()
+        timeout_flag(report, "log")
     except Exception as e:  # evidence only: a parser bug must not end the grading of a batch
         add_flag(report, "parse_error", f"The log could not be read completely ({e!r}).")
     return report
 
 
-def _parse_log(data, min_world_size, report: LogReport) -> None:
+def _parse_log(data, min_world_size, report: LogReport, budget: Budget) -> None:
     raw = as_bytes(data)
     if not raw:
         return add_flag(report, "empty", "The log is empty: hand in the .log file of a complete run.")
+    cut_flag(report, raw, "log")
     head = raw[:65536]
     if sum(head.count(bytes([c])) for c in range(32) if c not in (9, 10, 13)) > len(head) // 10:
         add_flag(report, "binary", "The log is not text: hand in the .log file the job wrote.")
     claims, inits, job_lines = CLAIM.findall(raw), INIT.findall(raw), JOB.findall(raw)
+    budget.check()
 
     for line in dict.fromkeys(job_lines):   # header and footer; a later run's values win
-        report.job.update(KEY_VALUE.findall(line.decode("utf-8", "replace")))
+        for key, value in KEY_VALUE.findall(line.decode("utf-8", "replace")):
+            if key in report.job or len(report.job) < JOB_FIELDS:
+                report.job[key] = value
     statuses = [m.group(1).decode() for line in job_lines if (m := JOB_STATUS.match(line))]
     footer_missing = sum(1 for line in job_lines if line.startswith(b"id=")) > len(statuses)
     header_ws = int(report.job["world_size"]) if report.job.get("world_size", "").isdigit() else None
@@ -132,10 +142,12 @@ def _parse_log(data, min_world_size, report: LogReport) -> None:
     report.done_ranks = [int(c[2]) for c in claims if c[6]]
     report.fingerprints = list(dict.fromkeys(t[7].decode() for t in inits if t[7]))
     report.hosts = {int(t[0]): (t[2] or t[8]).decode("utf-8", "replace") for t in inits}
+    budget.check()
     report.backends = list(dict.fromkeys(t[4].decode() for t in inits if t[4]))
     _origin(raw, report, inits)
     comparisons = [c for c in claims if not c[6]]
     per, unprefixed, report.unknown_prefixes = _claims_by_part(comparisons)
+    budget.check()
 
     stated = {int(t[5]) for t in inits if t[5]}   # only our init lines state the world size
     if stated:
@@ -158,7 +170,7 @@ def _parse_log(data, min_world_size, report: LogReport) -> None:
 def _origin(raw: bytes, report: LogReport, inits) -> None:
     """How many nodes the run had, and what shows it was a Slurm job."""
     hosts = {(t[2] or t[8]).decode("utf-8", "replace") for t in inits} - {"N/A", "", "None"}
-    hosts |= {h.decode("utf-8", "replace") for h in SRUN_HOST.findall(raw)} if b"[srun]" in raw else set()
+    hosts |= _srun_hosts(raw)
     nnodes = report.job.get("nnodes", "")
     report.nodes = len(hosts) if hosts else int(nnodes) if nnodes.isdigit() else None
     job_id = report.job.get("id", "")
@@ -169,6 +181,19 @@ def _origin(raw: bytes, report: LogReport, inits) -> None:
         report.slurm = f"Slurm job {mark.group(1).decode()}" if mark.group(1) else "the job script's own lines"
     elif not job_id.startswith("local") and any((t[1] or t[8]).isdigit() for t in inits):
         report.slurm = "Slurm's node ids on the init lines"
+
+
+def _srun_hosts(raw: bytes) -> set:
+    """The hosts of "[srun] rank=0 host=node1 ..." lines: the first host= after each "[srun]" of a
+    line, each line split once."""
+    hosts, pos = set(), 0
+    while (at := raw.find(SRUN, pos)) >= 0:
+        start, end = line_at(raw, at, at)
+        for stretch in raw[at:end].split(SRUN)[1:]:
+            if m := SRUN_HOST.search(stretch):
+                hosts.add(m.group(1).decode("utf-8", "replace"))
+        pos = end + 1
+    return hosts
 
 
 def _log_flags(report, inits, stated, header_ws, min_ws, statuses, footer_missing, evidence):

@@ -5,12 +5,19 @@ A log is evidence, not the verdict (it can be stale or forged; the grade comes f
 Clusters mangle output (srun --label and torchrun prefixes, ranks spliced into one line, CRLF,
 colour codes, invalid UTF-8, a cut-off last line), so the patterns search the whole text as bytes,
 never only line starts. Nothing here raises: a parser failure becomes a `parse_error` flag.
+
+A log is also hostile input, so reading one takes time linear in its size: at most `LOG_BYTES` are
+read (its head and its tail, with a `cut` flag), every pattern runs on Python 3.10's `re` without
+rescanning text from each occurrence (a quantifier that could run into the next occurrence is
+bounded; what must sit on one line with a first match is looked for once per line, from that match),
+every line quoted is clipped, and a read past `LOG_SECONDS` gives up its evidence (`log_timeout`).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -24,24 +31,25 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # Groups: 1 the claim's text, 2 prefix, 3 rank, 4 True/False, 5 max diff, 6 not implemented, 7 done.
 # Ranks and world sizes have at most 4 digits, so that no line can make a report of a million ranks.
 CLAIM = re.compile(
-    rb"(\[(?:([A-Za-z][\w \-]{0,38}+)\]\s*+\[)?Rank (\d{1,4}+)\]\s*+"
-    rb"(?:Tensors match:\s*+(True|False)(?:\s*+\|\s*+Max diff:\s*+([\w.+\-]++))?"
-    rb"(?:\s*+\|\s*+Mean diff:\s*+[\w.+\-]++)?(?:\s*+\|\s*+shapes \[[\d, ]*\] vs \[[\d, ]*\])?"
-    rb"|(Not implemented)[^\r\n\[]{0,160}+|(done)\b(?![ \t]*+[A-Za-z])))")
+    rb"(\[(?:([A-Za-z][\w \-]{0,38})\]\s*\[)?Rank (\d{1,4})\]\s*"
+    rb"(?:Tensors match:\s*(True|False)(?:\s*\|\s*Max diff:\s*([\w.+\-]{1,40}))?"
+    rb"(?:\s*\|\s*Mean diff:\s*[\w.+\-]{1,40})?(?:\s*\|\s*shapes \[[\d, ]{0,80}\] vs \[[\d, ]{0,80}\])?"
+    rb"|(Not implemented)[^\r\n\[]{0,160}|(done)\b(?![ \t]*[A-Za-z])))")
 # "[Distributed Init] Rank r initialized on ...": ours (groups 2-8: node, host, device, backend,
 # world size, torch, code sha256) or the handout's "... on {node_id} on GPU {local_rank}." (9, 10).
 INIT = re.compile(
-    rb"\[Distributed Init\]\s*+Rank (\d{1,4}+) initialized on (?:node (\S+) \(([^)\r\n]*)\) on (\S+) \| "
-    rb"backend (\w+) \| world size (\d{1,4}+)(?: \| torch (\S+))?(?: \| code sha256 (\w+))?"
-    rb"|(\S+) on GPU (\d+))")
+    rb"\[Distributed Init\]\s*Rank (\d{1,4}) initialized on (?:node (\S{1,200}) \(([^)\r\n]{0,200})\) on "
+    rb"(\S{1,200}) \| backend (\w{1,40}) \| world size (\d{1,4})(?: \| torch (\S{1,80}))?"
+    rb"(?: \| code sha256 (\w{1,64}))?|(\S{1,200}) on GPU (\d{1,4}))")
 JOB = re.compile(rb"\[Job\] ([^\r\n]*)")               # slurm/common.sh: header and footer lines
 # What only a Slurm job writes: its id in a job script's own lines ("SLURM_JOB_ID=48187"), and the
 # lines clusters' job scripts open with ("[sbatch-master] ...", "[srun] rank=0 host=node1 ...").
 SLURM_MARK = re.compile(rb"SLURM_JOB_ID=(\d+)|\[(?:srun|sbatch[\w-]*)\]")
-SRUN_HOST = re.compile(rb"\[srun\][^\r\n]*?\bhost=([\w.-]+)")
+SRUN = b"[srun]"                                          # then, on the same line, the host:
+SRUN_HOST = re.compile(rb"\bhost=([\w.-]{1,200})")
 SLURM_JOB_ID = re.compile(r"\d+(?:_\d+)?")             # "48187", an array task's "48187_3"
 JOB_STATUS = re.compile(rb"finished status=(-?\w+)")
-KEY_VALUE = re.compile(r"(\w+)=(\S*)")
+KEY_VALUE = re.compile(r"\b(\w{1,60})=(\S{0,200})")
 # Invented prefixes, by keyword, tried in this order after the exact prefixes of grader.parts.
 PREFIX_KEYWORDS = (("grad_accumulation", ("accum", "micro")),
                    ("tensor_parallel", ("tensor", "column", "tp", "modelparallel")),
@@ -53,12 +61,15 @@ SYNTAX_ERROR = re.compile(rb"(?:SyntaxError|IndentationError|TabError): [^\r\n]*
 LINE_PREFIX = re.compile(r"^[ \t]*(?:\d+: ?)?(?:\[(?:rank|default)(\d+)\]: ?)?")  # srun --label, torchrun
 EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::|$)")              # "ValueError: ...", "KeyboardInterrupt"
 CARETS = re.compile(r"[ \t]*[\^~]+[ \t]*")
-ROOT_CAUSE = re.compile(rb"Root Cause \(first observed failure\):[\s\S]{0,400}?rank\s*:\s*(\d+)"
-                        rb"[\s\S]{0,200}?exitcode\s*:\s*(-?\d+)")
-NCCL = re.compile(rb"NCCL error|nccl[A-Z]\w*Error|Watchdog caught collective operation timeout")
-SLURM = re.compile(rb"(?:slurmstepd|srun)\S*: [^\r\n]*?(?:CANCELLED|TIME LIMIT|[Nn]ode failure|NODE FAIL|"
-                   rb"PREEMPT|[Aa]borted|Exited with exit code|Out Of Memory)")
+ROOT_CAUSE = re.compile(rb"Root Cause \(first observed failure\):[\s\S]{0,400}?rank\s{0,20}:\s{0,20}(\d{1,6})"
+                        rb"[\s\S]{0,200}?exitcode\s{0,20}:\s{0,20}(-?\d{1,6})")
+NCCL = re.compile(rb"NCCL error|nccl[A-Z]\w{0,60}Error|Watchdog caught collective operation timeout")
+# Slurm's lines: who speaks ("srun: ", "slurmstepd-node3: "), then, later on the same line, what happened.
+SLURM = re.compile(rb"(?:slurmstepd|srun)\S{0,60}: ")
+SLURM_EVENT = re.compile(rb"CANCELLED|TIME LIMIT|[Nn]ode failure|NODE FAIL|PREEMPT|[Aa]borted|"
+                         rb"Exited with exit code|Out Of Memory")
 OOM = re.compile(rb"out of memory|Out Of Memory|OutOfMemoryError|oom[_-]kill|MemoryError|Killed")
+OOM_MEMORY = re.compile(rb"out of memory|Out Of Memory|OutOfMemoryError|oom[_-]kill|MemoryError")
 OOM_KILLED = re.compile(r"^Killed$|\d Killed\b")   # "Killed" alone, or bash's "line 9: 4711 Killed  ..."
 COLLECTIVE_TIMEOUT = re.compile(rb"Watchdog caught collective operation timeout|Timed out waiting \d+ ?ms")
 # Literals one of which every match of an .err pattern contains: a file without any of them skips
@@ -71,6 +82,11 @@ EXCERPT_LINES = 8      # claim lines quoted per part
 REPORT_LINES = 10      # lines kept per kind of .err evidence
 TRACEBACK_HEAD = 15    # cleaned lines kept of a traceback, its exception line the last
 TRACEBACK_SCAN = 64_000  # bytes read after "Traceback (...)" to find its exception
+TRACEBACKS_READ = 64     # tracebacks looked at for the first one that is not torchrun's
+LINE_CHARS = 300         # characters kept of any line quoted from a log
+LOG_BYTES = 8 << 20      # bytes read of a log: its first and its last half of this
+LOG_SECONDS = 20.0       # a read that takes longer gives up the log's evidence
+CUT_MARK = b"\n[... the middle of this file was not read ...]\n"
 
 
 class Dialect(str, Enum):
@@ -157,9 +173,41 @@ class ErrReport(_Result):
 
 # ---- helpers ----------------------------------------------------------------------------------
 
+class LogTimeout(Exception):
+    """Reading a log took longer than LOG_SECONDS."""
+
+
+class Budget:
+    """The time one log read may take: `check()` between steps raises LogTimeout past it."""
+
+    def __init__(self, seconds: float = None):
+        self.deadline = time.monotonic() + (LOG_SECONDS if seconds is None else seconds)
+
+    def check(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise LogTimeout()
+
+
+def read_log(path) -> bytes:
+    """A log file's bytes: all of it up to LOG_BYTES, else its head and tail around CUT_MARK (the
+    job's header and footer and the last lines of every rank are at the ends)."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(0)
+        if size <= LOG_BYTES:
+            return f.read(LOG_BYTES)
+        head = f.read(LOG_BYTES // 2)
+        f.seek(size - LOG_BYTES // 2)
+        return head + CUT_MARK + f.read(LOG_BYTES // 2)
+
+
 def as_bytes(data) -> bytes:
-    """The text as bytes, colour codes removed; b"" when there is nothing but whitespace."""
+    """The text as bytes, colour codes removed, cut to LOG_BYTES around CUT_MARK as `read_log` cuts
+    files; b"" when there is nothing but whitespace."""
     data = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data or b"")
+    if len(data) > LOG_BYTES + len(CUT_MARK):
+        data = data[:LOG_BYTES // 2] + CUT_MARK + data[-(LOG_BYTES // 2):]
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):   # saved as UTF-16 by an editor
         data = data.decode("utf-16", "replace").encode("utf-8", "replace")
     if not data or data.isspace():
@@ -207,8 +255,33 @@ def part_of_prefix(prefix: bytes | str) -> str | None:
 
 
 def add_flag(report, code: str, message: str) -> None:
-    report.flags.append(LogFlag(code, message))
+    report.flags.append(LogFlag(code, clip(message, 2000)))
+
+
+def cut_flag(report, raw: bytes, what: str) -> None:
+    """Say so when only the head and tail of the file were read."""
+    if CUT_MARK in raw:
+        add_flag(report, "cut", f"The {what} is longer than {LOG_BYTES >> 20} MB: only its first and last "
+                 f"{LOG_BYTES >> 21} MB were read.")
+
+
+def timeout_flag(report, what: str) -> None:
+    add_flag(report, "log_timeout", f"Reading the {what} took longer than {LOG_SECONDS:.0f} s; its evidence "
+             "was not used.")
+
+
+def line_at(raw: bytes, start: int, end: int) -> tuple:
+    """(first, past the last) byte of the line that holds raw[start:end]."""
+    first = raw.rfind(b"\n", 0, start) + 1
+    last = raw.find(b"\n", end)
+    return first, len(raw) if last < 0 else last
 
 
 def clip(text: str, n: int = 200) -> str:
     return text if len(text) <= n else text[:n - 3].rstrip() + "..."
+
+
+def clip_line(b: bytes, n: int = LINE_CHARS) -> str:
+    """A line quoted from a log: decoded, at most `n` characters, "... (cut)" when it was longer."""
+    text = b[:4 * n].decode("utf-8", "replace")
+    return text if len(text) <= n and len(b) <= 4 * n else text[:n] + "... (cut)"

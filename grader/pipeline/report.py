@@ -10,17 +10,23 @@ share (code that does not load) is shown once. In Gradescope's results.json they
 hidden checks are a test of their own, shown to students only after the due date
 (`after_due_date`) and under neutral names ("hidden check 2"); what students see before then,
 the top-level output included, holds only the public checks.
+
+What a hand-in holds ends up in these files (its notes, its logs' lines, the diff of its utils.py),
+so each is bounded (grader.kit's `fit`): every text and list of a result cut to fit
+kit.FILE_BYTES, first loosely, then tighter, every cut marked "... (cut)".
 """
 
 import json
 import re
+import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from grader.kit import atomic_write, write_json
+from grader.kit import atomic_write, fit, fit_text
 from grader.parts import BY_ID
 
 SEP = "~"   # a further hand-in of a student is graded as "<id>~<sha256[:8]>" (grader.batch.run)
+REPLACED = ".replaced"   # earlier results replaced by a student's newer hand-in, under OUT
 
 
 def student_of(key: str) -> str:
@@ -197,7 +203,7 @@ def gradescope_results(result: dict, weights: dict = None) -> dict:
                           "hidden_checks": {label: name for name, label in names.items()}}}
     if score is not None:
         doc["score"] = score
-    return doc
+    return fit(doc)
 
 
 def _when(text: str) -> datetime:
@@ -237,16 +243,39 @@ def limited_results(metadata: Path, max_submissions: int, window_hours: float = 
     if "score" not in doc and last.get("score") is not None and not doc.get("tests"):
         doc["score"] = float(last["score"])
     doc["extra_data"] = {**(doc.get("extra_data") or {}), "rate_limited": True}
-    return doc
+    return fit(doc)
+
+
+def replaced_folder(out: Path, folder: str, sha256: str) -> Path:
+    """Where an earlier result of other bytes than its hand-in's newer version is kept."""
+    return out / REPLACED / f"{folder}-{(sha256 or 'unknown')[:8]}"
 
 
 def write_handin(result, out: Path, weights: dict = None) -> Path:
-    """Write grading.json, results.json and feedback.md of one hand-in into out/<student>/."""
-    data = result.to_dict()
+    """Write grading.json, results.json and feedback.md of one hand-in into out/<student>/, each at
+    most kit.FILE_BYTES. An earlier result there of other bytes (the student's earlier hand-in) is set
+    aside into out/.replaced/ only once this one is written beside it, and then in one rename."""
+    data = fit(result.to_dict())
+    files = {"grading.json": json.dumps(data, indent=1, sort_keys=True) + "\n",
+             "results.json": json.dumps(gradescope_results(data, weights), indent=1) + "\n",
+             "feedback.md": fit_text(feedback_markdown(data))}
     folder = out / result.student
-    write_json(folder / "grading.json", data, sort_keys=True)
-    write_json(folder / "results.json", gradescope_results(data, weights))
-    atomic_write(folder / "feedback.md", feedback_markdown(data))
+    try:
+        earlier = json.loads((folder / "grading.json").read_text()).get("sha256", "")
+    except (OSError, ValueError, AttributeError):
+        earlier = None
+    if earlier is None or earlier == data["sha256"]:   # new, or graded again: each file replaced atomically
+        for name, text in files.items():
+            atomic_write(folder / name, text)
+        return folder
+    staged = out / REPLACED / f".{result.student}.new"
+    shutil.rmtree(staged, ignore_errors=True)
+    for name, text in files.items():
+        atomic_write(staged / name, text)
+    aside = replaced_folder(out, result.student, earlier)
+    shutil.rmtree(aside, ignore_errors=True)
+    folder.rename(aside)
+    staged.rename(folder)
     return folder
 
 

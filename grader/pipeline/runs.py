@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.pipeline.logfile import parse_log
+from grader.pipeline.logtext import read_log
 
 SNIFF_BYTES = 1 << 16
 STDOUT_SUFFIX = re.compile(r"(\.(log|out|txt|stdout|o\d+))?", re.I)
@@ -143,7 +144,7 @@ def runs_in(files, newest=_name_key, min_world_size: int = 4, loose: bool = True
             err = stderrs[0]
         if err is None and (out.suffix.lower() != ".log" or any(m in heads[out] for m in ERR_MARKERS)):
             err = out
-        found.append(Run(log=out, err=err, report=parse_log(out.read_bytes(), min_world_size=min_world_size),
+        found.append(Run(log=out, err=err, report=parse_log(read_log(out), min_world_size=min_world_size),
                          newest=newest(out)))
     return found
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from grader.pipeline import runs as run_logs
 from grader.pipeline.logfile import parse_log
-from grader.pipeline.logtext import LogReport
+from grader.pipeline.logtext import LogReport, read_log
 from grader.rubric import load_public_rubric
 
 DEFAULT_FOLDER = Path("assignment_4")
@@ -177,7 +177,7 @@ def refuse_unless_ready(sources: Sources) -> LogReport:
     if sources.err is None:
         raise PackageError(f"{log} has no .err beside it ({sources.log.with_suffix('.err').name}): hand in "
                            f"the .err the same job wrote (give it with --err FILE), or {RUN_AGAIN}")
-    report = parse_log(sources.log.read_bytes())
+    report = parse_log(read_log(sources.log))
     if not report.finished:
         why = [f.message for f in report.flags if f.code in ("empty", "binary", "no_init_lines", "unfinished",
                                                               "job_failed")]
