@@ -153,13 +153,13 @@ def test_a_missing_student_an_unknown_handin_and_a_handin_with_no_time(tmp_path)
 
 def test_the_final_grade_is_computed_again_on_every_call_and_stored_nowhere(tmp_path):
     out = out_with(tmp_path, result("s1"))
-    stored = (out / "s1" / "grading.json").read_bytes()
+    stored = (out / "students" / "s1" / "grading.json").read_bytes()
     policy = policy_file(tmp_path, [("s1", "2026-04-16T10:00:00+02:00", "")])
     assert rows_of(make_gradebook(out, policy)[1])["s1"]["final"] == "80"
     policy_file(tmp_path, [("s1", "2026-04-16T10:00:00+02:00", "")], deadline="2026-04-16T23:59:00+02:00")
     row = rows_of(make_gradebook(out, policy)[1])["s1"]
     assert (row["final"], row["late_days"], row["penalty"]) == ("100", "0", "0")   # the moved deadline: no penalty left
-    assert (out / "s1" / "grading.json").read_bytes() == stored
+    assert (out / "students" / "s1" / "grading.json").read_bytes() == stored
 
 
 def test_of_several_handins_the_latest_by_time_counts_else_a_person_decides(tmp_path):
@@ -414,7 +414,7 @@ def test_the_gradebook_covers_every_result_after_only_and_after_a_late_folder(ba
     summary = grade_batch([late], out, rubric_path=rubric, progress=False)
     rows = rows_of(out / "grades.csv")
     assert sorted(rows) == ["alice", "bob", "broken", "carol"] and rows["bob"]["score"] == without_log(rubric)
-    assert summary.replaced and (out / ".replaced").is_dir()
+    assert summary.replaced and (out / "students" / ".replaced").is_dir()
     assert "Results replaced by a newer hand-in of the same name" in (out / "summary.md").read_text()
 
 
@@ -451,7 +451,7 @@ def test_two_handins_of_one_student_are_told_apart_by_source_and_ids_off_the_pat
         ("1001", "Jane Doe_1001_assignsubmission_file_a.zip", full),
         ("1001", "Jane Doe_1001_assignsubmission_file_b.zip", "0"), ("stray", "stray.zip", full)]
     assert all("duplicate" in r["flags"] for r in rows[:2])
-    folders = sorted(p.parent.name for p in out.glob("*/grading.json"))
+    folders = sorted(p.parent.name for p in (out / "students").glob("*/grading.json"))
     assert folders[0] == "1001" and folders[1].startswith("1001~") and folders[2] == "stray"
     text = (out / "summary.md").read_text()
     assert f"- 1001: 2 hand-ins, Jane Doe_1001_assignsubmission_file_a.zip ({full})" in text

@@ -3,11 +3,16 @@
 - A path that does not exist, a file that is not a zip, a folder with no hand-in in it and an
   `--only` id that matches no hand-in are the TA's mistakes, never a student's: InputError, and
   nothing is graded.
-- A hand-in is kept in OUT/<student>/ (grading.json, results.json, feedback.md). Hand-ins are told
-  apart by student id and file name (`source`): a file of the same name with other bytes is the
-  student's newer hand-in and replaces the earlier result (kept in OUT/.replaced/, listed in
-  summary.md); a further hand-in of the same student under another name goes into
-  OUT/<student>~<first 8 hex digits of its sha256>/ and both are flagged `duplicate`.
+- The PATHs are LMS downloads, zipped or not, plain folders of hand-ins or hand-ins
+  (grader.pipeline.handin, grader.pipeline.download): what each was read as is said on the console,
+  and the files of a download that fit no student are listed in summary.md, never graded.
+- A hand-in is kept in OUT/students/<student>/ (grading.json, results.json, feedback.md, and
+  download.json: what the download said of it, its LMS name and submission time), where no id can
+  be one of the grader's own files. Hand-ins are told apart by student id and file name (`source`):
+  a file of the same name with other bytes is the student's newer hand-in and replaces the earlier
+  result (kept in OUT/students/.replaced/, listed in summary.md); a further hand-in of the same
+  student under another name goes into OUT/students/<student>~<first 8 hex digits of its sha256>/
+  and both are flagged `duplicate`.
 - Hand-ins already graded with the same bytes, rubric and grader code (grader.kit.source_digest)
   are not graded again (their grading.json is reused) unless `force`.
 - The hand-ins left are graded on this machine (grader.batch.local: the canary first, `jobs` at
@@ -26,6 +31,8 @@ from pathlib import Path
 
 from grader.batch import gradebook
 from grader.batch.local import grade_handins
+from grader.kit import write_json
+from grader.names import result_files, student_dir, students_dir
 from grader.pipeline import handin as handins, report
 from grader.results import Status, grader_digest, new_result, ungraded
 from grader.rubric import load_rubric
@@ -46,6 +53,8 @@ class BatchSummary:
     world_seconds: float = 0.0    # their time, summed over the executors
     replaced: list = field(default_factory=list)   # sentences: results replaced by a newer hand-in
     duplicates: int = 0           # students with several hand-ins in `out`
+    shapes: list = field(default_factory=list)     # "PATH: what it was read as"
+    strays: list = field(default_factory=list)     # sentences: files of a download that fit no student
 
     @property
     def trouble(self) -> int:
@@ -55,9 +64,7 @@ class BatchSummary:
 def _index(out: Path) -> dict:
     """folder -> (student id, source, sha256) of every result in `out`."""
     index = {}
-    for path in out.glob("*/grading.json") if out.is_dir() else []:
-        if path.parent.name.startswith("."):
-            continue
+    for path in result_files(out):
         try:
             data = json.loads(path.read_text())
             index[path.parent.name] = (report.student_of(data["student"]), data["source"], data.get("sha256", ""))
@@ -102,17 +109,17 @@ def _select(items: list, only) -> tuple:
 
 
 def _set_aside(out: Path, folder: str, sha256: str, h) -> str:
-    target = out / ".replaced" / f"{folder}-{(sha256 or 'unknown')[:8]}"
+    target = students_dir(out) / ".replaced" / f"{folder}-{(sha256 or 'unknown')[:8]}"
     if target.exists():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    (out / folder).rename(target)
+    student_dir(out, folder).rename(target)
     return (f"{report.student_of(folder)}: {h.name} has other bytes than when it was graded; graded again, "
             f"the earlier result is in {target.relative_to(out)}/")
 
 
 def _cached(out: Path, h, rubric):
-    path = out / h.student / "grading.json"
+    path = student_dir(out, h.student) / "grading.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -124,16 +131,17 @@ def _cached(out: Path, h, rubric):
 
 def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False, only=None,
                 executor: str = "warm", sandbox: str = "auto", progress: bool = True,
-                slurm: dict = None) -> BatchSummary:
+                slurm: dict = None, lms: str = None) -> BatchSummary:
     """Grade every hand-in under `paths` into `out`; see the module docstring.
 
     With executor="slurm", the hand-ins are graded by the tasks of a Slurm job array (grader.batch.array;
-    `slurm` holds its options), each task with the warm executor on its node.
+    `slurm` holds its options), each task with the warm executor on its node. `lms` names the LMS
+    whose downloads the PATHs are (else it is recognised from the names).
     """
     started = time.monotonic()
     rubric = load_rubric(rubric_path)
     out = Path(out)
-    found = handins.find_handins(paths, rubric.files.student_id_pattern)
+    found = handins.find_handins(paths, rubric.files.student_id_pattern, lms)
     items = found.handins + found.unreadable
     replaces = _place(items, _index(out))
     items, only_problems = _select(items, only)
@@ -141,11 +149,13 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     if problems:
         raise InputError("\n".join(problems))
     out.mkdir(parents=True, exist_ok=True)
-    summary = BatchSummary(out=str(out))
+    summary = BatchSummary(out=str(out), shapes=found.shapes, strays=[s.message for s in found.strays])
     weights = {c.name: c.weight for c in rubric.checks}
     for h in items:
         if h.student in replaces:
             summary.replaced.append(_set_aside(out, h.student, replaces[h.student], h))
+    for h in (i for i in items if isinstance(i, handins.Handin)):
+        write_json(student_dir(out, h.student) / "download.json", h.intake(), sort_keys=True)
     for u in (i for i in items if isinstance(i, handins.Unreadable)):
         result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
                           "not run: the hand-in could not be read",
@@ -167,7 +177,8 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
                                                                       sandbox, progress)
     summary.graded = len(graded)
     views = gradebook.load_views(out)
-    gradebook.write_gradebook(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced)
+    gradebook.write_gradebook(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced,
+                              summary.strays)
     for r in views:
         summary.statuses[r["status"]] = summary.statuses.get(r["status"], 0) + 1
     summary.duplicates = len(gradebook.duplicates(views))

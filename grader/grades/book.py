@@ -27,6 +27,7 @@ from pathlib import Path
 
 from grader.grades.policy import PolicyError
 from grader.grades.sources import lms_marks, same_source
+from grader.names import cell, result_files
 from grader.results import ToDict
 
 SEP = "~"   # a further hand-in of a student is graded into "<id>~<sha256[:8]>/" (grader.batch.run)
@@ -47,15 +48,13 @@ def load_results(out) -> list:
     if not out.is_dir():
         raise GradebookError(f"{out}: no such folder; give the --out folder of python -m grader grade")
     results = []
-    for path in sorted(out.glob("*/grading.json")):
-        if path.parent.name.startswith("."):
-            continue
+    for path in result_files(out):
         try:
             results.append(json.loads(path.read_text()))
         except (OSError, ValueError) as e:
             raise GradebookError(f"{path}: cannot be read ({e}); grade that hand-in again") from e
     if not results:
-        raise GradebookError(f"{out}: no graded hand-ins in it (no <student>/grading.json)")
+        raise GradebookError(f"{out}: no graded hand-ins in it (no students/<student>/grading.json)")
     return results
 
 

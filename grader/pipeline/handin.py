@@ -1,17 +1,20 @@
 """Hand-ins: find them, unpack them safely, normalise them, and locate the four files.
 
-A PATH given to the grader may be a hand-in zip, a folder of zips, a zip of zips (an LMS bulk
-download) or an unpacked hand-in folder. Unpacking refuses absolute paths, `..`, symbolic links,
-names that are not valid UTF-8, too many members and too many bytes (checked while extracting,
-not only as declared), and writes nothing outside the hand-in's own folder. Junk is dropped
-(`__MACOSX/`, `.DS_Store`, `__pycache__/`, `._*`), a single leading folder is stripped, and one
-nested zip is opened. The code is found by name (`assignment4.py`, `utils.py`); the run's stdout
-and stderr by what they hold, whatever their names (grader.pipeline.runs: of several runs, the best
-of the code handed in).
+A PATH given to the grader may be an LMS download, zipped or unzipped (its students told apart by
+the LMS's names: grader.pipeline.download), a plain folder of hand-ins (zips, or folders holding
+assignment4.py), such a folder zipped, or one hand-in (a zip, or its unpacked folder). A download
+is expanded at the level the TA gave only: a student's hand-in is never taken for a download, and
+at most one zip nested in it is opened (never a zip in that one). Unpacking refuses absolute paths,
+`..`, symbolic links, names that are not valid UTF-8, too many members and too many bytes (checked
+while extracting, not only as declared), and writes nothing outside the hand-in's own folder. Junk
+is dropped (`__MACOSX/`, `.DS_Store`, `__pycache__/`, `._*`), a single leading folder is stripped.
+The code is found by name (`assignment4.py`, `utils.py`); the run's stdout and stderr by what they
+hold, whatever their names (grader.pipeline.runs: of several runs, the best of the code handed in).
 
-`find_handins` tells three things apart: hand-ins, hand-ins that cannot be read (a broken zip: the
-student must hand in again), and paths that are not hand-ins at all (a typo, an empty folder: the
-TA's mistake, never graded as a student).
+`find_handins` tells four things apart: hand-ins, hand-ins that cannot be read (a broken zip: the
+student must hand in again), files of a download that fit no student (`strays`: for a person to
+look at, never graded as anybody), and paths that are not hand-ins at all (a typo, an empty folder:
+the TA's mistake, never graded as a student).
 """
 
 import hashlib
@@ -22,7 +25,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from grader.pipeline import runs as run_logs
+from grader.pipeline import download, runs as run_logs
 from grader.rubric import id_regex
 
 JUNK = re.compile(r"(^|/)(__MACOSX|__pycache__|\.git|\.ipynb_checkpoints)(/|$)|(^|/)(\.DS_Store|\._[^/]*|Thumbs\.db)$")
@@ -41,6 +44,18 @@ class Handin:
     sha256: str
     zip_bytes: bytes = None   # a zip's content
     folder: Path = None       # an unpacked hand-in
+    files: dict = None        # a hand-in of loose files in a download: name as uploaded -> bytes
+    lms: str = ""             # the LMS whose download it came from ("" for none)
+    upload: str = ""          # the download's name for the student (feedback goes back under it)
+    submitted_at: str = ""    # as the download says it, "" when it does not
+    late: bool = False        # Canvas's LATE marker
+    also: list = field(default_factory=list)   # the other students of a group hand-in
+
+    def intake(self) -> dict:
+        """What the download said of this hand-in (OUT/students/<key>/download.json)."""
+        return {"name": self.name, "student": self.student, "lms": self.lms, "upload": self.upload,
+                "submitted_at": self.submitted_at, "late": self.late, "also": self.also,
+                "files": sorted(self.files) if self.files else []}
 
 
 @dataclass
@@ -65,6 +80,8 @@ class Found:
     handins: list = field(default_factory=list)      # Handin
     unreadable: list = field(default_factory=list)   # Unreadable
     errors: list = field(default_factory=list)       # (path, "PATH: why it holds no hand-in"): nothing to grade
+    strays: list = field(default_factory=list)       # grader.pipeline.download.Stray: fits no student
+    shapes: list = field(default_factory=list)       # "PATH: what it was read as", for the console
 
 
 def _stem(name: str) -> str:
@@ -78,12 +95,17 @@ def id_match(name: str, pattern: str):
     return match if match and match.group("id") else None
 
 
+def safe_id(ident: str) -> str:
+    """An id as a folder name: only `A-Za-z0-9._@+-`, leading with a letter or digit (never `.`, nor
+    what a shell or a spreadsheet reads as an option or a formula), never empty."""
+    return re.sub(r"[^A-Za-z0-9._@+-]+", "_", ident).lstrip("._@+-").rstrip("._")[:100] or "unnamed"
+
+
 def student_id(name: str, pattern: str) -> str:
     """The id in a hand-in's name (for a zip in a bulk download, its path there) by `pattern`'s `id`
     group; a name that does not match keeps its whole name (summary.md lists those)."""
     match = id_match(name, pattern)
-    ident = match.group("id") if match else _stem(name)
-    return re.sub(r"[^A-Za-z0-9._@+-]+", "_", ident).strip("._") or "unnamed"
+    return safe_id(match.group("id") if match else _stem(name))
 
 
 def _is_handin_folder(path: Path) -> bool:
@@ -116,55 +138,96 @@ def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
         [(path.name, message) for path, message in found.errors]
 
 
-def find_handins(paths, pattern: str = r"(?P<id>.+)") -> Found:
-    """The hand-ins under `paths`, those that cannot be read, and the paths that hold none."""
-    found, problems = [], []
-    unreadable = []
+def _from_entry(entry) -> Handin:
+    """The hand-in of one student of an LMS download."""
+    data = entry.single_zip
+    name = next(iter(entry.where.values())) if data is not None else entry.name
+    return Handin(name=name, student=safe_id(entry.student),
+                  sha256=hashlib.sha256(data).hexdigest() if data is not None else download.digest(entry.files),
+                  zip_bytes=data, files=None if data is not None else entry.files, lms=entry.lms,
+                  upload=entry.upload, submitted_at=entry.submitted_at, late=entry.late, also=entry.also)
 
-    def add_zip(name, data):
-        members = _zip_members(data)
-        if members is None:
-            unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
-                                         f"{name}: not a readable zip file; ask for the hand-in again"))
+
+def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
+    """The hand-ins under `paths`, those that cannot be read, the files of a download that fit no
+    student, and the paths that hold none. `lms` names the LMS of the downloads (else recognised)."""
+    found = Found()
+
+    def add_zip(name, data, folder_name=None):
+        if _zip_members(data) is None:
+            found.unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
+                                               f"{name}: not a readable zip file; ask for the hand-in again"))
             return
-        content = [m for m in members if not m.endswith("/") and not JUNK.search(m)]
-        inner = [m for m in content if m.lower().endswith(".zip")]
-        if len(inner) > 1 and len(inner) == len(content):
-            # A bulk download: every member is a hand-in of its own. (A single inner zip is a
-            # hand-in zipped twice; unpack() opens it.)
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                for m in inner:
-                    if z.getinfo(m).file_size > 200 << 20:
-                        unreadable.append(Unreadable(f"{name}!{m}", student_id(f"{name}!{m}", pattern), "",
-                                                     f"{name}!{m}: over 200 MB, not opened"))
-                    else:
-                        add_zip(f"{name}!{m}", z.read(m))
-            return
-        found.append(Handin(name=name, student=student_id(name, pattern),
-                            sha256=hashlib.sha256(data).hexdigest(), zip_bytes=data))
+        found.handins.append(Handin(name=name, student=student_id(name, pattern),
+                                    sha256=hashlib.sha256(data).hexdigest(), zip_bytes=data))
+
+    def expand(path, listing, whole=None):
+        """Read `listing` (of the path the TA gave) as a download; False when it is one hand-in."""
+        shape = download.read_shape(listing, lms)
+        if shape.lms:
+            found.handins.extend(_from_entry(e) for e in shape.entries if not e.error)
+            found.unreadable.extend(Unreadable(e.name, safe_id(e.student), "", e.error) for e in shape.entries
+                                    if e.error)
+            found.strays.extend(shape.strays)
+            found.shapes.append(f"{path}: a {shape.lms.capitalize()} download of {len(shape.entries)} hand-in(s)"
+                                + (f", {len(shape.strays)} file(s) that fit no student" if shape.strays else ""))
+            return True
+        tops = {}
+        for rel in listing.paths:
+            tops.setdefault(PurePosixPath(rel).parts[0], []).append(rel)
+        zips = [t for t, rels in tops.items() if rels == [t] and t.lower().endswith(".zip")]
+        folders = [t for t, rels in tops.items() if rels != [t] and _holds_code(t, rels)]
+        if whole is not None and (any(PurePosixPath(r).name == "assignment4.py" for r in listing.paths)
+                                  or len(zips) + len(folders) < 2):
+            return False   # one hand-in: the code in it, or one zip in it (a hand-in zipped twice)
+        for top in sorted(zips):
+            name = top if whole is None else f"{path.name}!{top}"
+            try:
+                add_zip(name, listing.read(top))
+            except download.DownloadError as e:
+                found.unreadable.append(Unreadable(name, student_id(name, pattern), "", str(e)))
+        for top in sorted(folders):
+            if whole is None:
+                found.handins.append(Handin(name=top, student=student_id(top, pattern),
+                                            sha256=folder_digest(path / top), folder=path / top))
+            else:
+                files = {rel[len(top) + 1:]: listing.read(rel) for rel in tops[top]}
+                found.handins.append(Handin(name=f"{path.name}!{top}", student=student_id(top, pattern),
+                                            sha256=download.digest(files), files=files))
+        rest = sorted(set(tops) - set(zips) - set(folders))
+        found.strays.extend(download.Stray(listing.where(t), f"{listing.where(t)}: not a zip, nor a folder with "
+                                           f"assignment4.py; not graded") for t in rest)
+        if zips or folders:
+            found.shapes.append(f"{path}: a folder of {len(zips) + len(folders)} hand-in(s)"
+                                + (f", {len(rest)} file(s) that are none" if rest else ""))
+        return bool(zips or folders)
 
     for path in map(Path, paths):
-        before = len(found) + len(unreadable)
-        if not path.exists():
-            problems.append((path, f"{path}: no such file or folder"))
-            continue
-        if path.is_file() and path.suffix.lower() == ".zip":
-            add_zip(path.name, path.read_bytes())
-        elif path.is_dir() and _is_handin_folder(path):
-            found.append(Handin(name=path.name, student=student_id(path.name, pattern),
-                                sha256=folder_digest(path), folder=path))
-        elif path.is_dir():
-            for entry in sorted(path.iterdir()):
-                if entry.is_file() and entry.suffix.lower() == ".zip":
-                    add_zip(entry.name, entry.read_bytes())
-                elif entry.is_dir() and _is_handin_folder(entry):
-                    found.append(Handin(name=entry.name, student=student_id(entry.name, pattern),
-                                        sha256=folder_digest(entry), folder=entry))
-            if len(found) + len(unreadable) == before:
-                problems.append((path, f"{path}: no hand-in in it (no .zip file, no folder with assignment4.py)"))
-        else:
-            problems.append((path, f"{path}: not a zip file or a folder of hand-ins"))
-    return Found(handins=found, unreadable=unreadable, errors=problems)
+        try:
+            if not path.exists():
+                found.errors.append((path, f"{path}: no such file or folder"))
+            elif path.is_file() and path.suffix.lower() == ".zip":
+                data = path.read_bytes()
+                listing = download.Listing.of_zip(path.name, data)
+                if listing is None or not expand(path, listing, whole=data):
+                    add_zip(path.name, data)
+            elif path.is_dir() and _is_handin_folder(path):
+                found.handins.append(Handin(name=path.name, student=student_id(path.name, pattern),
+                                            sha256=folder_digest(path), folder=path))
+            elif path.is_dir():
+                if not expand(path, download.Listing.of_folder(path)):
+                    found.errors.append((path, f"{path}: no hand-in in it (no .zip file, no folder with "
+                                               f"assignment4.py, no LMS's names)"))
+            else:
+                found.errors.append((path, f"{path}: not a zip file or a folder of hand-ins"))
+        except download.DownloadError as e:
+            found.errors.append((path, str(e)))
+    return found
+
+
+def _holds_code(top: str, rels: list) -> bool:
+    """Whether the folder `top` is a hand-in: assignment4.py at its top, or in its only folder."""
+    return any(len(PurePosixPath(r).parts) in (2, 3) and PurePosixPath(r).name == "assignment4.py" for r in rels)
 
 
 def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:
@@ -238,6 +301,29 @@ def extract_zip(data: bytes, dest: Path, zip_name: str, limits) -> list:
     return notes
 
 
+def write_files(files: dict, dest: Path, name: str, limits) -> None:
+    """Write a hand-in given as loose files (name -> bytes) into `dest` within `limits`."""
+    if len(files) > limits.max_members:
+        raise HandinError(f"{name}: {len(files)} files, more than the {limits.max_members} allowed; "
+                          f"hand in only the four required files")
+    total, dest = 0, dest.resolve()
+    for member, data in sorted(files.items()):
+        info = zipfile.ZipInfo(member)
+        info.flag_bits |= 0x800
+        member = _safe_name(info, name)
+        if JUNK.search(member):
+            continue
+        total += len(data)
+        if len(data) > limits.max_member_mb * (1 << 20) or total > limits.max_total_mb * (1 << 20):
+            raise HandinError(f"{name}: more than the limits allow ({limits.max_member_mb:g} MB a file, "
+                              f"{limits.max_total_mb:g} MB in all)")
+        target = (dest / member).resolve()
+        if dest not in target.parents:
+            raise HandinError(f"{name}: the file {member!r} would be written outside the hand-in; refused")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
 def _strip_single_folder(root: Path) -> list:
     entries = [e for e in root.iterdir()]
     if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink():
@@ -281,6 +367,8 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
     notes = []
     if handin.zip_bytes is not None:
         notes += extract_zip(handin.zip_bytes, dest, handin.name, limits)
+    elif handin.files is not None:
+        write_files(handin.files, dest, handin.name, limits)
     else:
         total = 0
         for path in sorted(handin.folder.rglob("*")):
@@ -295,7 +383,11 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
     notes += _strip_single_folder(dest)
     inner = [p for p in dest.rglob("*.zip") if p.is_file()]
     if inner and not any(p.name == "assignment4.py" for p in dest.rglob("assignment4.py")):
-        nested = sorted(inner, key=lambda p: (len(p.parts), p.name))[0]
+        if len(inner) > 1:
+            raise HandinError(f"{handin.name}: no assignment4.py, and {len(inner)} zips in it "
+                              f"({', '.join(sorted(p.name for p in inner)[:4])}); a hand-in holds the files, "
+                              f"or one zip of them: hand in one zip with assignment4.py in it")
+        nested = inner[0]
         nested_dest = dest / "_nested"
         notes += extract_zip(nested.read_bytes(), nested_dest, f"{handin.name}!{nested.name}", limits)
         notes += _strip_single_folder(nested_dest)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from grader.kit import atomic_write, write_json
+from grader.names import inert, student_dir
 from grader.parts import BY_ID
 
 SEP = "~"   # a further hand-in of a student is graded as "<id>~<sha256[:8]>" (grader.batch.run)
@@ -92,7 +93,7 @@ def feedback_markdown(result: dict, public_only: bool = False) -> str:
         head = f"**No score yet** ({result['status']}): {result['message']}"
     else:
         head = f"**Score: {_fmt(result['score'])} / {_fmt(result['max_score'])}**. {result['message']}"
-    lines = [f"# Assignment 4: feedback for {student_of(result['student'])}", "", head, "",
+    lines = [f"# Assignment 4: feedback for {inert(student_of(result['student']))}", "", head, "",
              "| part | re-run | points |", "| --- | --- | --- |"]
     for part in result["parts"].values():
         status = _public_view(part)[0] if public_only else part["status"]
@@ -118,7 +119,7 @@ def feedback_markdown(result: dict, public_only: bool = False) -> str:
         lines += [_part_markdown(part, public_only, shown_tracebacks), ""]
     if result["notes"]:
         lines += ["## Notes on the hand-in", ""] + [f"- {n}" for n in result["notes"]] + [""]
-    lines += ["---", f"Hand-in `{result['source']}`, sha256 `{result['sha256'][:16]}...`, graded "
+    lines += ["---", f"Hand-in {inert(result['source'])}, sha256 `{result['sha256'][:16]}...`, graded "
               f"{result['graded_at']} by grader {result['grader_version']}."]
     return "\n".join(lines) + "\n"
 
@@ -239,9 +240,9 @@ def limited_results(metadata: Path, max_submissions: int, window_hours: float = 
 
 
 def write_handin(result, out: Path, weights: dict = None) -> Path:
-    """Write grading.json, results.json and feedback.md of one hand-in into out/<student>/."""
+    """Write grading.json, results.json and feedback.md of one hand-in into OUT/students/<student>/."""
     data = result.to_dict()
-    folder = out / result.student
+    folder = student_dir(out, result.student)
     write_json(folder / "grading.json", data, sort_keys=True)
     write_json(folder / "results.json", gradescope_results(data, weights))
     atomic_write(folder / "feedback.md", feedback_markdown(data))
