@@ -104,7 +104,7 @@ def test_on_time_late_by_a_started_day_past_the_maximum_and_an_extension(tmp_pat
              ("six", "2026-04-20T23:59:00+02:00"),
              ("ext", "2026-04-17T12:00:00+02:00")]
     policy = policy_file(tmp_path, [(s, t, "") for s, t in times], extensions={"ext": "2026-04-18T23:59:00+02:00"})
-    book, written, _ = make_gradebook(out, policy)
+    book, written, _, _ = make_gradebook(out, policy)
     rows = rows_of(written)
     assert list(rows["ontime"])[:8] == ["student", "autograde", "overrides", "submitted_at", "late_days", "penalty",
                                        "final", "flags"]
@@ -141,7 +141,7 @@ def test_a_stale_override_is_flagged_and_applied_only_when_asked(tmp_path):
 def test_a_missing_student_an_unknown_handin_and_a_handin_with_no_time(tmp_path):
     out = out_with(tmp_path, result("s1"), result("s3"), result("s4", status="invalid"))
     policy = policy_file(tmp_path, [("s3", "2026-04-16T10:00:00+02:00", "")], roster=["s1", "s2", "s4"])
-    book, written, _ = make_gradebook(out, policy)
+    book, written, _, _ = make_gradebook(out, policy)
     rows = rows_of(written)
     assert list(rows) == ["s1", "s2", "s4", "s3"]     # the roster's order, then hand-ins not on it
     assert list(rows["s1"])[8:] == ["name", "section"] and rows["s2"]["name"] == "Name s2"
@@ -491,3 +491,64 @@ def test_an_invalid_handin_scores_0_when_the_rubric_says_so(tmp_path):
     grade_batch([inbox], tmp_path / "out", rubric_path=rubric, progress=False)
     row = rows_of(tmp_path / "out" / "grades.csv")["broken"]
     assert (row["score"], row["status"]) == ("0", "invalid")
+
+
+# --- from the download's times to the LMS's upload ---------------------------------------------
+
+def downloaded(out: Path, key: str, **said) -> None:
+    """What an LMS download said of the hand-in graded as `key` (grader.batch.run writes it)."""
+    (out / "students" / key / "download.json").write_text(json.dumps({"late": False, "also": [], **said}))
+
+
+def test_times_from_the_download_are_used_and_a_zone_less_time_is_the_deadlines(tmp_path):
+    out = out_with(tmp_path, result("jdoe"), result("amy"), result("s1"), result("s9"))
+    downloaded(out, "jdoe", lms="blackboard", submitted_at="2026-04-15T10:00:00")       # +02:00: 1 day late
+    downloaded(out, "amy", lms="blackboard", submitted_at="2026-04-14T23:00:00")
+    downloaded(out, "s1", lms="gradescope", submitted_at="2026-04-16 09:00:00+02:00", also=["s2"])
+    downloaded(out, "s9", lms="canvas", late=True)
+    rows = rows_of(make_gradebook(out, policy_file(tmp_path))[1])
+    assert (rows["jdoe"]["late_days"], rows["jdoe"]["final"]) == ("1", "90")
+    assert (rows["amy"]["late_days"], rows["amy"]["final"]) == ("0", "100")
+    assert (rows["s1"]["late_days"], rows["s2"]["flags"]) == ("2", "group;late")
+    assert rows["s9"]["flags"] == "no_time;lms_late"
+
+
+def test_a_moodle_worksheet_gives_the_times_and_students_without_one_come_first(tmp_path, capsys):
+    out = out_with(tmp_path, result("1001"), result("1002"), result("1003"))
+    sheet = MOODLE.replace("Tuesday, 14 April 2026, 11:50 PM", "Thursday, 16 April 2026, 9:00 AM")
+    (tmp_path / "worksheet.csv").write_text(sheet)
+    policy = policy_file(tmp_path)
+    assert main(["gradebook", str(out), "--policy", str(policy), "--lms", f"moodle:{tmp_path / 'worksheet.csv'}"]) == 0
+    printed = capsys.readouterr().out
+    rows = rows_of(out / "final.csv")
+    assert (rows["1001"]["late_days"], rows["1001"]["final"]) == ("2", "80")
+    assert rows["1002"]["late_days"] == "0" and rows["1003"]["flags"] == "no_time"
+    look = printed.split("for a person to look at:\n")[1]
+    assert look.startswith("  1 student(s) have no submission time, so no late penalty could be computed for "
+                           "them: 1003\n    give a submission time: the policy's `submissions:`")
+    assert "--lms moodle:WORKSHEET.csv" in look
+
+
+def test_feedback_goes_back_as_each_lms_bulk_upload_wants_it(tmp_path, capsys):
+    import zipfile
+    out = out_with(tmp_path, result("1001", lost={"baseline": 10}), result("1002"), result("50001"), result("jdoe"))
+    downloaded(out, "1001", lms="moodle", upload="Jane Doe_1001_assignsubmission_file_")
+    downloaded(out, "1002", lms="moodle", upload="Rick Roe_1002_assignsubmission_file_")
+    downloaded(out, "50001", lms="canvas", upload="martineve_LATE_50001_99901", late=True)
+    downloaded(out, "jdoe", lms="blackboard", upload="Assignment 4_jdoe_attempt_2026-04-14-20-00-00",
+               submitted_at="2026-04-14T20:00:00")
+    (tmp_path / "worksheet.csv").write_text(MOODLE)
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--feedback",
+                 "--lms", f"moodle:{tmp_path / 'worksheet.csv'}", "-o", str(tmp_path / "final.csv")]) == 0
+    printed = capsys.readouterr().out
+    with zipfile.ZipFile(out / "feedback-upload" / "moodle-feedback.zip") as z:
+        assert sorted(z.namelist()) == ["Jane Doe_1001_assignsubmission_file_/assignment4-feedback.md",
+                                        "Rick Roe_1002_assignsubmission_file_/assignment4-feedback.md"]
+        assert z.read(z.namelist()[0]).decode() == (out / "students" / "1001" / "feedback.md").read_text()
+    with zipfile.ZipFile(out / "feedback-upload" / "canvas-feedback.zip") as z:
+        assert z.namelist() == ["martineve_LATE_50001_99901_assignment4-feedback.md"]
+    assert "no feedback file for the LMS: jdoe: blackboard; its feedback is" in printed
+    assert "2 feedback file(s) for Moodle's bulk upload" in printed
+    sheet = list(csv.DictReader(io.StringIO((tmp_path / "worksheet-import.csv").read_text())))
+    assert sheet[0]["Feedback comments"] == "Autograder: 90 / 100. What was checked and why: assignment4-feedback.md."
+    assert sheet[2]["Feedback comments"] == ""   # 1003 handed in nothing graded here
