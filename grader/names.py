@@ -16,7 +16,8 @@ import unicodedata
 from pathlib import Path
 
 STUDENTS = "students"   # OUT/students/<key>/: one folder per hand-in
-MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~>-])")
+MARKDOWN = re.compile(r"([\\`*\[\]<>#!|~])")   # what can start markup anywhere in a line (not `_`: ids have it)
+LINE_START = re.compile(r"^(\s*)([-+=])")   # what starts a list item or underlines a heading
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -41,7 +42,7 @@ def plain(text) -> str:
 
 def inert(text) -> str:
     """`text` safe to write into Markdown: one line, Markdown's characters escaped."""
-    return MARKDOWN.sub(r"\\\1", plain(text))
+    return LINE_START.sub(r"\1\\\2", MARKDOWN.sub(r"\\\1", plain(text)))
 
 
 def cell(text) -> str:

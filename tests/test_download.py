@@ -13,7 +13,8 @@ import pytest
 
 from grader.batch.run import grade_batch
 from grader.names import cell, inert
-from grader.pipeline.handin import HandinError, find_handins, unpack
+from grader.pipeline.handin import HandinError, unpack
+from grader.pipeline.intake import find_handins
 from grader.rubric import Files
 
 CODE = "print('code')\n"

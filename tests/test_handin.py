@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grader.pipeline.handin import Handin, HandinError, discover, student_id, unpack
+from grader.pipeline.handin import Handin, HandinError, student_id, unpack
+from grader.pipeline.intake import discover
 from grader.rubric import Files
 from tests.corpus import Files as HandinFiles, zip_bytes
 

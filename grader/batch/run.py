@@ -33,7 +33,7 @@ from grader.batch import gradebook
 from grader.batch.local import grade_handins
 from grader.kit import write_json
 from grader.names import result_files, student_dir, students_dir
-from grader.pipeline import handin as handins, report
+from grader.pipeline import handin as handins, intake, report
 from grader.results import Status, grader_digest, new_result, ungraded
 from grader.rubric import load_rubric
 
@@ -141,7 +141,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     started = time.monotonic()
     rubric = load_rubric(rubric_path)
     out = Path(out)
-    found = handins.find_handins(paths, rubric.files.student_id_pattern, lms)
+    found = intake.find_handins(paths, rubric.files.student_id_pattern, lms)
     items = found.handins + found.unreadable
     replaces = _place(items, _index(out))
     items, only_problems = _select(items, only)
@@ -156,7 +156,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
             summary.replaced.append(_set_aside(out, h.student, replaces[h.student], h))
     for h in (i for i in items if isinstance(i, handins.Handin)):
         write_json(student_dir(out, h.student) / "download.json", h.intake(), sort_keys=True)
-    for u in (i for i in items if isinstance(i, handins.Unreadable)):
+    for u in (i for i in items if isinstance(i, intake.Unreadable)):
         result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
                           "not run: the hand-in could not be read",
                           score=0.0 if rubric.files.invalid_scores_zero else None)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from grader.integrity.code import Base, OwnCode, own_code
 from grader.names import result_files
-from grader.pipeline import handin as handins
+from grader.pipeline import handin as handins, intake
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.logtext import CLAIM, as_bytes, squash
 from grader.pipeline.report import student_of
@@ -118,7 +118,7 @@ def printed_claims(log: bytes) -> tuple:
 def match_handins(results: list, paths, pattern: str) -> tuple:
     """({student: Handin} for the results whose hand-in is under `paths`, [problems]). A hand-in is
     matched by its sha256, as graded; failing that, by its name (and said to have changed)."""
-    found, problems = handins.discover(paths, pattern) if paths else ([], [])
+    found, problems = intake.discover(paths, pattern) if paths else ([], [])
     by_sha, by_name = defaultdict(list), defaultdict(list)
     for h in found:
         by_sha[h.sha256].append(h)

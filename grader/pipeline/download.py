@@ -139,15 +139,13 @@ class Listing:
         if len(tops) == 1 and all("/" in p for p in self.paths):
             top = tops.pop()
             cut = len(top) + 1
-            return Listing(f"{self.label}!{top}" if "!" in self.label or self.label.endswith(".zip")
-                           else f"{self.label}/{top}",
-                           {p[cut:]: r for p, r in self.paths.items()}, {p[cut:]: s for p, s in self.sizes.items()})
+            return Listing(self.where(top), {p[cut:]: r for p, r in self.paths.items()},
+                           {p[cut:]: s for p, s in self.sizes.items()})
         return self
 
     def read(self, rel: str) -> bytes:
         if self.sizes[rel] > MAX_MEMBER_BYTES:
-            raise DownloadError(f"{self.label}!{rel}: {self.sizes[rel]} bytes, over {MAX_MEMBER_BYTES >> 20} MB; "
-                                f"not opened")
+            raise DownloadError(f"{self.where(rel)}: {self.sizes[rel]} bytes, over {MAX_MEMBER_BYTES >> 20} MB; not opened")
         return self.paths[rel]()
 
     def where(self, rel: str) -> str:
@@ -285,8 +283,7 @@ def _gradescope(listing: Listing) -> Shape:
     return shape
 
 
-MATCHERS = {"canvas": lambda top: CANVAS.match(top), "moodle": lambda top: MOODLE.match(top),
-            "blackboard": lambda top: BLACKBOARD.match(top)}
+MATCHERS = {"canvas": CANVAS.match, "moodle": MOODLE.match, "blackboard": BLACKBOARD.match}
 
 
 def recognise(listing: Listing, lms: str = None) -> str:
