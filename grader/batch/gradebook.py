@@ -37,9 +37,14 @@ def load_views(out: Path) -> list:
     views = []
     for path in result_files(out):
         try:
-            views.append(gradebook_view(json.loads(path.read_text())))
+            view = gradebook_view(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue   # written atomically: only a file damaged by hand; the next run grades it again
+        try:   # the LMS it came from: its id came from the LMS's names, not from the id pattern
+            view["lms"] = json.loads((path.parent / "download.json").read_text()).get("lms", "")
+        except (OSError, ValueError, AttributeError):
+            view["lms"] = ""
+        views.append(view)
     return views
 
 
@@ -147,7 +152,7 @@ def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)"
     look += [f"- not graded, fits no student: {inert(stray)}" for stray in strays]
     if look:
         lines += ["", "## For a person to look at", ""] + look
-    unmatched = sorted({r["source"] for r in views if id_match(r["source"], pattern) is None})
+    unmatched = sorted({r["source"] for r in views if not r.get("lms") and id_match(r["source"], pattern) is None})
     if unmatched:
         lines += ["", "## Names the student id pattern does not match", "",
                   f"Their whole name became the id (`files.student_id_pattern`: `{pattern}`):", ""]
