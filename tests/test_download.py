@@ -263,3 +263,32 @@ def test_the_console_and_summary_say_what_fits_no_student(tmp_path, capsys):
     assert "not graded, fits no student" in look and "note.txt" in look and "\x1b" not in look
     assert [r["student"] for r in csv.DictReader((out / "grades.csv").open())] == ["11111"]
     shutil.rmtree(out)
+
+
+@pytest.mark.timeout(600)
+def test_a_canvas_download_is_graded_one_row_per_student_and_its_feedback_goes_back(tmp_path, capsys):
+    """The issue's download, graded for real: a student of loose files, a late zip, a stray page."""
+    from grader.cli import main
+    from tests.corpus import REFERENCE, UTILS, Files as HandinFiles, fast_rubric, skeleton, zip_bytes
+    download = tmp_path / "submissions"
+    as_folder(download, {"martineve_50001_99901_assignment4.py": REFERENCE.read_text(),
+                         "martineve_50001_99901_utils.py": UTILS.read_text(),
+                         "jonesbob_LATE_23456_78901_assignment4-handin.zip": zip_bytes(HandinFiles(code=skeleton())),
+                         "index.html": "<html>"})
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}])
+    out = tmp_path / "out"
+    assert main(["grade", str(download), "--out", str(out), "--rubric", str(rubric), "--quiet"]) == 0
+    table = {r["student"]: r for r in csv.DictReader((out / "grades.csv").open())}
+    assert sorted(table) == ["23456", "50001"]
+    assert table["50001"]["status"] == "graded" and float(table["50001"]["score"]) > 0
+    assert table["23456"]["score"] == "0"
+    assert json.loads((out / "students" / "23456" / "download.json").read_text())["late"] is True
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("deadline: 2026-04-14T23:59:00+02:00\nlate_penalty_per_day: 10\n")
+    capsys.readouterr()
+    assert main(["gradebook", str(out), "--policy", str(policy), "--feedback"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 student(s) have no submission time" in printed and "23456: no_time;lms_late" in printed
+    with zipfile.ZipFile(out / "feedback-upload" / "canvas-feedback.zip") as z:
+        assert sorted(z.namelist()) == ["jonesbob_LATE_23456_78901_assignment4-feedback.md",
+                                        "martineve_50001_99901_assignment4-feedback.md"]
