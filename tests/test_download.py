@@ -292,3 +292,15 @@ def test_a_canvas_download_is_graded_one_row_per_student_and_its_feedback_goes_b
     with zipfile.ZipFile(out / "feedback-upload" / "canvas-feedback.zip") as z:
         assert sorted(z.namelist()) == ["jonesbob_LATE_23456_78901_assignment4-feedback.md",
                                         "martineve_50001_99901_assignment4-feedback.md"]
+
+
+def test_a_damaged_file_in_a_download_is_that_students_refusal_naming_it(tmp_path):
+    data = bytearray(make_zip({"ann_11111_22222_assignment4.py": "x" * 100, "bob_33333_44444_handin.zip": HANDIN}))
+    at = data.find(b"x" * 100)
+    data[at] = ord("y")    # the CRC no longer matches: reading the member fails
+    download = tmp_path / "submissions.zip"
+    download.write_bytes(bytes(data))
+    found = find_handins([download])
+    assert [h.student for h in found.handins] == ["33333"]
+    assert [(u.student, u.message.split(": ")[0]) for u in found.unreadable] == [
+        ("11111", "submissions.zip!ann_11111_22222_assignment4.py")]

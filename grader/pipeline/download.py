@@ -29,23 +29,21 @@ The LMSs name their downloads so (`ORIG` is the file's name as the student uploa
 - **A plain folder of hand-ins**: each zip, and each folder holding assignment4.py, is one
   hand-in, its id from its name by `files.student_id_pattern`.
 
-The LMS is recognised from the names (the one whose pattern most top-level names match), or
-named (`grade --lms`). A file or folder that fits no student (an LMS's index file, a stray note) is
-a `Stray`: said on the console and in summary.md, never graded as anybody.
-
-Limits: a download lists at most MAX_FILES files; a member over MAX_MEMBER_BYTES is not read (the
-student's hand-in is refused, naming it); nothing is read below the level the LMS names.
+The LMS is recognised from the names (the one whose pattern most top-level names match), or named
+(`grade --lms`). A file that fits no student is a `Stray`: said, never graded as anybody. A download
+lists at most MAX_FILES files; a member over MAX_MEMBER_BYTES is that student's refusal, named.
 """
 
-import hashlib
 import io
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from grader.pipeline.handin import JUNK
+
 LMSS = ("canvas", "moodle", "gradescope", "blackboard")
-JUNK = re.compile(r"(^|/)(__MACOSX|__pycache__|\.git|\.ipynb_checkpoints)(/|$)|(^|/)(\.DS_Store|\._[^/]*|Thumbs\.db)$")
 CANVAS = re.compile(r"^(?P<login>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_(?P<orig>.+)$")
 MOODLE = re.compile(r"^(?P<name>[^/]+?)_(?P<id>\d+)_assign(?:submission|feedback)_(?P<plugin>[a-z]+)(?:_(?P<orig>.*))?$")
 BLACKBOARD = re.compile(r"^(?P<assignment>[^/]+)_(?P<id>[^_/]+)_attempt_"
@@ -67,7 +65,7 @@ class Entry:
     """One student's hand-in as the download holds it."""
     student: str               # the id from the LMS's names (not yet made safe as a folder name)
     name: str                  # where it is, e.g. "download.zip!Jane Doe_12345_assignsubmission_file_"
-    lms: str                   # one of LMSS, or "" for a plain folder of hand-ins
+    lms: str                   # one of LMSS
     files: dict = field(default_factory=dict)   # its file names (as uploaded) -> bytes
     where: dict = field(default_factory=dict)   # its file names -> where each is in the download
     upload: str = ""           # the download's name for the student, for feedback (Moodle's folder, Canvas's prefix)
@@ -79,24 +77,33 @@ class Entry:
     @property
     def single_zip(self):
         """The bytes of the student's one zip, when that is all they handed in."""
-        if len(self.files) == 1:
-            (name, data), = self.files.items()
-            return data if name.lower().endswith(".zip") else None
-        return None
+        names = list(self.files)
+        return self.files[names[0]] if len(names) == 1 and names[0].lower().endswith(".zip") else None
 
 
 @dataclass
 class Stray:
-    """A file or folder of a download that fits no student."""
-    name: str
+    name: str                  # a file or folder of a download that fits no student
     message: str
 
 
 @dataclass
 class Shape:
-    lms: str                   # one of LMSS, "plain", or "handin" (the path is one student's hand-in)
+    lms: str                   # one of LMSS, or "" when the names are no LMS's
     entries: list = field(default_factory=list)   # Entry
     strays: list = field(default_factory=list)    # Stray
+
+
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """A member's bytes, never more than MAX_MEMBER_BYTES whatever its header declares."""
+    try:
+        with z.open(info) as member:
+            data = member.read(MAX_MEMBER_BYTES + 1)
+    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, zlib.error) as e:
+        raise DownloadError(f"cannot be read from the download ({e})") from None
+    if len(data) > MAX_MEMBER_BYTES:
+        raise DownloadError(f"over {MAX_MEMBER_BYTES >> 20} MB unpacked; not opened")
+    return data
 
 
 class Listing:
@@ -117,7 +124,7 @@ class Listing:
                                 f"list; give it unzipped, or in parts")
         files = {i.filename: i for i in infos if not i.is_dir() and not JUNK.search(i.filename)
                  and not i.filename.startswith("/") and ".." not in PurePosixPath(i.filename).parts}
-        return cls(label, {name: (lambda info=info: z.read(info)) for name, info in files.items()},
+        return cls(label, {name: (lambda info=info: _read_member(z, info)) for name, info in files.items()},
                    {name: info.file_size for name, info in files.items()})
 
     @classmethod
@@ -144,16 +151,15 @@ class Listing:
         return self
 
     def read(self, rel: str) -> bytes:
-        if self.sizes[rel] > MAX_MEMBER_BYTES:
-            raise DownloadError(f"{self.where(rel)}: {self.sizes[rel]} bytes, over {MAX_MEMBER_BYTES >> 20} MB; not opened")
-        return self.paths[rel]()
+        try:
+            if self.sizes[rel] > MAX_MEMBER_BYTES:
+                raise DownloadError(f"{self.sizes[rel]} bytes, over {MAX_MEMBER_BYTES >> 20} MB; not opened")
+            return self.paths[rel]()
+        except (DownloadError, OSError) as e:
+            raise DownloadError(f"{self.where(rel)}: {e}") from None
 
     def where(self, rel: str) -> str:
         return f"{self.label}!{rel}" if "!" in self.label or self.label.lower().endswith(".zip") else f"{self.label}/{rel}"
-
-
-def _top(rel: str) -> str:
-    return PurePosixPath(rel).parts[0]
 
 
 def _orig(name: str) -> str:
@@ -202,7 +208,7 @@ def _canvas(listing: Listing) -> Shape:
 def _moodle(listing: Listing) -> Shape:
     shape, entries = Shape("moodle"), {}
     for rel in listing.paths:
-        top = _top(rel)
+        top = rel.split("/")[0]
         match = MOODLE.match(top)
         inside = rel[len(top) + 1:] if "/" in rel else ""
         if not match or bool(inside) == bool(match["orig"]):   # a file in a student's folder, or a flat file
@@ -292,7 +298,7 @@ def recognise(listing: Listing, lms: str = None) -> str:
         return lms
     if any(PurePosixPath(rel).name == GRADESCOPE_META for rel in listing.paths):
         return "gradescope"
-    tops = {_top(rel) for rel in listing.paths}
+    tops = {rel.split("/")[0] for rel in listing.paths}
     counts = {name: sum(bool(match(top)) for top in tops) for name, match in MATCHERS.items()}
     # Moodle's names match Canvas's pattern never, Blackboard's only with "_attempt_": the most wins.
     best = max(counts, key=counts.get)
@@ -301,7 +307,7 @@ def recognise(listing: Listing, lms: str = None) -> str:
 
 def read_shape(listing: Listing, lms: str = None) -> Shape:
     """The students of a download whose LMS is `lms` or recognised from its names."""
-    tops = {_top(rel) for rel in listing.paths}
+    tops = {rel.split("/")[0] for rel in listing.paths}
     if len(tops) == 1 and not any(match(next(iter(tops))) for match in MATCHERS.values()):
         listing = listing.stripped()   # a download unzipped into a folder of its own; never a student's folder
     found = recognise(listing, lms)
@@ -311,10 +317,3 @@ def read_shape(listing: Listing, lms: str = None) -> Shape:
     readers = {"canvas": _canvas, "moodle": _moodle, "blackboard": _blackboard, "gradescope": _gradescope}
     return readers[found](listing) if found else Shape("")
 
-
-def digest(files: dict) -> str:
-    """The sha256 of a hand-in given as files (names and bytes, in name order)."""
-    h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(name.encode() + b"\0" + files[name] + b"\0")
-    return h.hexdigest()

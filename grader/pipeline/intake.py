@@ -56,6 +56,14 @@ def _zip_members(data: bytes):
         return None
 
 
+def files_digest(files: dict) -> str:
+    """The sha256 of a hand-in given as files (names and bytes, in name order)."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name] + b"\0")
+    return h.hexdigest()
+
+
 def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
     """The hand-ins under `paths`, and the problems met finding them ([(name, message)])."""
     found = find_handins(paths, pattern)
@@ -68,7 +76,7 @@ def _from_entry(entry) -> Handin:
     data = entry.single_zip
     name = next(iter(entry.where.values())) if data is not None else entry.name
     return Handin(name=name, student=safe_id(entry.student),
-                  sha256=hashlib.sha256(data).hexdigest() if data is not None else download.digest(entry.files),
+                  sha256=hashlib.sha256(data).hexdigest() if data is not None else files_digest(entry.files),
                   zip_bytes=data, files=None if data is not None else entry.files, lms=entry.lms,
                   upload=entry.upload, submitted_at=entry.submitted_at, late=entry.late, also=entry.also)
 
@@ -118,7 +126,7 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
             else:
                 files = {rel[len(top) + 1:]: listing.read(rel) for rel in tops[top]}
                 found.handins.append(Handin(name=f"{path.name}!{top}", student=student_id(top, pattern),
-                                            sha256=download.digest(files), files=files))
+                                            sha256=files_digest(files), files=files))
         rest = sorted(set(tops) - set(zips) - set(folders))
         found.strays.extend(download.Stray(listing.where(t), f"{listing.where(t)}: not a zip, nor a folder with "
                                            f"assignment4.py; not graded") for t in rest)
