@@ -304,3 +304,11 @@ def test_a_damaged_file_in_a_download_is_that_students_refusal_naming_it(tmp_pat
     assert [h.student for h in found.handins] == ["33333"]
     assert [(u.student, u.message.split(": ")[0]) for u in found.unreadable] == [
         ("11111", "submissions.zip!ann_11111_22222_assignment4.py")]
+
+
+def test_a_zipped_folder_of_unpacked_hand_ins_is_read_as_one_hand_in_each(tmp_path):
+    zipped = tmp_path / "unpacked.zip"
+    zipped.write_bytes(make_zip({"alice/assignment4.py": "a\n", "bob/a4/assignment4.py": "b\n", "notes.txt": "x"}))
+    found = find_handins([zipped])
+    assert sorted(rows(found)) == ["alice", "bob"] and code_of(rows(found)["bob"], tmp_path) == "b\n"
+    assert [s.name for s in found.strays] == ["unpacked.zip!notes.txt"]

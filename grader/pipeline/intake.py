@@ -86,7 +86,7 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
     student, and the paths that hold none. `lms` names the LMS of the downloads (else recognised)."""
     found = Found()
 
-    def add_zip(name, data, folder_name=None):
+    def add_zip(name, data):
         if _zip_members(data) is None:
             found.unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
                                                f"{name}: not a readable zip file; ask for the hand-in again"))
@@ -94,8 +94,9 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
         found.handins.append(Handin(name=name, student=student_id(name, pattern),
                                     sha256=hashlib.sha256(data).hexdigest(), zip_bytes=data))
 
-    def expand(path, listing, whole=None):
-        """Read `listing` (of the path the TA gave) as a download; False when it is one hand-in."""
+    def expand(path, listing, zipped=False):
+        """Read `listing` (of the path the TA gave: a folder, or a zip when `zipped`) as a download;
+        False when it is one hand-in."""
         shape = download.read_shape(listing, lms)
         if shape.lms:
             found.handins.extend(_from_entry(e) for e in shape.entries if not e.error)
@@ -110,17 +111,16 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
             tops.setdefault(PurePosixPath(rel).parts[0], []).append(rel)
         zips = [t for t, rels in tops.items() if rels == [t] and t.lower().endswith(".zip")]
         folders = [t for t, rels in tops.items() if rels != [t] and _holds_code(t, rels)]
-        if whole is not None and (any(PurePosixPath(r).name == "assignment4.py" for r in listing.paths)
-                                  or len(zips) + len(folders) < 2):
-            return False   # one hand-in: the code in it, or one zip in it (a hand-in zipped twice)
+        if zipped and ("assignment4.py" in listing.paths or len(zips) + len(folders) < 2):
+            return False   # one hand-in: the code at its top, or one zip or folder in it
         for top in sorted(zips):
-            name = top if whole is None else f"{path.name}!{top}"
+            name = f"{path.name}!{top}" if zipped else top
             try:
                 add_zip(name, listing.read(top))
             except download.DownloadError as e:
                 found.unreadable.append(Unreadable(name, student_id(name, pattern), "", str(e)))
         for top in sorted(folders):
-            if whole is None:
+            if not zipped:
                 found.handins.append(Handin(name=top, student=student_id(top, pattern),
                                             sha256=folder_digest(path / top), folder=path / top))
             else:
@@ -142,7 +142,7 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
             elif path.is_file() and path.suffix.lower() == ".zip":
                 data = path.read_bytes()
                 listing = download.Listing.of_zip(path.name, data)
-                if listing is None or not expand(path, listing, whole=data):
+                if listing is None or not expand(path, listing, zipped=True):
                     add_zip(path.name, data)
             elif path.is_dir() and _is_handin_folder(path):
                 found.handins.append(Handin(name=path.name, student=student_id(path.name, pattern),
