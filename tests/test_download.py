@@ -5,7 +5,6 @@ here re-runs code, except the batch at the end, whose hand-ins are all unreadabl
 import csv
 import io
 import json
-import shutil
 import zipfile
 from pathlib import Path
 
@@ -262,7 +261,10 @@ def test_the_console_and_summary_say_what_fits_no_student(tmp_path, capsys):
     look = (out / "summary.md").read_text().split("## For a person to look at")[1]
     assert "not graded, fits no student" in look and "note.txt" in look and "\x1b" not in look
     assert [r["student"] for r in csv.DictReader((out / "grades.csv").open())] == ["11111"]
-    shutil.rmtree(out)
+    late = as_folder(tmp_path / "late", {"broken_22222_33333_handin.zip": b"PK\x03\x04 broken"})
+    assert main(["grade", str(late), "--out", str(out), "--quiet"]) == 0     # a later run into the same OUT
+    look = (out / "summary.md").read_text().split("## For a person to look at")[1]
+    assert "note.txt" in look and len(json.loads((out / "strays.json").read_text())) == 1
 
 
 @pytest.mark.timeout(600)

@@ -4,8 +4,9 @@
   `--only` id that matches no hand-in are the TA's mistakes, never a student's: InputError, and
   nothing is graded.
 - The PATHs are LMS downloads, zipped or not, plain folders of hand-ins or hand-ins
-  (grader.pipeline.handin, grader.pipeline.download): what each was read as is said on the console,
-  and the files of a download that fit no student are listed in summary.md, never graded.
+  (grader.pipeline.intake, grader.pipeline.download): what each was read as is said on the console,
+  and the files of a download that fit no student are listed in summary.md (and kept in
+  OUT/strays.json for later runs into OUT), never graded.
 - A hand-in is kept in OUT/students/<student>/ (grading.json, results.json, feedback.md, and
   download.json: what the download said of it, its LMS name and submission time), where no id can
   be one of the grader's own files. Hand-ins are told apart by student id and file name (`source`):
@@ -36,6 +37,9 @@ from grader.names import result_files, student_dir, students_dir
 from grader.pipeline import handin as handins, intake, report
 from grader.results import Status, grader_digest, new_result, ungraded
 from grader.rubric import load_rubric
+
+
+STRAYS = "strays.json"
 
 
 class InputError(ValueError):
@@ -118,6 +122,19 @@ def _set_aside(out: Path, folder: str, sha256: str, h) -> str:
             f"the earlier result is in {target.relative_to(out)}/")
 
 
+def _strays(out: Path, met: list) -> list:
+    """Every file of a download that fit no student, met by this `grade` into `out` or an earlier
+    one (OUT/strays.json keeps them until a person deletes it)."""
+    try:
+        earlier = json.loads((out / STRAYS).read_text())
+    except (OSError, ValueError):
+        earlier = []
+    every = sorted(set(earlier if isinstance(earlier, list) else []) | set(met))
+    if every != earlier:
+        write_json(out / STRAYS, every)
+    return every
+
+
 def _cached(out: Path, h, rubric):
     path = student_dir(out, h.student) / "grading.json"
     try:
@@ -178,7 +195,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     summary.graded = len(graded)
     views = gradebook.load_views(out)
     gradebook.write_gradebook(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced,
-                              summary.strays)
+                              _strays(out, summary.strays))
     for r in views:
         summary.statuses[r["status"]] = summary.statuses.get(r["status"], 0) + 1
     summary.duplicates = len(gradebook.duplicates(views))
