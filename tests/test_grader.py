@@ -291,7 +291,7 @@ def test_tracebacks_show_the_handins_own_frames_once(graded):
 
 
 def test_summary_has_pass_rates_common_failures_and_scores(graded):
-    text = (graded[0] / "students" / "summary.md").read_text()
+    text = (graded[0] / "summary.md").read_text()
     assert "| Part 3: data parallel |" in text and "pass rate" in text
     dp_row = next(line for line in text.splitlines() if line.startswith("| Part 3: data parallel |"))
     assert "crashed (2)" in dp_row  # crash_on_one_rank and does_not_parse
