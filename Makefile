@@ -34,7 +34,7 @@ demo: $(STAMP)
 	$(PY) -m grader check assignment_4/reference --log $(DEMO)/assignment4-*.log
 	$(PY) -m grader package assignment_4/reference --log $(DEMO)/assignment4-*.log -o $(DEMO)/demo-student.zip
 	$(PY) -m grader grade $(DEMO)/demo-student.zip --out $(DEMO)/grades
-	@echo; cat $(DEMO)/grades/grades.csv; echo "feedback: $(DEMO)/grades/demo-student/feedback.md"; echo
+	@echo; cat $(DEMO)/grades/grades.csv; echo "feedback: $(DEMO)/grades/students/demo-student/feedback.md"; echo
 	$(PY) -m grader gradebook $(DEMO)/grades --policy grader/grades/example/policy.yaml -o $(DEMO)/final.csv
 	@echo; cat $(DEMO)/final.csv
 

@@ -1,6 +1,7 @@
 """Command line: parses arguments and hands them to the command's room, imported only then.
 
-    python -m grader grade PATH... --out DIR [--jobs N] [--rubric FILE] [--force] [--only ID ...]
+    python -m grader grade PATH... --out DIR [--lms canvas|moodle|gradescope|blackboard] [--jobs N]
+                                   [--rubric FILE] [--force] [--only ID ...]
     python -m grader gradescope [--submission DIR] [--results FILE]
     python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]
     python -m grader skeleton [--check]
@@ -38,7 +39,10 @@ def _handler(target: str):
 
 def _grade_arguments(p) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="hand-in zips, folders of zips, a zip of zips (LMS bulk download) or unpacked folders")
+                   help="an LMS download (Canvas, Moodle, Gradescope, Blackboard; zipped or unzipped), a folder "
+                        "of hand-in zips (or that folder zipped), hand-in zips or unpacked hand-in folders")
+    p.add_argument("--lms", choices=("canvas", "moodle", "gradescope", "blackboard"),
+                   help="the LMS the download comes from (default: recognised from its file names)")
     p.add_argument("--out", required=True, metavar="DIR", help="where grades.csv, summary.md and per-student folders go")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="hand-ins graded at once (default 1)")
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
@@ -124,6 +128,10 @@ def _gradebook_arguments(p) -> None:
                    help="fill the final grades into Canvas's gradebook export or Moodle's grading worksheet; "
                         "writes FILE's name + -import.csv beside the final gradebook")
     p.add_argument("--assignment", metavar="NAME", help="Canvas: the assignment column to fill (part of its name)")
+    p.add_argument("--feedback", action="store_true",
+                   help="also write OUT/feedback-upload/: each LMS's zip of feedback files for its bulk upload "
+                        "(Moodle's feedback files, Canvas's submission re-upload); with --lms moodle:FILE the "
+                        "worksheet's Feedback comments get a short text")
 
 
 def _diff_arguments(p) -> None:

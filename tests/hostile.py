@@ -65,7 +65,7 @@ ATTACKS = {
     # 4. read what it must not
     "read_secrets": Attack(
         "import glob, os\nleaks = []\n"
-        "for pattern in ({reference!r}, {rubric!r}, {out!r} + '/*/grading.json', '/tmp/a4-grade-*/**/assignment4.py',\n"
+        "for pattern in ({reference!r}, {rubric!r}, {out!r} + '/students/*/grading.json', '/tmp/a4-grade-*/**/assignment4.py',\n"
         "                '/proc/1/environ', '/root/*', os.path.dirname({rubric!r}) + '/*.py'):\n"
         "    for path in glob.glob(pattern, recursive=True):\n"
         "        try:\n            leaks.append((path, open(path, 'rb').read(64)))\n"
@@ -111,8 +111,8 @@ ATTACKS = {
         "    raise RuntimeError(f'LEAK in memory: {{counts}}')\n"),
     # 5. change results
     "write_results": Attack(
-        "for path in ({out!r} + '/reference/results.json', {out!r} + '/grades.csv',\n"
-        "             {out!r} + '/write_results/grading.json', {rubric!r}):\n"
+        "for path in ({out!r} + '/students/reference/results.json', {out!r} + '/grades.csv',\n"
+        "             {out!r} + '/students/write_results/grading.json', {rubric!r}):\n"
         "    try:\n        open(path, 'w').write('TAMPERED')\n    except OSError:\n        pass\n"),
     "top_level_command": Attack(),  # see build(): a module-level statement that runs a shell command
     # 6. kill or confuse the grader

@@ -203,7 +203,7 @@ def run_err(seed: int) -> str:
 
 
 def write_graded(out, student: str, zip_path, log: str, wrong=(), rubric=None) -> None:
-    """OUT/<student>/grading.json as `grade` writes it for the hand-in `zip_path`: every check
+    """OUT/students/<student>/grading.json as `grade` writes it for the hand-in `zip_path`: every check
     passed but the `wrong` ones [(part, check, weight_digest, diagnosis)]."""
     rubric = rubric or load_rubric()
     result = new_result(student, zip_path.name, hashlib.sha256(zip_path.read_bytes()).hexdigest(), rubric)
@@ -220,4 +220,4 @@ def write_graded(out, student: str, zip_path, log: str, wrong=(), rubric=None) -
         outcome.update(status="failed", diagnosis=diagnosis, message=f"wrong weight on every rank: {diagnosis}",
                        weight_digest=digest)
         data["parts"][part]["status"] = "failed"
-    kit.write_json(out / student / "grading.json", data, sort_keys=True)
+    kit.write_json(out / "students" / student / "grading.json", data, sort_keys=True)

@@ -10,6 +10,7 @@ import yaml
 
 from grader import kit
 from grader.batch.run import grade_batch
+from grader.names import student_dir, students_dir
 from grader.pipeline import report
 from grader.rerun.executor import SandboxUnavailable
 from grader.rubric import RubricError
@@ -61,19 +62,19 @@ def test_a_30_kb_zip_with_a_19_mb_line_writes_less_than_1_mb(batch):
     inbox, out, _, summary, _ = batch
     assert (inbox / "amplifier.zip").stat().st_size < 100_000
     assert summary.statuses.get("graded") == 2, summary.statuses
-    assert _size(out / "amplifier") < MB, {p.name: p.stat().st_size for p in (out / "amplifier").iterdir()}
+    assert _size(student_dir(out, "amplifier")) < MB, {p.name: p.stat().st_size for p in (student_dir(out, "amplifier")).iterdir()}
     assert _size(out) < 2 * MB
     for name in ("grading.json", "results.json", "feedback.md"):
-        assert (out / "amplifier" / name).stat().st_size <= kit.FILE_BYTES
-    assert "modified_utils" in (out / "amplifier" / "grading.json").read_text()
-    assert kit.CUT in (out / "amplifier" / "feedback.md").read_text()   # the diff line was clipped
+        assert (student_dir(out, "amplifier") / name).stat().st_size <= kit.FILE_BYTES
+    assert "modified_utils" in (student_dir(out, "amplifier") / "grading.json").read_text()
+    assert kit.CUT in (student_dir(out, "amplifier") / "feedback.md").read_text()   # the diff line was clipped
 
 
 @pytest.mark.timeout(600)
 def test_a_correct_handin_with_several_mb_of_pathological_logs_is_graded_within_a_minute(batch):
     _, out, _, _, seconds = batch
     import json
-    alice = json.loads((out / "alice" / "grading.json").read_text())
+    alice = json.loads((student_dir(out, "alice") / "grading.json").read_text())
     assert alice["status"] == "graded" and all(p["status"] == "passed" for p in alice["parts"].values())
     assert all(p["log"]["points"] == p["log_max"] for p in alice["parts"].values())
     assert seconds < 120, seconds   # the whole batch, the sandbox's start and the canary included
@@ -102,10 +103,10 @@ def test_a_refused_grade_leaves_out_byte_for_byte_and_a_replaced_result_moves_on
         grade_batch([newer], fresh, rubric_path=rubric, executor="torchrun", progress=False)
     assert not fresh.exists()
 
-    earlier = {k: v for k, v in before.items() if k.startswith("alice/")}
+    earlier = {k: v for k, v in before.items() if k.startswith("students/alice/")}
     summary = grade_batch([newer / "alice.zip"], out, rubric_path=rubric, progress=False)
     assert summary.replaced and summary.statuses.get("graded", 0) >= 2
-    aside = next((out / report.REPLACED).iterdir())
-    assert {f"alice/{k}": v for k, v in _snapshot(aside).items()} == earlier
-    assert [p.name for p in (out / report.REPLACED).iterdir()] == [aside.name]   # nothing staged left
-    assert (out / "alice" / "grading.json").read_bytes() != earlier["alice/grading.json"]
+    aside = next((students_dir(out) / report.REPLACED).iterdir())
+    assert {f"students/alice/{k}": v for k, v in _snapshot(aside).items()} == earlier
+    assert [p.name for p in (students_dir(out) / report.REPLACED).iterdir()] == [aside.name]   # nothing staged left
+    assert (student_dir(out, "alice") / "grading.json").read_bytes() != earlier["students/alice/grading.json"]

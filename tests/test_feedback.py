@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from grader.batch.run import grade_batch
+from grader.names import result_files, student_dir
 from grader.pipeline.grade import judge_check
 from grader.pipeline.handin import Handin
 from grader.pipeline.say import numbers
@@ -131,7 +132,7 @@ def graded(reference_run, tmp_path_factory):
         write_zip(inbox / f"{name}.zip", _handin(code, reference_run))
     out = tmp / "out"
     grade_batch([inbox], out, jobs=2, rubric_path=fast_rubric(tmp), progress=False)
-    results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+    results = {p.parent.name: json.loads(p.read_text()) for p in result_files(out)}
     return out, results, tmp
 
 
@@ -143,7 +144,7 @@ def checks_of(result: dict, part: str) -> dict:
 @pytest.mark.parametrize("name", ["shape_bug", "hostile"])
 def test_no_output_file_holds_a_hidden_value(graded, name):
     out, results, _ = graded
-    folder = out / name
+    folder = student_dir(out, name)
     files = {"feedback.md": (folder / "feedback.md").read_text(), "results.json": (folder / "results.json").read_text(),
              "grading.json (student-facing)": student_facing(results[name]),
              "summary.md": (out / "summary.md").read_text(), "grades.csv": (out / "grades.csv").read_text()}
@@ -188,7 +189,7 @@ def test_a_hostile_print_keeps_its_words_at_public_checks_only(graded):
         if c.kind == "step":
             assert "ValueError at assignment4.py:" in dp[c.name]["message"]
             assert "in single_step" not in dp[c.name]["message"], dp[c.name]["message"]
-    feedback = (out / "hostile" / "feedback.md").read_text()
+    feedback = (student_dir(out, "hostile") / "feedback.md").read_text()
     assert "hidden check `four-nodes`: **crashed**" in feedback
 
 
@@ -285,4 +286,4 @@ def test_grading_runs_the_public_checks_students_check_runs_and_both_say_the_sam
     failing = next(o for o in graded_part["checks"] if not o["hidden"] and o["status"] != "passed")
     assert row.rerun == Status.CRASHED and f"check '{failing['check']}'" in row.message
     assert failing["message"] in row.message
-    assert "All public re-run checks passed" not in (out / "shape_bug" / "feedback.md").read_text()
+    assert "All public re-run checks passed" not in (student_dir(out, "shape_bug") / "feedback.md").read_text()

@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 from grader.batch.run import grade_batch
+from grader.names import result_files, student_dir
 from grader.parts import PART_IDS
 from grader.pipeline.grade import judge_check
 from grader.rerun.check import prepare_code
@@ -176,7 +177,7 @@ def forged(tmp_path_factory):
         write_zip(inbox / f"{name}.zip", Files(code=make(), log=None, err=None))
     out = tmp / "out"
     grade_batch([inbox], out, jobs=2, rubric_path=fast_rubric(tmp), progress=False)
-    return {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+    return {p.parent.name: json.loads(p.read_text()) for p in result_files(out)}
 
 
 def checks(result, part) -> dict:

@@ -104,7 +104,7 @@ def test_on_time_late_by_a_started_day_past_the_maximum_and_an_extension(tmp_pat
              ("six", "2026-04-20T23:59:00+02:00"),
              ("ext", "2026-04-17T12:00:00+02:00")]
     policy = policy_file(tmp_path, [(s, t, "") for s, t in times], extensions={"ext": "2026-04-18T23:59:00+02:00"})
-    book, written, _ = make_gradebook(out, policy)
+    book, written, _, _ = make_gradebook(out, policy)
     rows = rows_of(written)
     assert list(rows["ontime"])[:8] == ["student", "autograde", "overrides", "submitted_at", "late_days", "penalty",
                                        "final", "flags"]
@@ -141,7 +141,7 @@ def test_a_stale_override_is_flagged_and_applied_only_when_asked(tmp_path):
 def test_a_missing_student_an_unknown_handin_and_a_handin_with_no_time(tmp_path):
     out = out_with(tmp_path, result("s1"), result("s3"), result("s4", status="invalid"))
     policy = policy_file(tmp_path, [("s3", "2026-04-16T10:00:00+02:00", "")], roster=["s1", "s2", "s4"])
-    book, written, _ = make_gradebook(out, policy)
+    book, written, _, _ = make_gradebook(out, policy)
     rows = rows_of(written)
     assert list(rows) == ["s1", "s2", "s4", "s3"]     # the roster's order, then hand-ins not on it
     assert list(rows["s1"])[8:] == ["name", "section"] and rows["s2"]["name"] == "Name s2"
@@ -153,13 +153,13 @@ def test_a_missing_student_an_unknown_handin_and_a_handin_with_no_time(tmp_path)
 
 def test_the_final_grade_is_computed_again_on_every_call_and_stored_nowhere(tmp_path):
     out = out_with(tmp_path, result("s1"))
-    stored = (out / "s1" / "grading.json").read_bytes()
+    stored = (out / "students" / "s1" / "grading.json").read_bytes()
     policy = policy_file(tmp_path, [("s1", "2026-04-16T10:00:00+02:00", "")])
     assert rows_of(make_gradebook(out, policy)[1])["s1"]["final"] == "80"
     policy_file(tmp_path, [("s1", "2026-04-16T10:00:00+02:00", "")], deadline="2026-04-16T23:59:00+02:00")
     row = rows_of(make_gradebook(out, policy)[1])["s1"]
     assert (row["final"], row["late_days"], row["penalty"]) == ("100", "0", "0")   # the moved deadline: no penalty left
-    assert (out / "s1" / "grading.json").read_bytes() == stored
+    assert (out / "students" / "s1" / "grading.json").read_bytes() == stored
 
 
 def test_of_several_handins_the_latest_by_time_counts_else_a_person_decides(tmp_path):
@@ -415,7 +415,7 @@ def test_the_gradebook_covers_every_result_after_only_and_after_a_late_folder(ba
     summary = grade_batch([late], out, rubric_path=rubric, progress=False)
     rows = rows_of(out / "grades.csv")
     assert sorted(rows) == ["alice", "bob", "broken", "carol"] and rows["bob"]["score"] == without_log(rubric)
-    assert summary.replaced and (out / ".replaced").is_dir()
+    assert summary.replaced and (out / "students" / ".replaced").is_dir()
     assert "Results replaced by a newer hand-in of the same name" in (out / "summary.md").read_text()
 
 
@@ -435,13 +435,13 @@ def test_an_unreadable_zip_has_no_score_and_zeros_are_for_a_person(batch):
 def test_two_handins_of_one_student_are_told_apart_by_source_and_ids_off_the_pattern_listed(batch, tmp_path):
     _, _, rubric = batch
     data = yaml.safe_load(rubric.read_text())
-    data["files"] = {"student_id_pattern": "moodle"}
+    data["files"] = {"student_id_pattern": r"^(?P<id>s\d+)-"}
     moodle = tmp_path / "moodle.yaml"
     moodle.write_text(yaml.safe_dump(data))
     inbox = tmp_path / "inbox"
     inbox.mkdir()
-    write_zip(inbox / "Jane Doe_1001_assignsubmission_file_a.zip", Files(code=REFERENCE.read_text()))
-    write_zip(inbox / "Jane Doe_1001_assignsubmission_file_b.zip", Files(code=skeleton()))
+    write_zip(inbox / "s1001-a.zip", Files(code=REFERENCE.read_text()))
+    write_zip(inbox / "s1001-b.zip", Files(code=skeleton()))
     write_zip(inbox / "stray.zip", Files(code=REFERENCE.read_text()))
     out = tmp_path / "out"
     summary = grade_batch([inbox], out, rubric_path=moodle, progress=False)
@@ -449,25 +449,24 @@ def test_two_handins_of_one_student_are_told_apart_by_source_and_ids_off_the_pat
     rows = list(csv.DictReader((out / "grades.csv").open()))
     full = without_log(moodle)
     assert [(r["student"], r["source"], r["score"]) for r in rows] == [
-        ("1001", "Jane Doe_1001_assignsubmission_file_a.zip", full),
-        ("1001", "Jane Doe_1001_assignsubmission_file_b.zip", "0"), ("stray", "stray.zip", full)]
+        ("s1001", "s1001-a.zip", full), ("s1001", "s1001-b.zip", "0"), ("stray", "stray.zip", full)]
     assert all("duplicate" in r["flags"] for r in rows[:2])
-    folders = sorted(p.parent.name for p in out.glob("*/grading.json"))
-    assert folders[0] == "1001" and folders[1].startswith("1001~") and folders[2] == "stray"
+    folders = sorted(p.parent.name for p in (out / "students").glob("*/grading.json"))
+    assert folders[0] == "s1001" and folders[1].startswith("s1001~") and folders[2] == "stray"
     text = (out / "summary.md").read_text()
-    assert f"- 1001: 2 hand-ins, Jane Doe_1001_assignsubmission_file_a.zip ({full})" in text
+    assert f"- s1001: 2 hand-ins, s1001-a.zip ({full})" in text
     assert "## Names the student id pattern does not match" in text and "- stray.zip" in text
     again = grade_batch([inbox], out, rubric_path=moodle, progress=False)
     assert (again.graded, again.cached) == (0, 3)    # the same folders, found again
     # The final gradebook: no time for each hand-in, so a person decides; then the latest counts.
     policy = tmp_path / "policy.yaml"
     policy.write_text(f"deadline: {DEADLINE}\n")
-    assert rows_of(make_gradebook(out, policy)[1])["1001"]["flags"] == "duplicate"
+    assert rows_of(make_gradebook(out, policy)[1])["s1001"]["flags"] == "duplicate"
     (tmp_path / "times.csv").write_text("student,submitted_at,source\n"
-                                        "1001,2026-04-14T20:00:00+02:00,Jane Doe_1001_assignsubmission_file_a.zip\n"
-                                        "1001,2026-04-14T21:00:00+02:00,Jane Doe_1001_assignsubmission_file_b.zip\n")
+                                        "s1001,2026-04-14T20:00:00+02:00,s1001-a.zip\n"
+                                        "s1001,2026-04-14T21:00:00+02:00,s1001-b.zip\n")
     policy.write_text(f"deadline: {DEADLINE}\nsubmissions: times.csv\n")
-    assert rows_of(make_gradebook(out, policy)[1])["1001"]["autograde"] == "0"
+    assert rows_of(make_gradebook(out, policy)[1])["s1001"]["autograde"] == "0"
     assert os.path.exists(out / "final.csv")
 
 
@@ -492,3 +491,64 @@ def test_an_invalid_handin_scores_0_when_the_rubric_says_so(tmp_path):
     grade_batch([inbox], tmp_path / "out", rubric_path=rubric, progress=False)
     row = rows_of(tmp_path / "out" / "grades.csv")["broken"]
     assert (row["score"], row["status"]) == ("0", "invalid")
+
+
+# --- from the download's times to the LMS's upload ---------------------------------------------
+
+def downloaded(out: Path, key: str, **said) -> None:
+    """What an LMS download said of the hand-in graded as `key` (grader.batch.run writes it)."""
+    (out / "students" / key / "download.json").write_text(json.dumps({"late": False, "also": [], **said}))
+
+
+def test_times_from_the_download_are_used_and_a_zone_less_time_is_the_deadlines(tmp_path):
+    out = out_with(tmp_path, result("jdoe"), result("amy"), result("s1"), result("s9"))
+    downloaded(out, "jdoe", lms="blackboard", submitted_at="2026-04-15T10:00:00")       # +02:00: 1 day late
+    downloaded(out, "amy", lms="blackboard", submitted_at="2026-04-14T23:00:00")
+    downloaded(out, "s1", lms="gradescope", submitted_at="2026-04-16 09:00:00+02:00", also=["s2"])
+    downloaded(out, "s9", lms="canvas", late=True)
+    rows = rows_of(make_gradebook(out, policy_file(tmp_path))[1])
+    assert (rows["jdoe"]["late_days"], rows["jdoe"]["final"]) == ("1", "90")
+    assert (rows["amy"]["late_days"], rows["amy"]["final"]) == ("0", "100")
+    assert (rows["s1"]["late_days"], rows["s2"]["flags"]) == ("2", "group;late")
+    assert rows["s9"]["flags"] == "no_time;lms_late"
+
+
+def test_a_moodle_worksheet_gives_the_times_and_students_without_one_come_first(tmp_path, capsys):
+    out = out_with(tmp_path, result("1001"), result("1002"), result("1003"))
+    sheet = MOODLE.replace("Tuesday, 14 April 2026, 11:50 PM", "Thursday, 16 April 2026, 9:00 AM")
+    (tmp_path / "worksheet.csv").write_text(sheet)
+    policy = policy_file(tmp_path)
+    assert main(["gradebook", str(out), "--policy", str(policy), "--lms", f"moodle:{tmp_path / 'worksheet.csv'}"]) == 0
+    printed = capsys.readouterr().out
+    rows = rows_of(out / "final.csv")
+    assert (rows["1001"]["late_days"], rows["1001"]["final"]) == ("2", "80")
+    assert rows["1002"]["late_days"] == "0" and rows["1003"]["flags"] == "no_time"
+    look = printed.split("for a person to look at:\n")[1]
+    assert look.startswith("  1 student(s) have no submission time, so no late penalty could be computed for "
+                           "them: 1003\n    give a submission time: the policy's `submissions:`")
+    assert "--lms moodle:WORKSHEET.csv" in look
+
+
+def test_feedback_goes_back_as_each_lms_bulk_upload_wants_it(tmp_path, capsys):
+    import zipfile
+    out = out_with(tmp_path, result("1001", lost={"baseline": 10}), result("1002"), result("50001"), result("jdoe"))
+    downloaded(out, "1001", lms="moodle", upload="Jane Doe_1001_assignsubmission_file_")
+    downloaded(out, "1002", lms="moodle", upload="Rick Roe_1002_assignsubmission_file_")
+    downloaded(out, "50001", lms="canvas", upload="martineve_LATE_50001_99901", late=True)
+    downloaded(out, "jdoe", lms="blackboard", upload="Assignment 4_jdoe_attempt_2026-04-14-20-00-00",
+               submitted_at="2026-04-14T20:00:00")
+    (tmp_path / "worksheet.csv").write_text(MOODLE)
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--feedback",
+                 "--lms", f"moodle:{tmp_path / 'worksheet.csv'}", "-o", str(tmp_path / "final.csv")]) == 0
+    printed = capsys.readouterr().out
+    with zipfile.ZipFile(out / "feedback-upload" / "moodle-feedback.zip") as z:
+        assert sorted(z.namelist()) == ["Jane Doe_1001_assignsubmission_file_/assignment4-feedback.md",
+                                        "Rick Roe_1002_assignsubmission_file_/assignment4-feedback.md"]
+        assert z.read(z.namelist()[0]).decode() == (out / "students" / "1001" / "feedback.md").read_text()
+    with zipfile.ZipFile(out / "feedback-upload" / "canvas-feedback.zip") as z:
+        assert z.namelist() == ["martineve_LATE_50001_99901_assignment4-feedback.md"]
+    assert "no feedback file for the LMS: jdoe: blackboard; its feedback is" in printed
+    assert "2 feedback file(s) for Moodle's bulk upload" in printed
+    sheet = list(csv.DictReader(io.StringIO((tmp_path / "worksheet-import.csv").read_text())))
+    assert sheet[0]["Feedback comments"] == "Autograder: 90 / 100. What was checked and why: assignment4-feedback.md."
+    assert sheet[2]["Feedback comments"] == ""   # 1003 handed in nothing graded here

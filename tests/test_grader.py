@@ -80,7 +80,7 @@ def graded(reference_run, tmp_path_factory):
                                                extra={"handin.zip": inner, "__MACOSX/._handin.zip": b"\0"}))
     out = tmp / "out"
     summary = grade_batch([inbox], out, jobs=2, rubric_path=fast_rubric(tmp), progress=False)
-    results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+    results = {p.parent.name: json.loads(p.read_text()) for p in (out / "students").glob("*/grading.json")}
     return out, results, summary, inbox, tmp
 
 
@@ -175,7 +175,7 @@ def test_a_backward_check_and_a_four_node_check_run_part_4(graded):
                             "four-nodes", "layer-backward-2", "layer-backward-4"]
     assert len(r["parts"]["baseline"]["checks"]) == 7   # the backward checks run Part 4 only
     assert checks["layer-backward-4"]["collectives"]["all_reduce"] == 4   # f's backward, on every rank
-    text = (graded[0] / "tp_no_f" / "feedback.md").read_text()
+    text = (graded[0] / "students" / "tp_no_f" / "feedback.md").read_text()
     assert "hidden check `layer-backward-2`: **failed**, the layer is wrong on every rank: each rank's gradient" in text
 
 
@@ -238,7 +238,7 @@ def test_grades_csv_has_a_row_per_handin_and_a_column_per_part(graded):
 
 def test_results_json_follows_gradescope_schema(graded):
     out = graded[0]
-    for path in out.glob("*/results.json"):
+    for path in (out / "students").glob("*/results.json"):
         doc = json.loads(path.read_text())
         assert doc["output_format"] == "md" and isinstance(doc["score"], (int, float))   # invalid: 0 there
         assert set(doc["extra_data"]) >= {"sha256", "flags", "parts", "status"}
@@ -248,7 +248,7 @@ def test_results_json_follows_gradescope_schema(graded):
         for part in PART_IDS:
             assert any(n.startswith(part) and "re-run" in n for n in names)
             assert any(n.startswith(part) and "log" in n for n in names)
-    doc = json.loads((out / "dp_summed" / "results.json").read_text())
+    doc = json.loads((out / "students" / "dp_summed" / "results.json").read_text())
     dp = next(t for t in doc["tests"] if t["name"].startswith("data_parallel") and "re-run" in t["name"])
     assert dp["status"] == "failed" and f"summed over the {RUBRIC.default_check.world_size} ranks" in dp["output"]
     hidden = [t for t in doc["tests"] if t["name"].endswith("hidden checks")]
@@ -260,16 +260,16 @@ def test_results_json_follows_gradescope_schema(graded):
 
 def test_feedback_names_hidden_checks_but_never_their_values(graded):
     out = graded[0]
-    text = (out / "crash_on_one_rank" / "feedback.md").read_text()
+    text = (out / "students" / "crash_on_one_rank" / "feedback.md").read_text()
     assert text.index("rank 1 raised RuntimeError") < text.index("Traceback")
-    for path in list(out.glob("*/feedback.md")) + list(out.glob("*/results.json")):
+    for path in list((out / "students").glob("*/feedback.md")) + list((out / "students").glob("*/results.json")):
         text = path.read_text()
         values = [f"{word} {getattr(c, key)}" for c in HIDDEN for word, key in (("seed", "seed"),
                   ("batch", "global_batch_size")) if getattr(c, key) != getattr(RUBRIC.default_check, key)]
         values += [f"{c.input_dim}x{c.output_dim}" for c in HIDDEN]
         for hidden in values + ["assignment#", "#.#", "#e-"]:   # nor digits masked in text
             assert hidden not in text, (path, hidden)
-    text = (out / "dp_summed" / "feedback.md").read_text()
+    text = (out / "students" / "dp_summed" / "feedback.md").read_text()
     assert all(f"hidden check `{c.name}`" in text for c in HIDDEN if "data_parallel" in c.parts())
 
 
@@ -277,18 +277,18 @@ def test_feedback_names_hidden_checks_but_never_their_values(graded):
 def test_a_number_written_into_the_code_is_said_once_where_it_is_made(graded):
     """The headline and the line under it agree, and a check's name keeps its digits (only the
     stock course's hidden checks vary accumulation_steps, which is what catches this)."""
-    text = (graded[0] / "acc_hard_coded_steps" / "feedback.md").read_text()
+    text = (graded[0] / "students" / "acc_hard_coded_steps" / "feedback.md").read_text()
     said = "each micro-batch loss was divided by 4 written into the code, not by accumulation_steps; it was " \
            "right only at check 'default'"
     assert text.count(said) >= 2
 
 
 def test_tracebacks_show_the_handins_own_frames_once(graded):
-    text = (graded[0] / "does_not_parse" / "feedback.md").read_text()
+    text = (graded[0] / "students" / "does_not_parse" / "feedback.md").read_text()
     assert text.count('File "assignment4.py", line') == 1, text
     assert "Traceback: the same as Part 1's, above." in text
     assert "/grader/" not in text and "site-packages" not in text and "/tmp/" not in text
-    crash = (graded[0] / "crash_on_one_rank" / "feedback.md").read_text()
+    crash = (graded[0] / "students" / "crash_on_one_rank" / "feedback.md").read_text()
     frames = [line for line in crash.splitlines() if line.strip().startswith("File ")]
     assert frames and all(line.strip().startswith(('File "assignment4.py"', 'File "utils.py"')) for line in frames)
 
@@ -306,10 +306,10 @@ def test_a_second_run_only_grades_what_changed(graded):
     rubric = fast_rubric(tmp)
     again = grade_batch([inbox], out, jobs=2, rubric_path=rubric, progress=False)
     assert (again.graded, again.cached) == (0, len(results))
-    before = (out / "reference" / "grading.json").read_text()
+    before = (out / "students" / "reference" / "grading.json").read_text()
     forced = grade_batch([inbox / "reference.zip"], out, rubric_path=rubric, force=True, progress=False)
     assert forced.graded == 1
-    after = json.loads((out / "reference" / "grading.json").read_text())
+    after = json.loads((out / "students" / "reference" / "grading.json").read_text())
     first = json.loads(before)
     for volatile in ("graded_at", "seconds"):
         first.pop(volatile), after.pop(volatile)
@@ -326,7 +326,7 @@ def test_a_changed_grader_grades_again_and_an_unchanged_one_reuses(graded, monke
     """Cached results are keyed by the grader's own code (and utils.py), not by a version string."""
     out, results, _, inbox, tmp = graded
     rubric = fast_rubric(tmp)
-    recorded = json.loads((out / "reference" / "grading.json").read_text())["grader_digest"]
+    recorded = json.loads((out / "students" / "reference" / "grading.json").read_text())["grader_digest"]
     assert recorded == kit.source_digest()
     assert grade_batch([inbox / "reference.zip"], out, rubric_path=rubric, progress=False).cached == 1
     monkeypatch.setattr(kit, "source_digest", lambda: "a grader with a fix to its scoring")
@@ -334,7 +334,7 @@ def test_a_changed_grader_grades_again_and_an_unchanged_one_reuses(graded, monke
     try:
         again = grade_batch([inbox / "reference.zip"], out, rubric_path=rubric, progress=False)
         assert (again.graded, again.cached) == (1, 0)
-        assert json.loads((out / "reference" / "grading.json").read_text())["grader_digest"] == \
+        assert json.loads((out / "students" / "reference" / "grading.json").read_text())["grader_digest"] == \
             "a grader with a fix to its scoring"
     finally:
         results_module.grader_digest.cache_clear()
@@ -361,7 +361,7 @@ def test_the_torchrun_executor_grades_like_the_warm_one(graded, tmp_path):
     rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], public_world_sizes=[])
     summary = grade_batch([graded[3] / "dp_summed.zip"], tmp_path / "out", rubric_path=rubric,
                           executor="torchrun", sandbox="off", progress=False)
-    r = json.loads((tmp_path / "out" / "dp_summed" / "grading.json").read_text())
+    r = json.loads((tmp_path / "out" / "students" / "dp_summed" / "grading.json").read_text())
     assert summary.graded == 1
     assert r["parts"]["data_parallel"]["status"] == "failed"
     assert "summed over the 4 ranks" in r["parts"]["data_parallel"]["message"]
@@ -382,5 +382,5 @@ def test_when_gloo_cannot_start_every_result_is_infra_error_and_no_score_is_writ
     assert summary.statuses == {"infra_error": 2}
     rows = list(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
     assert [row["score"] for row in rows] == ["", ""]
-    doc = json.loads((tmp_path / "out" / "reference" / "results.json").read_text())
+    doc = json.loads((tmp_path / "out" / "students" / "reference" / "results.json").read_text())
     assert "score" not in doc and all("score" not in t for t in doc["tests"])

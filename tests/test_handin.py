@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grader.pipeline.handin import Handin, HandinError, discover, student_id, unpack
+from grader.pipeline.handin import Handin, HandinError, student_id, unpack
+from grader.pipeline.intake import discover
 from grader.rubric import Files
 from tests.corpus import Files as HandinFiles, zip_bytes
 
@@ -132,18 +133,29 @@ def test_a_corrupt_zip_is_refused_with_its_name(tmp_path):
 
 def test_discover_finds_zips_folders_and_bulk_downloads(tmp_path):
     one = zip_bytes(HandinFiles(code=CODE))
-    (tmp_path / "alice.zip").write_bytes(one)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "alice.zip").write_bytes(one)
     (tmp_path / "bulk.zip").write_bytes(make_zip({"Bob Smith_1001_assignsubmission_file/hw4.zip": one,
                                                   "Eve Ray_1002_assignsubmission_file/hw4.zip": one}))
-    folder = tmp_path / "carol"
+    folder = inbox / "carol"
     folder.mkdir()
     (folder / "assignment4.py").write_text(CODE)
-    (tmp_path / "notes.txt").write_text("not a hand-in")
-    (tmp_path / "broken.zip").write_bytes(b"not a zip")
-    found, problems = discover([tmp_path], r"_(?P<id>\d+)_")
+    (inbox / "notes.txt").write_text("not a hand-in")
+    (inbox / "broken.zip").write_bytes(b"not a zip")
+    found, problems = discover([inbox, tmp_path / "bulk.zip"], r"_(?P<id>\d+)_")
     assert problems == [("broken.zip", "broken.zip: not a readable zip file; ask for the hand-in again")]
     assert sorted(h.student for h in found) == ["1001", "1002", "alice", "carol"]
     assert sorted(h.name for h in found if h.zip_bytes is not None)[0] == "alice.zip"
+
+
+def test_a_download_inside_a_folder_of_hand_ins_is_a_hand_in_never_expanded(tmp_path):
+    one = zip_bytes(HandinFiles(code=CODE))
+    (tmp_path / "alice.zip").write_bytes(one)
+    (tmp_path / "bulk.zip").write_bytes(make_zip({"Bob Smith_1001_assignsubmission_file_/hw4.zip": one,
+                                                  "Eve Ray_1002_assignsubmission_file_/hw4.zip": one}))
+    found, problems = discover([tmp_path])
+    assert sorted(h.student for h in found) == ["alice", "bulk"] and not problems
 
 
 def test_student_ids_come_from_the_pattern_or_the_name():

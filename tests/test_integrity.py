@@ -257,4 +257,4 @@ def test_the_command_loads_no_torch():
 
 def test_a_folder_that_was_not_graded_is_refused(tmp_path, capsys):
     assert main(["integrity", str(tmp_path)]) == 2
-    assert "no */grading.json" in capsys.readouterr().err
+    assert "no students/*/grading.json" in capsys.readouterr().err

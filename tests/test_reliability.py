@@ -66,11 +66,11 @@ def test_a_grader_killed_mid_batch_loses_nothing_and_grades_nothing_twice(inbox)
     proc = subprocess.Popen(grade_cmd(box, cut, rubric), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 300
-    while len(list(cut.glob("*/grading.json"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+    while len(list((cut / "students").glob("*/grading.json"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    first = len(list(cut.glob("*/grading.json")))
+    first = len(list((cut / "students").glob("*/grading.json")))
     assert 2 <= first < 8, "the batch was not cut in the middle"
     time.sleep(1)
     assert leftover_processes() == []
@@ -79,8 +79,8 @@ def test_a_grader_killed_mid_batch_loses_nothing_and_grades_nothing_twice(inbox)
     assert resumed.returncode == 0, resumed.stderr
     assert f"graded {8 - first} hand-in(s) and reused {first} earlier result(s)" in resumed.stdout
     assert (whole / "grades.csv").read_text() == (cut / "grades.csv").read_text()
-    for path in whole.glob("*/grading.json"):
-        assert without_times(path) == without_times(cut / path.parent.name / "grading.json"), path.parent.name
+    for path in (whole / "students").glob("*/grading.json"):
+        assert without_times(path) == without_times(cut / "students" / path.parent.name / "grading.json"), path.parent.name
     rows = {row["student"]: row for row in csv.DictReader((cut / "grades.csv").open())}
     assert rows["reference"]["score"] == FULL_CSV and rows["skeleton"]["score"] == "0"
 
@@ -102,7 +102,7 @@ def test_where_the_sandbox_cannot_start_grade_refuses_and_says_the_two_ways_out(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Operation not permitted" in proc.stderr and "--sandbox off" in proc.stderr
     assert "python -m grader doctor" in proc.stderr and "Traceback" not in proc.stderr
-    assert not list((tmp_path / "out").glob("*/grading.json"))   # nothing ran, nothing was written
+    assert not list((tmp_path / "out" / "students").glob("*/grading.json"))   # nothing ran, nothing was written
     doctor = subprocess.run([sys.executable, "-m", "grader", "doctor"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=200)
     assert doctor.returncode == 1 and "Operation not permitted" in doctor.stdout
@@ -160,7 +160,7 @@ def test_with_the_sandbox_off_grading_works_and_every_result_and_the_summary_say
     proc = subprocess.run(grade_cmd(box / "reference.zip", tmp_path / "out", rubric, "--sandbox", "off"), cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    r = json.loads((tmp_path / "out" / "reference" / "grading.json").read_text())
+    r = json.loads((tmp_path / "out" / "students" / "reference" / "grading.json").read_text())
     assert r["score"] == FULL, r["message"]
     assert r["isolation"]["mode"] == "off" and r["isolation"]["sandbox"] == "none"
     assert r["isolation"]["files"].startswith("NOT isolated") and r["isolation"]["network"] == "NOT isolated"
@@ -193,8 +193,8 @@ def test_nothing_one_handin_does_reaches_the_next(reference_run, tmp_path):
     from grader.batch.run import grade_batch
     summary = grade_batch([box], tmp_path / "out", jobs=1, rubric_path=rubric, progress=False)
     assert summary.graded == 2 and summary.worlds >= 2 + 1   # canary, poisoner, reference: one executor
-    poisoner = json.loads((tmp_path / "out" / "a_poisoner" / "grading.json").read_text())
-    reference = json.loads((tmp_path / "out" / "b_reference" / "grading.json").read_text())
+    poisoner = json.loads((tmp_path / "out" / "students" / "a_poisoner" / "grading.json").read_text())
+    reference = json.loads((tmp_path / "out" / "students" / "b_reference" / "grading.json").read_text())
     assert {p["status"] for p in poisoner["parts"].values()} == {"failed"}
     assert all("the weight did not change" in p["message"] for p in poisoner["parts"].values())
     assert reference["score"] == FULL and reference["flags"] == []

@@ -139,12 +139,12 @@ def test_with_the_handouts_rule_a_local_run_earns_no_log_points_and_a_cluster_ru
                                            err=None, log_name="slurm-48213.out"))
     rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], log_min_nodes=4, log_slurm_job=True)
     grade_batch([inbox], tmp_path / "out", rubric_path=rubric, progress=False)
-    local = json.loads((tmp_path / "out" / "local" / "grading.json").read_text())
-    cluster = json.loads((tmp_path / "out" / "cluster" / "grading.json").read_text())
+    local = json.loads((tmp_path / "out" / "students" / "local" / "grading.json").read_text())
+    cluster = json.loads((tmp_path / "out" / "students" / "cluster" / "grading.json").read_text())
     assert cluster["score"] == FULL, cluster["notes"]
     logs = sum(p.log for p in load_rubric(rubric).parts.values())
     assert local["score"] == FULL - logs and {"log_nodes", "log_not_slurm"} <= set(local["flags"])
     assert any(n.startswith("the run in the log is a local run (job id local-") and
                n.endswith("no points for log evidence") for n in local["notes"]), local["notes"]
-    feedback = (tmp_path / "out" / "local" / "feedback.md").read_text()
+    feedback = (tmp_path / "out" / "students" / "local" / "feedback.md").read_text()
     assert f"All public re-run checks passed. **The log earned 0 of {logs:g} log points**" in feedback

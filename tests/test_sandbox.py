@@ -150,7 +150,7 @@ def _grade_hostile(config, ta, reference_run, tmp_path_factory) -> dict:
     elapsed = time.monotonic() - started
     time.sleep(0.5)
     listener.close()
-    results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+    results = {p.parent.name: json.loads(p.read_text()) for p in (out / "students").glob("*/grading.json")}
     return dict(config=config, proc=proc, elapsed=elapsed, results=results, listener=listener, handins=handins,
                 escaped=[m for m in escaped_markers(ta.home if ta else None) if m not in before], out=out, kit=kit,
                 user=ta.user if ta else "root")

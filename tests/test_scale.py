@@ -26,7 +26,7 @@ def inbox(reference_run, tmp_path_factory):
 
 
 def results(out):
-    return {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+    return {p.parent.name: json.loads(p.read_text()) for p in (out / "students").glob("*/grading.json")}
 
 
 def same(a, b):
@@ -77,7 +77,7 @@ def test_a_task_that_dies_leaves_infra_error_and_the_next_run_grades_only_that(r
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 300
-    while not (out / "reference" / "grading.json").exists() and time.monotonic() < deadline:
+    while not (out / "students" / "reference" / "grading.json").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1)
     for pid in submitit_tasks():   # the task still grading the hanging hand-in: its node "fails"

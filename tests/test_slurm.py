@@ -272,7 +272,7 @@ def test_the_grader_grades_a_batch_through_a_job_array(workdir, reference_run):
     rows = {r.split(",")[0]: r.split(",") for r in (out / "grades.csv").read_text().splitlines()[1:]}
     assert rows["reference"][1:4] == [FULL_CSV, FULL_CSV, "graded"]
     assert rows["skeleton"][1] == "0"
-    dp = __import__("json").loads((out / "dp_summed" / "grading.json").read_text())["parts"]["data_parallel"]
+    dp = __import__("json").loads((out / "students" / "dp_summed" / "grading.json").read_text())["parts"]["data_parallel"]
     assert dp["status"] == "failed" and "summed over the 4 ranks" in dp["message"]
     tasks = sorted(p.name for p in out.glob(".slurm/*/*_0_log.out")) + sorted(p.name for p in out.glob(".slurm/*/*_1_log.out"))
     assert len(tasks) == 2, tasks       # two array tasks, one per chunk of two hand-ins

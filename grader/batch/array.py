@@ -21,6 +21,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.batch.local import grade_handins, infra_result
+from grader.names import student_dir
 from grader.pipeline import report
 from grader.rubric import load_rubric
 
@@ -39,7 +40,7 @@ def grade_chunk(chunk: list, out: str, rubric_path, sandbox: str, jobs: int) -> 
 def _fresh(out: Path, h, since: str):
     """The result a task wrote for `h` after `since`, or None."""
     try:
-        data = json.loads((out / h.student / "grading.json").read_text())
+        data = json.loads((student_dir(out, h.student) / "grading.json").read_text())
     except (OSError, ValueError):
         return None
     return data if data.get("sha256") == h.sha256 and data.get("graded_at", "") >= since else None

@@ -4,6 +4,7 @@ import sys
 
 from grader.batch.array import ScaleError
 from grader.batch.run import InputError, grade_batch
+from grader.names import plain
 from grader.rerun.executor import SandboxUnavailable
 from grader.rubric import RubricError
 
@@ -12,7 +13,7 @@ def grade_command(args) -> int:
     try:
         summary = grade_batch(args.paths, args.out, jobs=args.jobs, rubric_path=args.rubric, force=args.force,
                               only=args.only, executor=args.executor, sandbox=args.sandbox,
-                              progress=not args.quiet,
+                              progress=not args.quiet, lms=args.lms,
                               slurm={"partition": args.partition, "array_parallelism": args.array_parallelism,
                                      "chunk": args.chunk, "time_min": args.slurm_time, "mem_gb": args.slurm_mem_gb,
                                      "cluster": None if args.slurm_cluster == "auto" else args.slurm_cluster})
@@ -24,12 +25,17 @@ def grade_command(args) -> int:
             print(f"grader: {line}", file=sys.stderr)
         print("grader: nothing was graded", file=sys.stderr)
         return 2
+    for line in summary.shapes:
+        print(f"read {line}")
+    for line in summary.strays:
+        print(f"not graded, fits no student: {plain(line)}", file=sys.stderr)
     counts = ", ".join(f"{s} {n}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
     print(f"graded {summary.graded} hand-in(s) and reused {summary.cached} earlier result(s) "
           f"in {summary.seconds:g} s; by status: {counts}")
-    print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md (every result in it) and a folder per hand-in")
+    print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md (every result in it) and a folder per "
+          f"hand-in in {summary.out}/students/")
     for line in summary.replaced:
-        print(f"replaced: {line}")
+        print(f"replaced: {plain(line)}")
     if summary.duplicates:
         print(f"{summary.duplicates} student(s) have several hand-ins (flagged duplicate): see summary.md")
     if summary.trouble:

@@ -1,14 +1,16 @@
 """The batch's gradebook: grades.csv and summary.md over every result in the output folder.
 
 Whatever one invocation graded (`--only`, a late folder graded into the same `--out`), the
-gradebook is made from every `<folder>/grading.json` in OUT: a row per hand-in, its `source`
+gradebook is made from every `students/<folder>/grading.json` in OUT: a row per hand-in, its `source`
 (file name) telling apart several hand-ins of one student, who are flagged `duplicate` (the final
 gradebook, `python -m grader gradebook`, decides which counts). A hand-in with no score (invalid,
 error, infra_error) has an empty score and says why in its status.
 
 "For a person to look at" in summary.md lists every hand-in whose grade a person should check:
 no score, a score of 0, a flag that can change a grade (any but the .err's `err_*` notes and an
-unpenalised `modified_utils`), several hand-ins of one student. Sections other commands add to
+unpenalised `modified_utils`), several hand-ins of one student, and the files of a download that fit no student. Every name
+(ids, file names, messages that quote them) goes through grader.names (`inert` in Markdown, `cell`
+in CSV): a name a student chose is never a heading, HTML, a terminal escape or a formula. Sections other commands add to
 summary.md (between `<!-- NAME: begin -->` and `<!-- NAME: end -->`, e.g. the integrity note) are
 kept when it is written again.
 """
@@ -21,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from grader.kit import atomic_write
+from grader.names import cell, inert, result_files
 from grader.parts import PART_IDS, PARTS
 from grader.pipeline.handin import id_match
 from grader.pipeline.report import gradebook_view, redact, student_of
@@ -32,13 +35,16 @@ MARKED = re.compile(r"<!-- ([\w-]+): begin -->.*?<!-- \1: end -->", re.S)   # ot
 def load_views(out: Path) -> list:
     """The gradebook view of every result in `out`, in folder order."""
     views = []
-    for path in sorted(Path(out).glob("*/grading.json")):
-        if path.parent.name.startswith("."):
-            continue
+    for path in result_files(out):
         try:
-            views.append(gradebook_view(json.loads(path.read_text())))
+            view = gradebook_view(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue   # written atomically: only a file damaged by hand; the next run grades it again
+        try:   # the LMS it came from: its id came from the LMS's names, not from the id pattern
+            view["lms"] = json.loads((path.parent / "download.json").read_text()).get("lms", "")
+        except (OSError, ValueError, AttributeError):
+            view["lms"] = ""
+        views.append(view)
     return views
 
 
@@ -80,9 +86,9 @@ def grades_csv(views: list) -> str:
     writer.writeheader()
     for r in sorted(views, key=lambda r: (student_of(r["student"]), r["source"])):
         flags = r["flags"] + (["duplicate"] if student_of(r["student"]) in twice else [])
-        row = {"student": student_of(r["student"]), "score": "" if r["score"] is None else _fmt(r["score"]),
+        row = {"student": cell(student_of(r["student"])), "score": "" if r["score"] is None else _fmt(r["score"]),
                "max_score": _fmt(r["max_score"]), "status": r["status"], "flags": ";".join(flags),
-               "source": r["source"]}
+               "source": cell(r["source"])}
         for part in PART_IDS:
             p = r["parts"].get(part)
             row[part] = "" if p is None or r["score"] is None else _fmt(p["score"])
@@ -112,7 +118,9 @@ def _scores(scored: list, max_score: float) -> list:
     return lines
 
 
-def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)", replaced=()) -> str:
+def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)", replaced=(), strays=()) -> str:
+    """summary.md of `views`; `replaced` and `strays` are sentences of this invocation's (results set
+    aside by a newer hand-in; files of a download that fit no student)."""
     n = len(views)
     lines = [f"# Assignment 4: summary of {n} hand-in{'s' if n != 1 else ''}", ""]
     unsandboxed = sum(r.get("sandbox") == "off" for r in views)
@@ -128,34 +136,36 @@ def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)"
         passed = sum(p["status"] == "passed" for p in outcomes)
         rate = f"{100 * passed / len(outcomes):.0f}%" if outcomes else "-"
         reasons = Counter(_reason(p) for p in outcomes if p["status"] != "passed")
-        common = "; ".join(f"{reason} ({count})" for reason, count in reasons.most_common(3))
+        common = "; ".join(f"{inert(reason)} ({count})" for reason, count in reasons.most_common(3))
         lines.append(f"| {part.title} | {passed} / {len(outcomes)} | {rate} | {common} |")
     lines += ["", "## Scores", ""] + (_scores(scored, max_score) if scored else [])
     flags = Counter(f for r in views for f in r["flags"])
     if flags:
         lines += ["", "## Flags", "", "| flag | hand-ins |", "| --- | --- |"]
         lines += [f"| {f} | {c} |" for f, c in flags.most_common()]
-    look = [f"- {student_of(r['student'])} ({r['source']}): {'; '.join(why)}"
+    look = [f"- {inert(student_of(r['student']))} ({inert(r['source'])}): {inert('; '.join(why))}"
             for r in sorted(views, key=lambda r: r["student"]) if (why := look_reasons(r))]
     for student, vs in sorted(duplicates(views).items()):
-        shown = ", ".join(f"{v['source']} ({_fmt(v['score'])})" for v in vs)
-        look.append(f"- {student}: {len(vs)} hand-ins, {shown}: the final gradebook counts the latest by "
+        shown = ", ".join(f"{inert(v['source'])} ({_fmt(v['score'])})" for v in vs)
+        look.append(f"- {inert(student)}: {len(vs)} hand-ins, {shown}: the final gradebook counts the latest by "
                     f"submission time when each has one, else the one its policy's `handins` names")
+    look += [f"- not graded, fits no student: {inert(stray)}" for stray in strays]
     if look:
         lines += ["", "## For a person to look at", ""] + look
-    unmatched = sorted({r["source"] for r in views if id_match(r["source"], pattern) is None})
+    unmatched = sorted({r["source"] for r in views if not r.get("lms") and id_match(r["source"], pattern) is None})
     if unmatched:
         lines += ["", "## Names the student id pattern does not match", "",
                   f"Their whole name became the id (`files.student_id_pattern`: `{pattern}`):", ""]
-        lines += [f"- {name}" for name in unmatched]
+        lines += [f"- {inert(name)}" for name in unmatched]
     if replaced:
-        lines += ["", "## Results replaced by a newer hand-in of the same name", ""] + [f"- {r}" for r in replaced]
+        lines += ["", "## Results replaced by a newer hand-in of the same name", ""] + [f"- {inert(r)}" for r in replaced]
     return "\n".join(lines) + "\n"
 
 
-def write_gradebook(views: list, out: Path, max_score: float, pattern: str = r"(?P<id>.+)", replaced=()) -> None:
+def write_gradebook(views: list, out: Path, max_score: float, pattern: str = r"(?P<id>.+)", replaced=(),
+                    strays=()) -> None:
     atomic_write(out / "grades.csv", grades_csv(views))
-    text = summary_markdown(views, max_score, pattern, replaced)
+    text = summary_markdown(views, max_score, pattern, replaced, strays)
     try:
         kept = [m.group(0) for m in MARKED.finditer((out / "summary.md").read_text())]
     except OSError:

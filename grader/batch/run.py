@@ -3,11 +3,17 @@
 - A path that does not exist, a file that is not a zip, a folder with no hand-in in it and an
   `--only` id that matches no hand-in are the TA's mistakes, never a student's: InputError, and
   nothing is graded.
-- A hand-in is kept in OUT/<student>/ (grading.json, results.json, feedback.md). Hand-ins are told
-  apart by student id and file name (`source`): a file of the same name with other bytes is the
-  student's newer hand-in and replaces the earlier result (moved to OUT/.replaced/ once the new
-  one is written, listed in summary.md); a further hand-in of the same student under another name goes into
-  OUT/<student>~<first 8 hex digits of its sha256>/ and both are flagged `duplicate`.
+- The PATHs are LMS downloads, zipped or not, plain folders of hand-ins or hand-ins
+  (grader.pipeline.intake, grader.pipeline.download): what each was read as is said on the console,
+  and the files of a download that fit no student are listed in summary.md (and kept in
+  OUT/strays.json for later runs into OUT), never graded.
+- A hand-in is kept in OUT/students/<student>/ (grading.json, results.json, feedback.md, and
+  download.json: what the download said of it, its LMS name and submission time), where no id can
+  be one of the grader's own files. Hand-ins are told apart by student id and file name (`source`):
+  a file of the same name with other bytes is the student's newer hand-in and replaces the earlier
+  result (moved to OUT/students/.replaced/ once the new one is written, listed in summary.md); a further hand-in of the same
+  student under another name goes into OUT/students/<student>~<first 8 hex digits of its sha256>/
+  and both are flagged `duplicate`.
 - Hand-ins already graded with the same bytes, rubric and grader code (grader.kit.source_digest)
   are not graded again (their grading.json is reused) unless `force`.
 - The hand-ins left are graded on this machine (grader.batch.local: the canary first, `jobs` at
@@ -27,10 +33,15 @@ from pathlib import Path
 
 from grader.batch import gradebook
 from grader.batch.local import grade_handins
+from grader.kit import write_json
+from grader.names import result_files, student_dir, students_dir
 from grader.rerun.executor import make_executor
-from grader.pipeline import handin as handins, report
+from grader.pipeline import handin as handins, intake, report
 from grader.results import Status, grader_digest, new_result, ungraded
 from grader.rubric import load_rubric
+
+
+STRAYS = "strays.json"
 
 
 class InputError(ValueError):
@@ -48,6 +59,8 @@ class BatchSummary:
     world_seconds: float = 0.0    # their time, summed over the executors
     replaced: list = field(default_factory=list)   # sentences: results replaced by a newer hand-in
     duplicates: int = 0           # students with several hand-ins in `out`
+    shapes: list = field(default_factory=list)     # "PATH: what it was read as"
+    strays: list = field(default_factory=list)     # sentences: files of a download that fit no student
 
     @property
     def trouble(self) -> int:
@@ -57,9 +70,7 @@ class BatchSummary:
 def _index(out: Path) -> dict:
     """folder -> (student id, source, sha256) of every result in `out`."""
     index = {}
-    for path in out.glob("*/grading.json") if out.is_dir() else []:
-        if path.parent.name.startswith("."):
-            continue
+    for path in result_files(out):
         try:
             data = json.loads(path.read_text())
             index[path.parent.name] = (report.student_of(data["student"]), data["source"], data.get("sha256", ""))
@@ -110,8 +121,21 @@ def _set_aside(out: Path, folder: str, sha256: str, h) -> str:
             f"the earlier result is in {target.relative_to(out)}/")
 
 
+def _strays(out: Path, met: list) -> list:
+    """Every file of a download that fit no student, met by this `grade` into `out` or an earlier
+    one (OUT/strays.json keeps them until a person deletes it)."""
+    try:
+        earlier = json.loads((out / STRAYS).read_text())
+    except (OSError, ValueError):
+        earlier = []
+    every = sorted(set(earlier if isinstance(earlier, list) else []) | set(met))
+    if every != earlier:
+        write_json(out / STRAYS, every)
+    return every
+
+
 def _cached(out: Path, h, rubric):
-    path = out / h.student / "grading.json"
+    path = student_dir(out, h.student) / "grading.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -123,23 +147,24 @@ def _cached(out: Path, h, rubric):
 
 def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False, only=None,
                 executor: str = "warm", sandbox: str = "auto", progress: bool = True,
-                slurm: dict = None) -> BatchSummary:
+                slurm: dict = None, lms: str = None) -> BatchSummary:
     """Grade every hand-in under `paths` into `out`; see the module docstring.
 
     With executor="slurm", the hand-ins are graded by the tasks of a Slurm job array (grader.batch.array;
-    `slurm` holds its options), each task with the warm executor on its node.
+    `slurm` holds its options), each task with the warm executor on its node. `lms` names the LMS
+    whose downloads the PATHs are (else it is recognised from the names).
     """
     started = time.monotonic()
     rubric = load_rubric(rubric_path)
     out = Path(out)
-    found = handins.find_handins(paths, rubric.files.student_id_pattern)
+    found = intake.find_handins(paths, rubric.files.student_id_pattern, lms)
     items = found.handins + found.unreadable
     replaces = _place(items, _index(out))
     items, only_problems = _select(items, only)
     problems = [message for _, message in found.errors] + only_problems
     if problems:
         raise InputError("\n".join(problems))
-    summary = BatchSummary(out=str(out))
+    summary = BatchSummary(out=str(out), shapes=found.shapes, strays=[s.message for s in found.strays])
     todo = []
     for h in (i for i in items if isinstance(i, handins.Handin)):
         cached = None if force else _cached(out, h, rubric)
@@ -157,7 +182,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
         for h in items:
             if h.student in replaces:
                 summary.replaced.append(_set_aside(out, h.student, replaces[h.student], h))
-        for u in (i for i in items if isinstance(i, handins.Unreadable)):
+        for u in (i for i in items if isinstance(i, intake.Unreadable)):
             result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
                               "not run: the hand-in could not be read",
                               score=0.0 if rubric.files.invalid_scores_zero else None)
@@ -172,9 +197,14 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     finally:
         if first is not None:
             first.close()   # closing twice is harmless: grade_handins closes it too
+    # Beside the result, once it is written (a replaced result is moved aside whole, see report.write_handin).
+    for h in (i for i in items if isinstance(i, handins.Handin)):
+        if student_dir(out, h.student).is_dir():
+            write_json(student_dir(out, h.student) / "download.json", h.intake(), sort_keys=True)
     summary.graded = len(graded)
     views = gradebook.load_views(out)
-    gradebook.write_gradebook(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced)
+    gradebook.write_gradebook(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced,
+                              _strays(out, summary.strays))
     for r in views:
         summary.statuses[r["status"]] = summary.statuses.get(r["status"], 0) + 1
     summary.duplicates = len(gradebook.duplicates(views))

@@ -6,14 +6,17 @@ penalty or wipe a TA's grade. Per student:
 
 1. **which hand-in**: their own, or their group's (Gradescope's `users`). Of several, the one the
    policy's `handins` names; else the latest by submission time, when every one has a time of its
-   own (a `source` column); else none: flagged `duplicate`, no final grade, for a person to decide.
+   own (a `source` column, or the time the LMS download gave it); else none: flagged `duplicate`, no final grade, for a person to decide.
 2. **overrides** replace a part's points, then the total is summed again (less the rubric's
    penalties). An override made for other bytes than the hand-in graded now is `override_stale` and
    applied only with `keep_stale`.
 3. **late**: days late are counted per started day after the deadline (the student's extension, if
    any); the penalty is `late_penalty_per_day` percent of the earned score per day beyond the
-   student's late-day budget; past `max_late_days` the grade is 0. A hand-in with no submission
-   time is flagged `no_time` and never penalised.
+   student's late-day budget; past `max_late_days` the grade is 0. The submission time is the
+   policy's `submissions` file's, else the one the LMS download gave (OUT/students/<key>/download.json:
+   Gradescope's created_at, Blackboard's attempt; Moodle's worksheet is read by `gradebook --lms`).
+   A hand-in with no submission time is flagged `no_time` and never penalised: the gradebook
+   command lists those first, for a person.
 4. A roster student with no hand-in gets 0 and `missing`; a hand-in of a student not on the roster
    is listed and flagged `not_on_roster`.
 """
@@ -23,10 +26,12 @@ import io
 import json
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from grader.grades.policy import PolicyError
 from grader.grades.sources import lms_marks, same_source
+from grader.names import cell, result_files
 from grader.results import ToDict
 
 SEP = "~"   # a further hand-in of a student is graded into "<id>~<sha256[:8]>/" (grader.batch.run)
@@ -47,15 +52,18 @@ def load_results(out) -> list:
     if not out.is_dir():
         raise GradebookError(f"{out}: no such folder; give the --out folder of python -m grader grade")
     results = []
-    for path in sorted(out.glob("*/grading.json")):
-        if path.parent.name.startswith("."):
-            continue
+    for path in result_files(out):
         try:
-            results.append(json.loads(path.read_text()))
+            result = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise GradebookError(f"{path}: cannot be read ({e}); grade that hand-in again") from e
+        try:   # what the LMS download said of it (grader.batch.run): its submission time, LATE, upload name
+            result["download"] = json.loads((path.parent / "download.json").read_text())
+        except (OSError, ValueError):
+            result["download"] = {}
+        results.append(result)
     if not results:
-        raise GradebookError(f"{out}: no graded hand-ins in it (no <student>/grading.json)")
+        raise GradebookError(f"{out}: no graded hand-ins in it (no students/<student>/grading.json)")
     return results
 
 
@@ -86,13 +94,28 @@ def _times(student: str, submissions: list) -> list:
     return [s for s in submissions if student in s.students]
 
 
-def _time_of(result: dict, records: list):
-    """(time, exact): the submission time of `result` from `records` (the student's), the latest."""
+def download_time(result: dict, zone):
+    """The submission time the LMS download gave `result` (grading's download.json), or None; a time
+    without a zone (Blackboard's names) is taken in `zone`, the deadline's."""
+    text = (result.get("download") or {}).get("submitted_at") or ""
+    try:
+        when = datetime.fromisoformat(text.strip()) if text.strip() else None
+    except ValueError:
+        return None
+    return when.replace(tzinfo=zone) if when is not None and when.tzinfo is None else when
+
+
+def _time_of(result: dict, records: list, zone=None):
+    """(time, exact): the submission time of `result` from `records` (the student's), the latest;
+    else the time its LMS download gave it."""
     exact = [s.submitted_at for s in records if same_source(s.source, result["source"])]
     if exact:
         return max(exact), True
     loose = [s.submitted_at for s in records if not s.source]
-    return (max(loose), False) if loose else (None, False)
+    if loose:
+        return max(loose), False
+    when = download_time(result, zone)
+    return (when, True) if when is not None else (None, False)
 
 
 def _choose(student: str, candidates: list, records: list, policy) -> tuple:
@@ -108,7 +131,7 @@ def _choose(student: str, candidates: list, records: list, policy) -> tuple:
         return wanted[0], [f"{len(candidates)} hand-ins ({names}); counted {wanted[0]['source']} (policy handins)"]
     if len({r["sha256"] for r in candidates}) == 1:
         return candidates[0], []
-    timed = [(_time_of(r, records), r) for r in candidates]
+    timed = [(_time_of(r, records, policy.deadline.tzinfo), r) for r in candidates]
     if all(exact for (_, exact), _ in timed):
         (when, _), latest = max(timed, key=lambda t: t[0][0])
         return latest, [f"{len(candidates)} hand-ins ({names}); counted the latest, {latest['source']} "
@@ -193,13 +216,13 @@ def _grade_one(student, candidates, records, policy, roster, keep_stale) -> Row:
         row.notes.append(f"{result['status']}: {result['message']}")
     mine = [o for o in policy.overrides if o.student == student]
     earned = _apply_overrides(result, mine, keep_stale, policy, row)
-    when, _ = _time_of(result, records)
+    when, _ = _time_of(result, records, policy.deadline.tzinfo)
     deadline = policy.extensions.get(student, policy.deadline)
     if student in policy.extensions:
         row.flags.append("extension")
     if when is None:
         row.flags.append("no_time")
-        if lms_marks(result["source"]).get("late"):
+        if lms_marks(result["source"]).get("late") or (result.get("download") or {}).get("late"):
             row.flags.append("lms_late")
             row.notes.append("no submission time, but the LMS marked the file LATE: not penalised; check it")
     else:
@@ -225,6 +248,10 @@ def final_gradebook(results: list, policy, submissions: list = (), roster=None, 
         for m in s.students:
             if m not in by_student and graded:
                 groups.setdefault(m, []).extend(r for r in graded if r not in groups.get(m, []))
+    for r in results:   # a group hand-in of an LMS download (Gradescope's other submitters)
+        for m in (r.get("download") or {}).get("also") or []:
+            if m not in by_student:
+                groups.setdefault(m, []).extend([r] if r not in groups.get(m, []) else [])
     students = list(on_roster) + sorted((set(by_student) | set(groups)) - set(on_roster))
     known = set(students)
     for what, keys in (("extensions", policy.extensions), ("handins", policy.handins),
@@ -254,7 +281,7 @@ def book_csv(book: Book) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(COLUMNS + book.roster_columns)
     for r in book.rows:
-        writer.writerow([r.student, fmt(r.autograde), r.overrides, r.submitted_at, fmt(r.late_days),
+        writer.writerow([cell(r.student), fmt(r.autograde), r.overrides, r.submitted_at, fmt(r.late_days),
                          fmt(r.penalty), fmt(r.final), ";".join(r.flags)]
-                        + [r.roster.get(c, "") for c in book.roster_columns])
+                        + [cell(r.roster.get(c, "")) for c in book.roster_columns])
     return buffer.getvalue()

@@ -10,7 +10,9 @@
   Download grading worksheet): `Identifier, Full name, Email address, Status, Grade, Maximum
   Grade, Grade can be changed, Last modified (submission), Last modified (grade), Feedback
   comments`. A student is matched by the number in `Participant 12345` (the id in Moodle's
-  bulk-download names), ID number, username or email. Only `Grade` changes.
+  bulk-download names), ID number, username or email. `Grade` changes, and `Feedback comments`
+  when feedback texts are given (`gradebook --feedback`). Its `Last modified (submission)` is
+  the submission time (`read_moodle_times`, in the deadline's zone: the worksheet gives none).
 
 Grades are scaled from the rubric's maximum to the LMS's (Points Possible, Maximum Grade). A
 student with no final grade yet (a flag says why) keeps the cell as it was and is reported.
@@ -20,9 +22,12 @@ import csv
 import io
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from grader.grades.book import Book
+from grader.grades.sources import Submission
+from grader.names import cell
 from grader.kit import atomic_write
 from grader.results import ToDict
 
@@ -129,8 +134,41 @@ def fill_canvas(export: Path, book: Book, assignment: str = None) -> tuple:
     return _write(out), filled
 
 
-def fill_moodle(worksheet: Path, book: Book) -> tuple:
-    """(the worksheet to upload, Filled) for Moodle's offline grading worksheet."""
+MOODLE_TIME = "Last modified (submission)"
+MOODLE_TIME_FORMATS = ("%A, %d %B %Y, %I:%M %p", "%A, %d %B %Y, %H:%M", "%d %B %Y, %I:%M %p", "%d %B %Y, %H:%M",
+                       "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M")
+
+
+def read_moodle_times(worksheet: Path, zone) -> list:
+    """The submission times of Moodle's grading worksheet (`Last modified (submission)`, read in
+    `zone`), as grader.grades.sources.Submission for each participant id that has one."""
+    rows = _read(worksheet)
+    header = [h.strip() for h in rows[0]]
+    if "Identifier" not in header or MOODLE_TIME not in header:
+        return []
+    found = []
+    for line, row in enumerate(rows[1:], start=2):
+        row = row + [""] * (len(header) - len(row))
+        text = row[header.index(MOODLE_TIME)].strip()
+        number = re.sub(r"^\D+", "", row[header.index("Identifier")].strip())
+        if not number or text in ("", "-"):
+            continue
+        for fmt in MOODLE_TIME_FORMATS:
+            try:
+                when = datetime.strptime(text, fmt).replace(tzinfo=zone)
+                break
+            except ValueError:
+                continue
+        else:
+            raise LmsError(f"{worksheet} line {line}: {MOODLE_TIME} {text!r} is not a time this reads "
+                           f"(e.g. Tuesday, 14 April 2026, 11:59 PM); download the worksheet in English")
+        found.append(Submission((number,), when, "", f"{worksheet} line {line}"))
+    return found
+
+
+def fill_moodle(worksheet: Path, book: Book, feedback: dict = None) -> tuple:
+    """(the worksheet to upload, Filled) for Moodle's offline grading worksheet; `feedback`
+    (student -> a short text) fills `Feedback comments` too."""
     rows = _read(worksheet)
     header = [h.strip() for h in rows[0]]
     for needed in ("Identifier", "Grade"):
@@ -139,7 +177,8 @@ def fill_moodle(worksheet: Path, book: Book) -> tuple:
     grade, most = header.index("Grade"), header.index("Maximum Grade") if "Maximum Grade" in header else None
     can = header.index("Grade can be changed") if "Grade can be changed" in header else None
     ids = [header.index(h) for h in MOODLE_IDS if h in header]
-    filled = Filled("moodle", "", "Grade")
+    comments = header.index("Feedback comments") if feedback and "Feedback comments" in header else None
+    filled = Filled("moodle", "", "Grade" if comments is None else "Grade, Feedback comments")
     grades, seen, out = _by_key(book), set(), [rows[0]]
     for row in rows[1:]:
         row = row + [""] * (len(header) - len(row))
@@ -153,19 +192,21 @@ def fill_moodle(worksheet: Path, book: Book) -> tuple:
         elif match is not None:
             row[grade] = _grade(match.final, book, _number(row[most]) if most is not None else None)
             filled.filled += 1
+        if match is not None and comments is not None and match.student in feedback:
+            row[comments] = cell(feedback[match.student])
         out.append(row[:len(header)])
     filled.not_in_export = [r.student for r in book.rows if r.student not in seen]
     return _write(out), filled
 
 
-def fill(spec: str, book: Book, output: Path, assignment: str = None) -> Filled:
+def fill(spec: str, book: Book, output: Path, assignment: str = None, feedback: dict = None) -> Filled:
     """Fill the LMS file of `spec` ("canvas:EXPORT.csv" or "moodle:WORKSHEET.csv") and write the file
-    to import beside `output` as <its name>-import.csv."""
+    to import beside `output` as <its name>-import.csv (`feedback`: Moodle's Feedback comments)."""
     lms, _, path = spec.partition(":")
     if lms not in ("canvas", "moodle") or not path:
         raise LmsError(f"--lms {spec}: expected canvas:EXPORTED.csv or moodle:WORKSHEET.csv")
     path = Path(path)
-    text, filled = fill_canvas(path, book, assignment) if lms == "canvas" else fill_moodle(path, book)
+    text, filled = fill_canvas(path, book, assignment) if lms == "canvas" else fill_moodle(path, book, feedback)
     target = Path(output).parent / f"{path.stem}-import.csv"
     atomic_write(target, text)
     filled.written = str(target)

@@ -1,6 +1,6 @@
 """`python -m grader integrity OUT [PATH...]`: the integrity report of a graded batch.
 
-`run_integrity` reads every OUT/<student>/grading.json, finds the hand-ins again among the PATHs
+`run_integrity` reads every OUT/students/<student>/grading.json, finds the hand-ins again among the PATHs
 (the same ones given to `grade`), reads each one's evidence (grader.integrity.facts), pairs them
 (grader.integrity.evidence) and writes OUT/integrity.csv and OUT/integrity.md. It re-runs nothing.
 """
@@ -51,7 +51,7 @@ def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Bas
     rubric = load_rubric(rubric_path)
     results, notes = load_results(out)
     if not results:
-        raise IntegrityError(f"{out}: no */grading.json in it; grade the hand-ins first "
+        raise IntegrityError(f"{out}: no students/*/grading.json in it; grade the hand-ins first "
                              f"(python -m grader grade PATH... --out {out})")
     pattern = rubric.files.student_id_pattern
     matched, found_notes = match_handins(results, list(paths), pattern)

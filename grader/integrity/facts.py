@@ -1,4 +1,4 @@
-"""One hand-in's evidence, from what `grade` wrote (OUT/<student>/grading.json) and from the
+"""One hand-in's evidence, from what `grade` wrote (OUT/students/<student>/grading.json) and from the
 hand-in's own files (found again among the PATHs given to `grade`, by their sha256).
 
 grading.json gives the run's provenance as the grader read it from the .log (job id, nodes, start
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.integrity.code import Base, OwnCode, own_code
-from grader.pipeline import handin as handins
+from grader.names import result_files
+from grader.pipeline import handin as handins, intake
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.logtext import CLAIM, as_bytes, squash
 from grader.pipeline.report import student_of
@@ -80,9 +81,7 @@ class HandinFacts:
 def load_results(out: Path) -> tuple:
     """([grading.json as dicts], [problems]) of every student folder in `out`."""
     results, problems = [], []
-    for path in sorted(Path(out).glob("*/grading.json")):
-        if path.parent.name.startswith("."):
-            continue   # .replaced/: results set aside by a regrade
+    for path in result_files(out):
         try:
             data = json.loads(path.read_text())
             data["student"] = data.get("student") or path.parent.name
@@ -119,7 +118,7 @@ def printed_claims(log: bytes) -> tuple:
 def match_handins(results: list, paths, pattern: str) -> tuple:
     """({student: Handin} for the results whose hand-in is under `paths`, [problems]). A hand-in is
     matched by its sha256, as graded; failing that, by its name (and said to have changed)."""
-    found, problems = handins.discover(paths, pattern) if paths else ([], [])
+    found, problems = intake.discover(paths, pattern) if paths else ([], [])
     by_sha, by_name = defaultdict(list), defaultdict(list)
     for h in found:
         by_sha[h.sha256].append(h)

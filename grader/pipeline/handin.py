@@ -1,17 +1,14 @@
-"""Hand-ins: find them, unpack them safely, normalise them, and locate the four files.
+"""Hand-ins: unpack them safely, normalise them, and locate the four files.
 
-A PATH given to the grader may be a hand-in zip, a folder of zips, a zip of zips (an LMS bulk
-download) or an unpacked hand-in folder. Unpacking refuses absolute paths, `..`, symbolic links,
-names that are not valid UTF-8, too many members and too many bytes (checked while extracting,
-not only as declared), and writes nothing outside the hand-in's own folder. Junk is dropped
-(`__MACOSX/`, `.DS_Store`, `__pycache__/`, `._*`), a single leading folder is stripped, and one
-nested zip is opened. The code is found by name (`assignment4.py`, `utils.py`); the run's stdout
-and stderr by what they hold, whatever their names (grader.pipeline.runs: of several runs, the best
-of the code handed in).
-
-`find_handins` tells three things apart: hand-ins, hand-ins that cannot be read (a broken zip: the
-student must hand in again), and paths that are not hand-ins at all (a typo, an empty folder: the
-TA's mistake, never graded as a student).
+A hand-in (grader.pipeline.intake finds them) is a zip, an unpacked folder, or the loose files of
+one student of an LMS download. Unpacking refuses absolute paths, `..`, symbolic links, names that
+are not valid UTF-8, too many members and too many bytes (checked while extracting, not only as
+declared), and writes nothing outside the hand-in's own folder. Junk is dropped (`__MACOSX/`,
+`.DS_Store`, `__pycache__/`, `._*`), a single leading folder is stripped, and one zip nested in the
+hand-in is opened (never a zip in that one; a hand-in of several zips and no code is refused,
+naming the file). The code is found by name (`assignment4.py`, `utils.py`); the run's stdout and
+stderr by what they hold, whatever their names (grader.pipeline.runs: of several runs, the best of
+the code handed in).
 """
 
 import hashlib
@@ -41,6 +38,18 @@ class Handin:
     sha256: str
     zip_bytes: bytes = None   # a zip's content
     folder: Path = None       # an unpacked hand-in
+    files: dict = None        # a hand-in of loose files in a download: name as uploaded -> bytes
+    lms: str = ""             # the LMS whose download it came from ("" for none)
+    upload: str = ""          # the download's name for the student (feedback goes back under it)
+    submitted_at: str = ""    # as the download says it, "" when it does not
+    late: bool = False        # Canvas's LATE marker
+    also: list = field(default_factory=list)   # the other students of a group hand-in
+
+    def intake(self) -> dict:
+        """What the download said of this hand-in (OUT/students/<key>/download.json)."""
+        return {"name": self.name, "student": self.student, "lms": self.lms, "upload": self.upload,
+                "submitted_at": self.submitted_at, "late": self.late, "also": self.also,
+                "files": sorted(self.files) if self.files else []}
 
 
 @dataclass
@@ -49,22 +58,6 @@ class Unpacked:
     files: dict = field(default_factory=dict)   # role -> Path: "assignment", "utils", "log", "err"
     notes: list = field(default_factory=list)   # what normalising did, for feedback
     run: object = None                          # grader.pipeline.runs.Run of the log, when there is one
-
-
-@dataclass
-class Unreadable:
-    """A hand-in found but not readable (a broken zip): graded `invalid`, never skipped."""
-    name: str
-    student: str
-    sha256: str
-    message: str
-
-
-@dataclass
-class Found:
-    handins: list = field(default_factory=list)      # Handin
-    unreadable: list = field(default_factory=list)   # Unreadable
-    errors: list = field(default_factory=list)       # (path, "PATH: why it holds no hand-in"): nothing to grade
 
 
 def _stem(name: str) -> str:
@@ -78,28 +71,17 @@ def id_match(name: str, pattern: str):
     return match if match and match.group("id") else None
 
 
+def safe_id(ident: str) -> str:
+    """An id as a folder name: only `A-Za-z0-9._@+-`, leading with a letter or digit (never `.`, nor
+    what a shell or a spreadsheet reads as an option or a formula), never empty."""
+    return re.sub(r"[^A-Za-z0-9._@+-]+", "_", ident).lstrip("._@+-").rstrip("._")[:100] or "unnamed"
+
+
 def student_id(name: str, pattern: str) -> str:
     """The id in a hand-in's name (for a zip in a bulk download, its path there) by `pattern`'s `id`
     group; a name that does not match keeps its whole name (summary.md lists those)."""
     match = id_match(name, pattern)
-    ident = match.group("id") if match else _stem(name)
-    return re.sub(r"[^A-Za-z0-9._@+-]+", "_", ident).strip("._") or "unnamed"
-
-
-def _is_handin_folder(path: Path) -> bool:
-    """assignment4.py at its top, or inside its only folder (a hand-in unpacked with its folder)."""
-    if (path / "assignment4.py").is_file():
-        return True
-    entries = [e for e in path.iterdir() if not JUNK.search(e.name)]
-    return len(entries) == 1 and entries[0].is_dir() and (entries[0] / "assignment4.py").is_file()
-
-
-def _zip_members(data: bytes):
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            return [i.filename for i in z.infolist()]
-    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
-        return None
+    return safe_id(match.group("id") if match else _stem(name))
 
 
 def folder_digest(folder: Path) -> str:
@@ -107,64 +89,6 @@ def folder_digest(folder: Path) -> str:
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
         h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
-    """The hand-ins under `paths`, and the problems met finding them ([(name, message)])."""
-    found = find_handins(paths, pattern)
-    return found.handins, [(u.name, u.message) for u in found.unreadable] + \
-        [(path.name, message) for path, message in found.errors]
-
-
-def find_handins(paths, pattern: str = r"(?P<id>.+)") -> Found:
-    """The hand-ins under `paths`, those that cannot be read, and the paths that hold none."""
-    found, problems = [], []
-    unreadable = []
-
-    def add_zip(name, data):
-        members = _zip_members(data)
-        if members is None:
-            unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
-                                         f"{name}: not a readable zip file; ask for the hand-in again"))
-            return
-        content = [m for m in members if not m.endswith("/") and not JUNK.search(m)]
-        inner = [m for m in content if m.lower().endswith(".zip")]
-        if len(inner) > 1 and len(inner) == len(content):
-            # A bulk download: every member is a hand-in of its own. (A single inner zip is a
-            # hand-in zipped twice; unpack() opens it.)
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                for m in inner:
-                    if z.getinfo(m).file_size > 200 << 20:
-                        unreadable.append(Unreadable(f"{name}!{m}", student_id(f"{name}!{m}", pattern), "",
-                                                     f"{name}!{m}: over 200 MB, not opened"))
-                    else:
-                        add_zip(f"{name}!{m}", z.read(m))
-            return
-        found.append(Handin(name=name, student=student_id(name, pattern),
-                            sha256=hashlib.sha256(data).hexdigest(), zip_bytes=data))
-
-    for path in map(Path, paths):
-        before = len(found) + len(unreadable)
-        if not path.exists():
-            problems.append((path, f"{path}: no such file or folder"))
-            continue
-        if path.is_file() and path.suffix.lower() == ".zip":
-            add_zip(path.name, path.read_bytes())
-        elif path.is_dir() and _is_handin_folder(path):
-            found.append(Handin(name=path.name, student=student_id(path.name, pattern),
-                                sha256=folder_digest(path), folder=path))
-        elif path.is_dir():
-            for entry in sorted(path.iterdir()):
-                if entry.is_file() and entry.suffix.lower() == ".zip":
-                    add_zip(entry.name, entry.read_bytes())
-                elif entry.is_dir() and _is_handin_folder(entry):
-                    found.append(Handin(name=entry.name, student=student_id(entry.name, pattern),
-                                        sha256=folder_digest(entry), folder=entry))
-            if len(found) + len(unreadable) == before:
-                problems.append((path, f"{path}: no hand-in in it (no .zip file, no folder with assignment4.py)"))
-        else:
-            problems.append((path, f"{path}: not a zip file or a folder of hand-ins"))
-    return Found(handins=found, unreadable=unreadable, errors=problems)
 
 
 def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:
@@ -240,6 +164,29 @@ def extract_zip(data: bytes, dest: Path, zip_name: str, limits) -> list:
     return notes
 
 
+def write_files(files: dict, dest: Path, name: str, limits) -> None:
+    """Write a hand-in given as loose files (name -> bytes) into `dest` within `limits`."""
+    if len(files) > limits.max_members:
+        raise HandinError(f"{name}: {len(files)} files, more than the {limits.max_members} allowed; "
+                          f"hand in only the four required files")
+    total, dest = 0, dest.resolve()
+    for member, data in sorted(files.items()):
+        info = zipfile.ZipInfo(member)
+        info.flag_bits |= 0x800
+        member = _safe_name(info, name)
+        if JUNK.search(member):
+            continue
+        total += len(data)
+        if len(data) > limits.max_member_mb * (1 << 20) or total > limits.max_total_mb * (1 << 20):
+            raise HandinError(f"{name}: more than the limits allow ({limits.max_member_mb:g} MB a file, "
+                              f"{limits.max_total_mb:g} MB in all)")
+        target = (dest / member).resolve()
+        if dest not in target.parents:
+            raise HandinError(f"{name}: the file {member!r} would be written outside the hand-in; refused")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
 def _strip_single_folder(root: Path) -> list:
     entries = [e for e in root.iterdir()]
     if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink():
@@ -285,6 +232,8 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
     notes = []
     if handin.zip_bytes is not None:
         notes += extract_zip(handin.zip_bytes, dest, handin.name, limits)
+    elif handin.files is not None:
+        write_files(handin.files, dest, handin.name, limits)
     else:
         total = 0
         for path in sorted(handin.folder.rglob("*")):
@@ -299,7 +248,11 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
     notes += _strip_single_folder(dest)
     inner = [p for p in dest.rglob("*.zip") if p.is_file()]
     if inner and not any(p.name == "assignment4.py" for p in dest.rglob("assignment4.py")):
-        nested = sorted(inner, key=lambda p: (len(p.parts), p.name))[0]
+        if len(inner) > 1:
+            raise HandinError(f"{handin.name}: no assignment4.py, and {len(inner)} zips in it "
+                              f"({', '.join(sorted(p.name for p in inner)[:4])}); a hand-in holds the files, "
+                              f"or one zip of them: hand in one zip with assignment4.py in it")
+        nested = inner[0]
         nested_dest = dest / "_nested"
         notes += extract_zip(nested.read_bytes(), nested_dest, f"{handin.name}!{nested.name}", limits)
         notes += _strip_single_folder(nested_dest)

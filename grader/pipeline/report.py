@@ -23,10 +23,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from grader.kit import atomic_write, fit, fit_text
+from grader.names import inert, student_dir, students_dir
 from grader.parts import BY_ID
 
 SEP = "~"   # a further hand-in of a student is graded as "<id>~<sha256[:8]>" (grader.batch.run)
-REPLACED = ".replaced"   # earlier results replaced by a student's newer hand-in, under OUT
+REPLACED = ".replaced"   # earlier results replaced by a student's newer hand-in, under OUT/students
 
 
 def student_of(key: str) -> str:
@@ -100,7 +101,7 @@ def feedback_markdown(result: dict, public_only: bool = False) -> str:
         head = f"**No score yet** ({result['status']}): {result['message']}"
     else:
         head = f"**Score: {_fmt(result['score'])} / {_fmt(result['max_score'])}**. {result['message']}"
-    lines = [f"# Assignment 4: feedback for {student_of(result['student'])}", "", head, "",
+    lines = [f"# Assignment 4: feedback for {inert(student_of(result['student']))}", "", head, "",
              "| part | re-run | points |", "| --- | --- | --- |"]
     for part in result["parts"].values():
         status = _public_view(part)[0] if public_only else part["status"]
@@ -126,7 +127,7 @@ def feedback_markdown(result: dict, public_only: bool = False) -> str:
         lines += [_part_markdown(part, public_only, shown_tracebacks), ""]
     if result["notes"]:
         lines += ["## Notes on the hand-in", ""] + [f"- {n}" for n in result["notes"]] + [""]
-    lines += ["---", f"Hand-in `{result['source']}`, sha256 `{result['sha256'][:16]}...`, graded "
+    lines += ["---", f"Hand-in {inert(result['source'])}, sha256 `{result['sha256'][:16]}...`, graded "
               f"{result['graded_at']} by grader {result['grader_version']}."]
     return "\n".join(lines) + "\n"
 
@@ -248,18 +249,18 @@ def limited_results(metadata: Path, max_submissions: int, window_hours: float = 
 
 def replaced_folder(out: Path, folder: str, sha256: str) -> Path:
     """Where an earlier result of other bytes than its hand-in's newer version is kept."""
-    return out / REPLACED / f"{folder}-{(sha256 or 'unknown')[:8]}"
+    return students_dir(out) / REPLACED / f"{folder}-{(sha256 or 'unknown')[:8]}"
 
 
 def write_handin(result, out: Path, weights: dict = None) -> Path:
-    """Write grading.json, results.json and feedback.md of one hand-in into out/<student>/, each at
+    """Write grading.json, results.json and feedback.md of one hand-in into OUT/students/<student>/, each at
     most kit.FILE_BYTES. An earlier result there of other bytes (the student's earlier hand-in) is set
-    aside into out/.replaced/ only once this one is written beside it, and then in one rename."""
+    aside into OUT/students/.replaced/ only once this one is written beside it, and then in one rename."""
     data = fit(result.to_dict())
     files = {"grading.json": json.dumps(data, indent=1, sort_keys=True) + "\n",
              "results.json": json.dumps(gradescope_results(data, weights), indent=1) + "\n",
              "feedback.md": fit_text(feedback_markdown(data))}
-    folder = out / result.student
+    folder = student_dir(out, result.student)
     try:
         earlier = json.loads((folder / "grading.json").read_text()).get("sha256", "")
     except (OSError, ValueError, AttributeError):
@@ -268,7 +269,7 @@ def write_handin(result, out: Path, weights: dict = None) -> Path:
         for name, text in files.items():
             atomic_write(folder / name, text)
         return folder
-    staged = out / REPLACED / f".{result.student}.new"
+    staged = students_dir(out) / REPLACED / f".{result.student}.new"
     shutil.rmtree(staged, ignore_errors=True)
     for name, text in files.items():
         atomic_write(staged / name, text)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.pipeline import handin as handins
+from grader.pipeline import handin as handins, intake
 from grader.student import package
 from grader.rerun.executor import make_executor
 from grader.pipeline.grade import grade_handin
@@ -135,7 +135,7 @@ def handin_at(path=None, log=None, err=None, pattern: str = r"(?P<id>.+)") -> tu
         path = Path(path)
         if not path.is_file():
             raise CheckError(f"{package.show(path)}: no such file; build the zip with python -m grader package")
-        found, problems = handins.discover([path], pattern)
+        found, problems = intake.discover([path], pattern)
         if problems:
             raise CheckError(f"{problems[0][1].split('; ')[0]}; build it again with python -m grader package")
         if len(found) != 1:

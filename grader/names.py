@@ -1,0 +1,51 @@
+"""Where a hand-in's results live in OUT, and names made inert before they are written.
+
+Per-student output lives under OUT/students/<key>/ (grading.json, feedback.md, results.json,
+download.json), so no student id, whatever a download names it, can be `grades.csv`, `summary.md`
+or one of the grader's own folders. A key is a student id (grader.pipeline.handin.student_id: only
+`A-Za-z0-9._@+-`, leading with a letter or digit), or `<id>~<sha256[:8]>` for a further hand-in.
+
+Names come from students (file and folder names in a download): before one is written into
+Markdown or CSV it goes through `inert` (Markdown: control characters removed, Markdown's
+characters escaped) or `cell` (CSV: control characters removed, and a cell a spreadsheet would
+take for a formula, starting with `= + - @`, a tab or a carriage return, prefixed with `'`).
+"""
+
+import re
+import unicodedata
+from pathlib import Path
+
+STUDENTS = "students"   # OUT/students/<key>/: one folder per hand-in
+MARKDOWN = re.compile(r"([\\`*\[\]<>#!|~])")   # what can start markup anywhere in a line (not `_`: ids have it)
+LINE_START = re.compile(r"^(\s*)([-+=])")   # what starts a list item or underlines a heading
+FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def students_dir(out) -> Path:
+    return Path(out) / STUDENTS
+
+
+def student_dir(out, key: str) -> Path:
+    """The folder of the hand-in graded as `key` (a student id, or `<id>~<digest>`)."""
+    return students_dir(out) / key
+
+
+def result_files(out) -> list:
+    """Every OUT/students/<key>/grading.json, in key order (folders set aside start with `.`)."""
+    return sorted(p for p in students_dir(out).glob("*/grading.json") if not p.parent.name.startswith("."))
+
+
+def plain(text) -> str:
+    """`text` with control and format characters (newlines, escapes, bidi overrides) made spaces."""
+    return "".join(" " if unicodedata.category(c)[0] == "C" else c for c in str(text))
+
+
+def inert(text) -> str:
+    """`text` safe to write into Markdown: one line, Markdown's characters escaped."""
+    return LINE_START.sub(r"\1\\\2", MARKDOWN.sub(r"\\\1", plain(text)))
+
+
+def cell(text) -> str:
+    """`text` safe as a CSV cell a spreadsheet opens: one line, never a formula."""
+    text = plain(text)
+    return "'" + text if text.startswith(FORMULA) else text

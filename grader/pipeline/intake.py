@@ -1,0 +1,165 @@
+"""From the PATHs a TA gives `grade` to hand-ins: which are downloads, which are hand-ins.
+
+A PATH may be an LMS download, zipped or unzipped (its students told apart by the LMS's names:
+grader.pipeline.download), a plain folder of hand-ins (zips, or folders holding assignment4.py),
+such a folder zipped, or one hand-in (a zip, or its unpacked folder). A download is expanded at the
+level the TA gave only: a hand-in inside it is never taken for a download (a zip holding zips is
+one student's, refused when unpacked: grader.pipeline.handin).
+
+`find_handins` tells four things apart: hand-ins, hand-ins that cannot be read (a broken zip: the
+student must hand in again), files of a download that fit no student (`strays`: for a person to
+look at, never graded as anybody), and paths that are not hand-ins at all (a typo, an empty folder:
+the TA's mistake, never graded as a student).
+"""
+
+import hashlib
+import io
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from grader.pipeline import download
+from grader.pipeline.handin import JUNK, Handin, folder_digest, safe_id, student_id
+
+
+@dataclass
+class Unreadable:
+    """A hand-in found but not readable (a broken zip): graded `invalid`, never skipped."""
+    name: str
+    student: str
+    sha256: str
+    message: str
+
+
+@dataclass
+class Found:
+    handins: list = field(default_factory=list)      # Handin
+    unreadable: list = field(default_factory=list)   # Unreadable
+    errors: list = field(default_factory=list)       # (path, "PATH: why it holds no hand-in"): nothing to grade
+    strays: list = field(default_factory=list)       # grader.pipeline.download.Stray: fits no student
+    shapes: list = field(default_factory=list)       # "PATH: what it was read as", for the console
+
+
+def _is_handin_folder(path: Path) -> bool:
+    """assignment4.py at its top, or inside its only folder (a hand-in unpacked with its folder)."""
+    if (path / "assignment4.py").is_file():
+        return True
+    entries = [e for e in path.iterdir() if not JUNK.search(e.name)]
+    return len(entries) == 1 and entries[0].is_dir() and (entries[0] / "assignment4.py").is_file()
+
+
+def _zip_members(data: bytes):
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            return [i.filename for i in z.infolist()]
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
+        return None
+
+
+def files_digest(files: dict) -> str:
+    """The sha256 of a hand-in given as files (names and bytes, in name order)."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name] + b"\0")
+    return h.hexdigest()
+
+
+def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
+    """The hand-ins under `paths`, and the problems met finding them ([(name, message)])."""
+    found = find_handins(paths, pattern)
+    return found.handins, [(u.name, u.message) for u in found.unreadable] + \
+        [(path.name, message) for path, message in found.errors]
+
+
+def _from_entry(entry) -> Handin:
+    """The hand-in of one student of an LMS download."""
+    data = entry.single_zip
+    name = next(iter(entry.where.values())) if data is not None else entry.name
+    return Handin(name=name, student=safe_id(entry.student),
+                  sha256=hashlib.sha256(data).hexdigest() if data is not None else files_digest(entry.files),
+                  zip_bytes=data, files=None if data is not None else entry.files, lms=entry.lms,
+                  upload=entry.upload, submitted_at=entry.submitted_at, late=entry.late, also=entry.also)
+
+
+def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
+    """The hand-ins under `paths`, those that cannot be read, the files of a download that fit no
+    student, and the paths that hold none. `lms` names the LMS of the downloads (else recognised)."""
+    found = Found()
+
+    def add_zip(name, data):
+        if _zip_members(data) is None:
+            found.unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
+                                               f"{name}: not a readable zip file; ask for the hand-in again"))
+            return
+        found.handins.append(Handin(name=name, student=student_id(name, pattern),
+                                    sha256=hashlib.sha256(data).hexdigest(), zip_bytes=data))
+
+    def expand(path, listing, zipped=False):
+        """Read `listing` (of the path the TA gave: a folder, or a zip when `zipped`) as a download;
+        False when it is one hand-in."""
+        shape = download.read_shape(listing, lms)
+        if shape.lms:
+            found.handins.extend(_from_entry(e) for e in shape.entries if not e.error)
+            found.unreadable.extend(Unreadable(e.name, safe_id(e.student), "", e.error) for e in shape.entries
+                                    if e.error)
+            found.strays.extend(shape.strays)
+            found.shapes.append(f"{path}: a {shape.lms.capitalize()} download of {len(shape.entries)} hand-in(s)"
+                                + (f", {len(shape.strays)} file(s) that fit no student" if shape.strays else ""))
+            return True
+        tops = {}
+        for rel in listing.paths:
+            tops.setdefault(PurePosixPath(rel).parts[0], []).append(rel)
+        zips = [t for t, rels in tops.items() if rels == [t] and t.lower().endswith(".zip")]
+        folders = [t for t, rels in tops.items() if rels != [t] and _holds_code(t, rels)]
+        if zipped and ("assignment4.py" in listing.paths or len(zips) + len(folders) < 2):
+            return False   # one hand-in: the code at its top, or one zip or folder in it
+        for top in sorted(zips):
+            name = f"{path.name}!{top}" if zipped else top
+            try:
+                add_zip(name, listing.read(top))
+            except download.DownloadError as e:
+                found.unreadable.append(Unreadable(name, student_id(name, pattern), "", str(e)))
+        for top in sorted(folders):
+            if not zipped:
+                found.handins.append(Handin(name=top, student=student_id(top, pattern),
+                                            sha256=folder_digest(path / top), folder=path / top))
+            else:
+                files = {rel[len(top) + 1:]: listing.read(rel) for rel in tops[top]}
+                found.handins.append(Handin(name=f"{path.name}!{top}", student=student_id(top, pattern),
+                                            sha256=files_digest(files), files=files))
+        rest = sorted(set(tops) - set(zips) - set(folders))
+        found.strays.extend(download.Stray(listing.where(t), f"{listing.where(t)}: not a zip, nor a folder with "
+                                           f"assignment4.py; not graded") for t in rest)
+        if zips or folders:
+            found.shapes.append(f"{path}: a folder of {len(zips) + len(folders)} hand-in(s)"
+                                + (f", {len(rest)} file(s) that are none" if rest else ""))
+        return bool(zips or folders)
+
+    for path in map(Path, paths):
+        try:
+            if not path.exists():
+                found.errors.append((path, f"{path}: no such file or folder"))
+            elif path.is_file() and path.suffix.lower() == ".zip":
+                data = path.read_bytes()
+                listing = download.Listing.of_zip(path.name, data)
+                if listing is None or not expand(path, listing, zipped=True):
+                    add_zip(path.name, data)
+            elif path.is_dir() and _is_handin_folder(path):
+                found.handins.append(Handin(name=path.name, student=student_id(path.name, pattern),
+                                            sha256=folder_digest(path), folder=path))
+            elif path.is_dir():
+                if not expand(path, download.Listing.of_folder(path)):
+                    found.errors.append((path, f"{path}: no hand-in in it (no .zip file, no folder with "
+                                               f"assignment4.py, no LMS's names)"))
+            else:
+                found.errors.append((path, f"{path}: not a zip file or a folder of hand-ins"))
+        except download.DownloadError as e:
+            found.errors.append((path, str(e)))
+    return found
+
+
+def _holds_code(top: str, rels: list) -> bool:
+    """Whether the folder `top` is a hand-in: assignment4.py at its top, or in its only folder."""
+    return any(len(PurePosixPath(r).parts) in (2, 3) and PurePosixPath(r).name == "assignment4.py" for r in rels)
+
+
