@@ -37,6 +37,7 @@ demo: $(STAMP)
 	@echo; cat $(DEMO)/grades/grades.csv; echo "feedback: $(DEMO)/grades/demo-student/feedback.md"; echo
 	$(PY) -m grader gradebook $(DEMO)/grades --policy grader/grades/example/policy.yaml -o $(DEMO)/final.csv
 	@echo; cat $(DEMO)/final.csv
+	@echo; echo "staff report (open it in a browser): $(DEMO)/grades/report.html"
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slurm"

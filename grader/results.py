@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from functools import lru_cache
+from pathlib import Path
 
 from grader import __version__, kit
 from grader.parts import PART_IDS
@@ -111,6 +112,13 @@ class HandinResult(ToDict):
     rubric_sha256: str = ""
     seconds: float = 0.0
     graded_at: str = ""
+
+
+def result_files(out) -> list:
+    """The grading.json of every hand-in graded into the output folder `out`, in folder order: the
+    one place that knows where a batch keeps its results (a folder per hand-in, those starting with
+    "." set aside)."""
+    return [p for p in sorted(Path(out).glob("*/grading.json")) if not p.parent.name.startswith(".")]
 
 
 @lru_cache(maxsize=1)

@@ -135,6 +135,8 @@ def test_table_csv_and_a_plot_that_is_optional(tmp_path, monkeypatch):
         read = list(csv.DictReader(f))
     assert [r["op"] for r in read] == list(bw.OPS)
     assert float(read[0]["busbw_gbps"]) == pytest.approx(rows[0].busbw_gbps)
+    assert bw.plot(rows, tmp_path / "drawn.png") == f"plot: {tmp_path / 'drawn.png'}"
+    assert (tmp_path / "drawn.png").read_bytes().startswith(b"\x89PNG")   # drawn by grader/plots.py
     monkeypatch.setitem(sys.modules, "matplotlib", None)     # as if it were not installed
     note = bw.plot(rows, tmp_path / "bw.png")
     assert note.startswith("no plot: matplotlib is not installed") and not (tmp_path / "bw.png").exists()

@@ -28,6 +28,7 @@ def grade_command(args) -> int:
     print(f"graded {summary.graded} hand-in(s) and reused {summary.cached} earlier result(s) "
           f"in {summary.seconds:g} s; by status: {counts}")
     print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md (every result in it) and a folder per hand-in")
+    print(f"staff report: {summary.out}/report.html (plots, pass rates per check, diagnoses; numbers in analytics.json)")
     for line in summary.replaced:
         print(f"replaced: {line}")
     if summary.duplicates:

@@ -1,4 +1,5 @@
-"""The batch's gradebook: grades.csv and summary.md over every result in the output folder.
+"""The batch's gradebook: grades.csv, summary.md and the staff report (report.html with its
+analytics.json, grader.analytics) over every result in the output folder.
 
 Whatever one invocation graded (`--only`, a late folder graded into the same `--out`), the
 gradebook is made from every `<folder>/grading.json` in OUT: a row per hand-in, its `source`
@@ -6,6 +7,8 @@ gradebook is made from every `<folder>/grading.json` in OUT: a row per hand-in, 
 gradebook, `python -m grader gradebook`, decides which counts). A hand-in with no score (invalid,
 error, infra_error) has an empty score and says why in its status.
 
+summary.md is short: statuses, pass rates and the most common failures per part, the scores'
+median, flags, and pointers to report.html (plots, item analytics) for the rest.
 "For a person to look at" in summary.md lists every hand-in whose grade a person should check:
 no score, a score of 0, a flag that can change a grade (any but the .err's `err_*` notes and an
 unpenalised `modified_utils`), several hand-ins of one student. Sections other commands add to
@@ -20,10 +23,12 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from grader.analytics.page import write_report
 from grader.kit import atomic_write
 from grader.parts import PART_IDS, PARTS
 from grader.pipeline.handin import id_match
 from grader.pipeline.report import gradebook_view, redact, student_of
+from grader.results import result_files
 
 CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
 MARKED = re.compile(r"<!-- ([\w-]+): begin -->.*?<!-- \1: end -->", re.S)   # other commands' sections
@@ -32,9 +37,7 @@ MARKED = re.compile(r"<!-- ([\w-]+): begin -->.*?<!-- \1: end -->", re.S)   # ot
 def load_views(out: Path) -> list:
     """The gradebook view of every result in `out`, in folder order."""
     views = []
-    for path in sorted(Path(out).glob("*/grading.json")):
-        if path.parent.name.startswith("."):
-            continue
+    for path in result_files(out):
         try:
             views.append(gradebook_view(json.loads(path.read_text())))
         except (OSError, ValueError):
@@ -102,19 +105,16 @@ def _reason(part: dict) -> str:
 def _scores(scored: list, max_score: float) -> list:
     scores = sorted(r["score"] for r in scored)
     mean = sum(scores) / len(scores)
-    lines = [f"mean {mean:.1f}, median {scores[len(scores) // 2]:g}, min {scores[0]:g}, "
-             f"max {scores[-1]:g} (of {max_score:g})", "", "| score | hand-ins |", "| --- | --- |"]
-    step = max_score / 10 or 1
-    buckets = Counter(min(int(s // step), 9) for s in scores)
-    for b in range(10):
-        lo, hi = b * step, (b + 1) * step
-        lines.append(f"| {lo:g}-{hi:g}{'' if b == 9 else ' (excl.)'} | {'#' * buckets.get(b, 0)} {buckets.get(b, 0)} |")
-    return lines
+    return [f"mean {mean:.1f}, median {scores[len(scores) // 2]:g}, min {scores[0]:g}, "
+            f"max {scores[-1]:g} (of {max_score:g}); the distribution, pass rates per check and "
+            f"co-failure are in [report.html](report.html)"]
 
 
 def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)", replaced=()) -> str:
     n = len(views)
-    lines = [f"# Assignment 4: summary of {n} hand-in{'s' if n != 1 else ''}", ""]
+    lines = [f"# Assignment 4: summary of {n} hand-in{'s' if n != 1 else ''}", "",
+             "For staff: plots, pass rates per check (hidden ones named), diagnoses, co-failure and what "
+             "was run are in [report.html](report.html) (numbers: analytics.json).", ""]
     unsandboxed = sum(r.get("sandbox") == "off" for r in views)
     if unsandboxed:
         lines += [f"> **Warning:** {unsandboxed} hand-in(s) were graded with `--sandbox off`: their code ran "
@@ -154,7 +154,9 @@ def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)"
 
 
 def write_gradebook(views: list, out: Path, max_score: float, pattern: str = r"(?P<id>.+)", replaced=()) -> None:
+    """grades.csv, summary.md, report.html and analytics.json into `out`."""
     atomic_write(out / "grades.csv", grades_csv(views))
+    write_report(out)
     text = summary_markdown(views, max_score, pattern, replaced)
     try:
         kept = [m.group(0) for m in MARKED.finditer((out / "summary.md").read_text())]

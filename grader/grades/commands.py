@@ -5,7 +5,8 @@
     python -m grader diff OLD_OUT NEW_OUT
 
 `gradebook` reads the results in OUT (it never runs code) and the policy, and writes the final
-gradebook (default OUT/final.csv), every grade computed again on every call; with `--lms`, the
+gradebook (default OUT/final.csv), every grade computed again on every call, and OUT/report.html
+again with the final grades and late days; with `--lms`, the
 file to import into the LMS beside it. Exit status 2 when the policy, a file it names or OUT
 cannot be used (the message says what to change). `diff` exits 1 when any score went down.
 """
@@ -13,6 +14,7 @@ cannot be used (the message says what to change). `diff` exits 1 when any score 
 import sys
 from pathlib import Path
 
+from grader.analytics.page import write_report
 from grader.grades.book import GradebookError, book_csv, final_gradebook, load_results
 from grader.grades.diff import diff_outs, diff_text
 from grader.grades.lms import LmsError, fill
@@ -32,6 +34,7 @@ def make_gradebook(out, policy_path, output=None, keep_stale: bool = False, lms=
     book = final_gradebook(results, policy, read_submissions(policy.submissions), roster, keep_stale)
     output = Path(output) if output else Path(out) / "final.csv"
     atomic_write(output, book_csv(book))
+    write_report(out, book.rows)   # report.html again, with the final grades and late days
     return book, output, [fill(spec, book, output, assignment) for spec in lms or ()]
 
 
@@ -49,6 +52,7 @@ def gradebook_command(args) -> int:
             counts[flag.split(":")[0]] = counts.get(flag.split(":")[0], 0) + 1
     print(f"wrote {output}: {len(book.rows)} students, {graded} with a final grade"
           + "".join(f"; {flag} {n}" for flag, n in sorted(counts.items())))
+    print(f"wrote {Path(args.out) / 'report.html'} again, with the final grades and late days")
     look = [r for r in book.rows if r.notes or [f for f in r.flags if f.split(":")[0] not in ROUTINE]]
     if look:
         print("for a person to look at:")
