@@ -27,7 +27,7 @@ h1{font-size:1.6rem;margin:1rem 0 .3rem} h2{font-size:1.2rem;margin:2rem 0 .5rem
 .look{background:#fff4d6;border-left:5px solid #d08a00;padding:.5rem 1rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem} th,td{border:1px solid #ddd;padding:.25rem .5rem;
  text-align:left;vertical-align:top} th{background:#f3f3f3} td.n{text-align:right;font-variant-numeric:tabular-nums}
-img{max-width:100%;height:auto;display:block;margin:.5rem 0} .muted{color:#666} code{font-size:.85rem}
+img{width:100%;max-width:46rem;height:auto;display:block;margin:.5rem 0} .muted{color:#666} code{font-size:.85rem}
 .bad{background:#fde2e2} .hidden{font-style:italic}
 @media print{.staff{position:static;-webkit-print-color-adjust:exact;print-color-adjust:exact}
  body{max-width:none;font-size:11px} section{break-inside:avoid} a{color:inherit;text-decoration:none}
