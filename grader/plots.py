@@ -9,8 +9,8 @@ comes back as bytes, SVG or PNG; `data_uri` embeds them in a page that needs no 
 import base64
 import io
 
-WIDTH = 6.4     # inches: a figure fits beside nothing else on a laptop screen and on A4 paper
-HEIGHT = 3.2
+WIDTH = 7.5     # inches (72 pt each, drawn at 96 px per inch): a laptop screen's page, and A4 paper
+HEIGHT = 3.4
 
 
 def _pyplot():
@@ -64,14 +64,14 @@ def histogram(series: dict, bins: list, xlabel: str, marks: dict = None, title: 
 
 
 def heatmap(values: list, rows: list, columns: list, title: str = "", fmt: str = "{:.0%}",
-            vmax: float = 1.0, cmap: str = "RdYlGn", empty: str = "-") -> bytes:
+            vmax: float = 1.0, cmap: str = "RdYlGn", empty: str = "-", width: float = WIDTH) -> bytes:
     """A grid of numbers (rows x columns, None for no value) coloured on [0, vmax], each written in
     its cell by `fmt`."""
     plt = _pyplot()
     import numpy
     grid = numpy.array([[numpy.nan if v is None else v for v in row] for row in values], dtype=float)
     height = max(1.6, 0.36 * len(rows) + 1.1)
-    fig, ax = plt.subplots(figsize=(WIDTH, height))
+    fig, ax = plt.subplots(figsize=(width, height))
     shown = ax.imshow(numpy.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=vmax or 1.0, aspect="auto")
     ax.set_xticks(range(len(columns)), columns, rotation=20, ha="right")
     ax.set_yticks(range(len(rows)), rows)

@@ -12,11 +12,15 @@ Read from every result in OUT (grader.results.result_files), never from a re-run
   canary's (grader.batch.local re-runs the reference at every check before grading; had it failed
   anywhere, every hand-in would be infra_error with no score), so "passed" whenever the batch
   holds a graded result of that grader;
-- diagnoses per part, most common first, with the hand-ins that have them;
+- diagnoses per part, most common first, with the hand-ins that have them (a hand-in's diagnosis
+  at a part is that of its first check with one: the public check's, with its numbers);
 - co-failure: for parts P and Q, the hand-ins wrong at both (the diagonal: wrong at P), where
   wrong is failed, crashed, timeout or oom (a TODO left is not a misconception); the biggest
-  cluster is the most common set of two or more wrong parts, with its most common diagnosis;
-- hangs (timeout) and crashes per part, by the collective the re-run names;
+  cluster is the most common set of two or more wrong parts among hand-ins right at one part at
+  least (code that does not load is wrong everywhere and says nothing), with its most common
+  diagnosis;
+- hangs (timeout) and crashes per part, by the collective the re-run names (else the collectives
+  its ranks had called);
 - flags, late days (from the final gradebook, when there is one), integrity pairs (integrity.csv);
 - what was run: grader and rubric digests, isolation layers, torch, seconds per hand-in.
 """
@@ -37,7 +41,7 @@ from grader.results import ToDict, result_files
 MIN_RAN = 2          # a check is flagged only over at least this many hand-ins
 WRONG = ("failed", "crashed", "timeout", "oom")   # ran and was wrong (not a TODO, not infra)
 COLLECTIVE = re.compile(r"\b(all_reduce|all_gather(?:_into_tensor|_object)?|reduce_scatter(?:_tensor)?|broadcast"
-                        r"|all_to_all|barrier|reduce|gather|scatter|send|recv)\b")
+                        r"|all_to_all|barrier)\b")
 REFERENCE_PASSED = "passed (the canary, run before grading)"
 REFERENCE_UNKNOWN = "not known (no graded hand-in in this batch)"
 
@@ -157,9 +161,10 @@ def _diagnoses(results: dict, a: Analytics) -> None:
         found = {}
         for folder, r in results.items():
             part = r.get("parts", {}).get(pid) or {}
-            said = {o["diagnosis"] for o in part.get("checks") or [] if o.get("diagnosis") and o["status"] != "passed"}
-            for d in said:
-                found.setdefault(d, []).append(folder)
+            said = next((o["diagnosis"] for o in part.get("checks") or []
+                         if o.get("diagnosis") and o["status"] != "passed"), None)
+            if said:   # the first check's: a hidden check says the same mistake without its numbers
+                found.setdefault(said, []).append(folder)
         a.diagnoses[pid] = [{"diagnosis": d, "handins": sorted(fs)}
                             for d, fs in sorted(found.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
@@ -169,17 +174,28 @@ def _cofailure(results: dict, a: Analytics) -> None:
              for f, r in results.items() if r.get("score") is not None}
     a.cofailure = {"parts": list(PART_IDS),
                    "matrix": [[sum(p in w and q in w for w in wrong.values()) for q in PART_IDS] for p in PART_IDS]}
-    patterns = Counter(tuple(p for p in PART_IDS if p in w) for w in wrong.values() if len(w) >= 2)
+    ran = {f: {pid for pid, p in results[f].get("parts", {}).items() if p.get("checks")} for f in wrong}
+    patterns = Counter(tuple(p for p in PART_IDS if p in w) for f, w in wrong.items()
+                       if len(w) >= 2 and w != ran[f])   # right at one part at least: code that ran
     if not patterns:
         a.cluster = {}
         return
     parts, n = min(patterns.items(), key=lambda kv: (-kv[1], kv[0]))
-    members = [f for f, w in wrong.items() if tuple(p for p in PART_IDS if p in w) == parts]
+    members = [f for f, w in wrong.items() if tuple(p for p in PART_IDS if p in w) == parts and w != ran[f]]
     said = Counter(d for f in members for p in parts
                    for d in {o["diagnosis"] for o in results[f]["parts"][p].get("checks") or [] if o.get("diagnosis")})
     misconception, count = said.most_common(1)[0] if said else ("no diagnosis: the parts crashed or hung", 0)
     a.cluster = {"parts": list(parts), "handins": n, "misconception": misconception, "with_it": count,
                  "members": sorted(members)}
+
+
+def _collective(outcome: dict) -> str:
+    """The collective a hung or crashed re-run names; else those its ranks had called."""
+    named = COLLECTIVE.findall(f"{outcome.get('message', '')} {outcome.get('error', '')}")
+    if named:
+        return named[0]
+    called = sorted(outcome.get("collectives") or {})
+    return f"after {' and '.join(called)}" if called else "before any collective"
 
 
 def _hangs(results: dict, a: Analytics) -> None:
@@ -191,8 +207,7 @@ def _hangs(results: dict, a: Analytics) -> None:
             for status in {o["status"] for o in outcomes}:
                 row[status] += 1
             for o in outcomes[:1]:
-                ops = COLLECTIVE.findall(f"{o.get('error', '')} {o.get('message', '')}")
-                row["collectives"][ops[0] if ops else "none named"] += 1
+                row["collectives"][_collective(o)] += 1
         row["collectives"] = dict(row["collectives"].most_common())
         a.hangs[pid] = row
 

@@ -27,7 +27,7 @@ h1{font-size:1.6rem;margin:1rem 0 .3rem} h2{font-size:1.2rem;margin:2rem 0 .5rem
 .look{background:#fff4d6;border-left:5px solid #d08a00;padding:.5rem 1rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem} th,td{border:1px solid #ddd;padding:.25rem .5rem;
  text-align:left;vertical-align:top} th{background:#f3f3f3} td.n{text-align:right;font-variant-numeric:tabular-nums}
-img{width:100%;max-width:46rem;height:auto;display:block;margin:.5rem 0} .muted{color:#666} code{font-size:.85rem}
+img{max-width:100%;height:auto;display:block;margin:.5rem 0} .muted{color:#666} code{font-size:.85rem}
 .bad{background:#fde2e2} .hidden{font-style:italic}
 @media print{.staff{position:static;-webkit-print-color-adjust:exact;print-color-adjust:exact}
  body{max-width:none;font-size:11px} section{break-inside:avoid} a{color:inherit;text-decoration:none}
@@ -116,9 +116,15 @@ def _links(folders: list, a: Analytics, most: int = 12) -> str:
 
 
 def _diagnoses(a: Analytics) -> str:
-    rows = [[_e(BY_ID[p].title), _e(d["diagnosis"]), str(len(d["handins"])), _links(d["handins"], a)]
-            for p in PART_IDS for d in a.diagnoses.get(p, [])]
-    body = _table(["part", "diagnosis", "hand-ins", "feedback"], rows, {2}) if rows else "<p>None.</p>"
+    rows = []
+    for p in PART_IDS:
+        found = a.diagnoses.get(p, [])
+        for i, d in enumerate(found):
+            head = f"<th rowspan={len(found)}>{_e(BY_ID[p].title)}</th>" if i == 0 else ""
+            rows.append(f"<tr>{head}<td>{_e(d['diagnosis'])}</td><td class=n>{len(d['handins'])}</td>"
+                        f"<td>{_links(d['handins'], a)}</td></tr>")
+    body = ("<table><tr><th>part</th><th>diagnosis</th><th>hand-ins</th><th>feedback</th></tr>" + "".join(rows)
+            + "</table>") if rows else "<p>None.</p>"
     return f"<section><h2>Diagnoses per part</h2>{body}</section>"
 
 
@@ -126,12 +132,12 @@ def _cofailure(a: Analytics) -> str:
     short = [BY_ID[p].title.split(":")[0] for p in PART_IDS]
     top = max((max(r) for r in a.cofailure["matrix"]), default=0)
     plot = _img("co-failure", lambda: plots.heatmap(a.cofailure["matrix"], short, short, fmt="{:g}", vmax=top or 1,
-                                                    cmap="Reds", title="hand-ins wrong at both parts"))
+                                                    cmap="Reds", title="hand-ins wrong at both parts", width=4.6))
     c = a.cluster
     said = (f"<p>The biggest cluster: {c['handins']} hand-in(s) wrong at "
             f"{_e(', '.join(BY_ID[p].title for p in c['parts']))}; the usual misconception behind it "
             f"({c['with_it']} of them): <b>{_e(c['misconception'])}</b>. {_links(c['members'], a)}</p>" if c else
-            "<p>No hand-in is wrong at two parts.</p>")
+            "<p>No hand-in that is right at one part is wrong at two.</p>")
     return (f"<section><h2>Co-failure</h2><p class=muted>Wrong: failed, crashed, timed out or out of memory "
             f"(a TODO left is not counted). The diagonal: hand-ins wrong at that part.</p>{plot}{said}</section>")
 
@@ -144,7 +150,7 @@ def _rest(a: Analytics) -> str:
     hangs = [[_e(BY_ID[p].title), str(h["timeout"]), str(h["crashed"]),
               _e(", ".join(f"{op} ({n})" for op, n in h["collectives"].items()) or "-")]
              for p, h in a.hangs.items() if h["timeout"] or h["crashed"]]
-    parts = [_counts("Hangs and crashes per part", ["part", "timeout", "crashed", "collective named"], hangs,
+    parts = [_counts("Hangs and crashes per part", ["part", "timeout", "crashed", "collective (named, else called)"], hangs,
                      "No re-run hung or crashed.")]
     parts.append(_counts("Flags", ["flag", "hand-ins"], [[_e(f), str(n)] for f, n in a.flags.items()], "No flags."))
     if a.late_days is None:
@@ -169,11 +175,11 @@ def _run(a: Analytics) -> str:
             ["grader version", _e(", ".join(f"{v} ({n})" for v, n in r["grader_versions"].items()))],
             ["rubric digest", _e(", ".join(f"{d[:12]} ({n})" for d, n in r["rubric_digests"].items()))],
             ["torch (grading environment)", _e(r["torch"])],
-            ["seconds per graded hand-in", _e(f"median {s['median']:g}, max {s['max']:g}, total {s['total']:g} "
+            ["seconds per graded hand-in", _e(f"median {s['median']:.1f}, max {s['max']:.1f}, total {s['total']:.0f} "
                                               f"over {s['graded']}" if s["graded"] else "-")]]
     rows += [[f"isolation: {_e(k)}", _e(", ".join(f"{v} ({n})" for v, n in values.items()))]
              for k, values in r["isolation"].items()]
-    return f"<section><h2>What was run</h2>{_table(['', ''], rows)}</section>"
+    return f"<section><h2>What was run</h2>{_table(['what', 'in this batch (hand-ins)'], rows)}</section>"
 
 
 def report_html(a: Analytics) -> str:
