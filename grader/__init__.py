@@ -34,7 +34,8 @@ Import rules (tests/test_layout.py holds the code to them):
 - instructor imports only shared modules (no engine, no pipeline);
 - grades imports only shared modules and analytics: it reads results, never runs code;
 - analytics imports only shared modules (it reads results; matplotlib only to draw);
-- integrity imports shared modules and pipeline (to unpack hand-ins and read their logs);
+- integrity imports shared modules and pipeline (to unpack hand-ins and read their logs), and
+  analytics (to give the staff report its count of pairs);
 - no module imports, directly or not, one that imports it.
 """
 

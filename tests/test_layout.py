@@ -20,7 +20,7 @@ MAY_IMPORT = {
     "student": {"rerun", "pipeline"},
     "gradescope": {"rerun", "pipeline"},
     "instructor": set(),
-    "integrity": {"pipeline"},
+    "integrity": {"pipeline", "analytics"},
     "analytics": set(),   # the batch report reads results only, like grades
 }
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from grader.analytics.numbers import REFERENCE_PASSED, analyse
-from grader.analytics.page import LOOK, STAFF_ONLY, write_report
+from grader.analytics.page import LOOK, STAFF_ONLY, refresh_integrity, write_report
 from grader.grades.commands import make_gradebook
 from grader.parts import PART_IDS
 from grader.results import CheckOutcome, Status
@@ -109,3 +109,15 @@ def test_the_command_line_stays_free_of_matplotlib():
 def test_every_part_has_a_column(tmp_path):
     a = analyse(batch(tmp_path, 2))
     assert list(a.by_visibility) == list(PART_IDS) and a.cofailure["parts"] == list(PART_IDS)
+
+
+def test_the_integrity_command_gives_the_report_its_count_and_keeps_the_final_grades(tmp_path):
+    out = batch(tmp_path, 3)
+    make_gradebook(out, policy_file(tmp_path))
+    (out / "integrity.csv").write_text("student_a,student_b,strength,evidence\ns0,s1,strong,same run\n")
+    (out / "integrity.md").write_text("# Integrity report\n")
+    assert refresh_integrity(out)
+    numbers = json.loads((out / "analytics.json").read_text())
+    assert numbers["integrity"] == {"pairs": 1, "strong": 1, "report": "integrity.md"}
+    assert len(numbers["final"]) == 3
+    assert '<a href="integrity.md">' in (out / "report.html").read_text()

@@ -212,7 +212,8 @@ def _hangs(results: dict, a: Analytics) -> None:
         a.hangs[pid] = row
 
 
-def _integrity(out: Path):
+def integrity_pairs(out: Path):
+    """What integrity.csv in `out` lists (None when there is none)."""
     try:
         rows = list(csv.DictReader(io.StringIO((out / "integrity.csv").read_text())))
     except (OSError, csv.Error):
@@ -259,7 +260,7 @@ def analyse(out, final_rows=None) -> Analytics:
     _cofailure(results, a)
     _hangs(results, a)
     a.flags = dict(Counter(flag for r in results.values() for flag in r.get("flags") or []).most_common())
-    a.integrity = _integrity(out)
+    a.integrity = integrity_pairs(out)
     a.run = _run(results)
     if final_rows is not None:
         rows = [r if isinstance(r, dict) else r.to_dict() for r in final_rows]

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from grader import plots
-from grader.analytics.numbers import Analytics, analyse
+from grader.analytics.numbers import Analytics, analyse, integrity_pairs
 from grader.kit import atomic_write
 from grader.parts import BY_ID, PART_IDS
 
@@ -205,3 +205,17 @@ def write_report(out, final_rows=None) -> Analytics:
     atomic_write(out / "analytics.json", json.dumps(a.to_dict(), indent=1, sort_keys=True) + "\n")
     atomic_write(out / "report.html", report_html(a))
     return a
+
+
+def refresh_integrity(out) -> bool:
+    """report.html and analytics.json again with the integrity pairs integrity.csv lists now, every
+    other number (final grades included) as analytics.json holds it; False when there is none."""
+    out = Path(out)
+    try:
+        a = Analytics(**json.loads((out / "analytics.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return False
+    a.integrity = integrity_pairs(out)
+    atomic_write(out / "analytics.json", json.dumps(a.to_dict(), indent=1, sort_keys=True) + "\n")
+    atomic_write(out / "report.html", report_html(a))
+    return True

@@ -20,6 +20,7 @@ import csv
 import io
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -156,10 +157,15 @@ def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)"
 def write_gradebook(views: list, out: Path, max_score: float, pattern: str = r"(?P<id>.+)", replaced=()) -> None:
     """grades.csv, summary.md, report.html and analytics.json into `out`."""
     atomic_write(out / "grades.csv", grades_csv(views))
-    write_report(out)
     text = summary_markdown(views, max_score, pattern, replaced)
     try:
         kept = [m.group(0) for m in MARKED.finditer((out / "summary.md").read_text())]
     except OSError:
         kept = []
     atomic_write(out / "summary.md", text + "".join(f"\n{section}\n" for section in kept))
+    try:
+        write_report(out)
+    except Exception as e:   # the grades are written: a report that cannot be drawn must not lose them
+        print(f"grader: report.html not written ({type(e).__name__}: {e}); grades.csv and summary.md are",
+              file=sys.stderr)
+
