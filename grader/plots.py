@@ -27,7 +27,7 @@ def render(fig, fmt: str = "svg") -> bytes:
     """The figure as `fmt` bytes (svg: text drawn as paths, no font needed), then closed."""
     plt = _pyplot()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=fmt, dpi=120, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
+    fig.savefig(buffer, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
     plt.close(fig)
     return buffer.getvalue()
 
@@ -42,7 +42,7 @@ def histogram(series: dict, bins: list, xlabel: str, marks: dict = None, title: 
     """Overlaid histograms of `series` (label -> values) on `bins` edges, each series' median as a
     dashed line of its colour, and `marks` (label -> x) as thin grey lines (e.g. part points)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(WIDTH, HEIGHT))
+    fig, ax = plt.subplots(figsize=(WIDTH, HEIGHT), layout="constrained")
     for i, (label, values) in enumerate(series.items()):
         colour = f"C{i}"
         ax.hist(values, bins=bins, alpha=0.55 if len(series) > 1 else 0.85, color=colour, label=label,
@@ -71,7 +71,7 @@ def heatmap(values: list, rows: list, columns: list, title: str = "", fmt: str =
     import numpy
     grid = numpy.array([[numpy.nan if v is None else v for v in row] for row in values], dtype=float)
     height = max(1.6, 0.36 * len(rows) + 1.1)
-    fig, ax = plt.subplots(figsize=(width, height))
+    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
     shown = ax.imshow(numpy.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=vmax or 1.0, aspect="auto")
     ax.set_xticks(range(len(columns)), columns, rotation=20, ha="right")
     ax.set_yticks(range(len(rows)), rows)
@@ -92,7 +92,7 @@ def lines(series: dict, xlabel: str, ylabel: str, title: str = "", log2_x: bool 
     """One line with markers per series (label -> ([x], [y])): the lab's bandwidth against size."""
     plt = _pyplot()
     import matplotlib.ticker
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", label=label)
     if log2_x:
