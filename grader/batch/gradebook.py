@@ -113,13 +113,13 @@ def _scores(scored: list, max_score: float) -> list:
 
 def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)", replaced=()) -> str:
     n = len(views)
-    lines = [f"# Assignment 4: summary of {n} hand-in{'s' if n != 1 else ''}", "",
-             "For staff: plots, pass rates per check (hidden ones named), diagnoses, co-failure and what "
-             "was run are in [report.html](report.html) (numbers: analytics.json).", ""]
+    lines = [f"# Assignment 4: summary of {n} hand-in{'s' if n != 1 else ''}", ""]
     unsandboxed = sum(r.get("sandbox") == "off" for r in views)
     if unsandboxed:
         lines += [f"> **Warning:** {unsandboxed} hand-in(s) were graded with `--sandbox off`: their code ran "
                   f"with the grader's user's rights and network (`isolation` in their grading.json).", ""]
+    lines += ["For staff: plots, pass rates per check (hidden ones named), diagnoses, co-failure and what "
+              "was run are in [report.html](report.html) (numbers: analytics.json).", ""]
     statuses = Counter(r["status"] for r in views)
     lines += ["| status | hand-ins |", "| --- | --- |"] + [f"| {s} | {c} |" for s, c in statuses.most_common()] + [""]
     scored = [r for r in views if r["score"] is not None]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from grader.grades.policy import PolicyError
 from grader.grades.sources import lms_marks, same_source
-from grader.results import ToDict
+from grader.results import ToDict, result_files
 
 SEP = "~"   # a further hand-in of a student is graded into "<id>~<sha256[:8]>/" (grader.batch.run)
 COLUMNS = ["student", "autograde", "overrides", "submitted_at", "late_days", "penalty", "final", "flags"]
@@ -47,9 +47,7 @@ def load_results(out) -> list:
     if not out.is_dir():
         raise GradebookError(f"{out}: no such folder; give the --out folder of python -m grader grade")
     results = []
-    for path in sorted(out.glob("*/grading.json")):
-        if path.parent.name.startswith("."):
-            continue
+    for path in result_files(out):
         try:
             results.append(json.loads(path.read_text()))
         except (OSError, ValueError) as e:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from grader.integrity.evidence import ALONE, KINDS, STRONG
 from grader.kit import atomic_write
-from grader.results import ToDict
+from grader.results import ToDict, result_files
 
 CSV_COLUMNS = ["student_a", "student_b", "strength", "evidence"]
 BEGIN, END = "<!-- integrity: begin -->", "<!-- integrity: end -->"   # its section of summary.md
@@ -137,7 +137,7 @@ def integrity_note(out) -> str:
     strong = sum(r.get("strength") == STRONG for r in rows)
     note = (f"## Integrity\n\n{len(rows)} pair(s) of hand-ins ({strong} strong) for a person to compare: "
             f"see [integrity.md](integrity.md). Evidence to weigh, never a verdict.\n")
-    if any(p.stat().st_mtime > made for p in out.glob("*/grading.json")):
+    if any(p.stat().st_mtime > made for p in result_files(out)):
         note += ("\nSome hand-ins were graded after it was made: run `python -m grader integrity` on this "
                  "folder again.\n")
     return note
