@@ -336,6 +336,12 @@ def test_the_report_has_the_numbers_of_grades_csv_and_the_results(graded):
     for i, p in enumerate(PART_IDS):
         for j, q in enumerate(PART_IDS):
             assert matrix[i][j] == sum({p, q} <= _wrong_at(r) for r in scored), (p, q)
+    wrong_checks = {s: {o["check"] for p in r["parts"].values() for o in p["checks"]
+                        if o["status"] in ("failed", "crashed", "timeout", "oom")} for s, r in results.items()
+                    if r["score"] is not None}
+    names = numbers["cofailure"]["checks"]
+    assert numbers["cofailure"]["by_check"] == [[sum({c, d} <= w for w in wrong_checks.values()) for d in names]
+                                                for c in names]
     assert matrix[PART_IDS.index("data_parallel")][PART_IDS.index("data_parallel")] >= len(
         [m for m in MUTANTS.values() if m.part == "data_parallel" and m.status != "not_implemented"])
     # The reference passes every check: nobody-passes is never said of this rubric.

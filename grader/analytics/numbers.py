@@ -14,7 +14,8 @@ Read from every result in OUT (grader.results.result_files), never from a re-run
   holds a graded result of that grader;
 - diagnoses per part, most common first, with the hand-ins that have them (a hand-in's diagnosis
   at a part is that of its first check with one: the public check's, with its numbers);
-- co-failure: for parts P and Q, the hand-ins wrong at both (the diagonal: wrong at P), where
+- co-failure: for parts P and Q, the hand-ins wrong at both (the diagonal: wrong at P), and the
+  same for checks C and D (wrong at each, at any part), where
   wrong is failed, crashed, timeout or oom (a TODO left is not a misconception); the biggest
   cluster is the most common set of two or more wrong parts among hand-ins right at one part at
   least (code that does not load is wrong everywhere and says nothing), with its most common
@@ -61,7 +62,7 @@ class Analytics(ToDict):
     by_visibility: dict = field(default_factory=dict)   # part -> {public|hidden: {passed, ran}}
     look_at: list = field(default_factory=list)         # [{check, part, why, reference}]
     diagnoses: dict = field(default_factory=dict)       # part -> [{diagnosis, handins: [folder]}], most first
-    cofailure: dict = field(default_factory=dict)       # {parts: [...], matrix: [[n]]}
+    cofailure: dict = field(default_factory=dict)       # {parts: [...], matrix: [[n]], checks: [...], by_check: [[n]]}
     cluster: dict = field(default_factory=dict)         # {parts, handins, misconception, with_it}
     hangs: dict = field(default_factory=dict)           # part -> {timeout, crashed, collectives: {op: n}}
     flags: dict = field(default_factory=dict)           # flag -> hand-ins
@@ -174,6 +175,13 @@ def _cofailure(results: dict, a: Analytics) -> None:
              for f, r in results.items() if r.get("score") is not None}
     a.cofailure = {"parts": list(PART_IDS),
                    "matrix": [[sum(p in w and q in w for w in wrong.values()) for q in PART_IDS] for p in PART_IDS]}
+    by_check = {}   # folder -> the checks it is wrong at, at any part
+    for (check, _), folders in _wrong_sets(results).items():
+        for f in folders:
+            by_check.setdefault(f, set()).add(check)
+    checks = [c["check"] for c in a.checks]
+    a.cofailure |= {"checks": checks, "by_check": [[sum(c in w and d in w for f, w in by_check.items() if f in wrong)
+                                                    for d in checks] for c in checks]}
     ran = {f: {pid for pid, p in results[f].get("parts", {}).items() if p.get("checks")} for f in wrong}
     patterns = Counter(tuple(p for p in PART_IDS if p in w) for f, w in wrong.items()
                        if len(w) >= 2 and w != ran[f])   # right at one part at least: code that ran

@@ -138,8 +138,14 @@ def _cofailure(a: Analytics) -> str:
             f"{_e(', '.join(BY_ID[p].title for p in c['parts']))}; the usual misconception behind it "
             f"({c['with_it']} of them): <b>{_e(c['misconception'])}</b>. {_links(c['members'], a)}</p>" if c else
             "<p>No hand-in that is right at one part is wrong at two.</p>")
+    checks = a.cofailure["checks"]
+    by_check = _table(["wrong at both", *[f"<code>{_e(c)}</code>" for c in checks]],
+                      [[f"<code>{_e(c)}</code>", *[str(n) for n in row]] for c, row in zip(checks, a.cofailure["by_check"])],
+                      set(range(1, len(checks) + 1)))
     return (f"<section><h2>Co-failure</h2><p class=muted>Wrong: failed, crashed, timed out or out of memory "
-            f"(a TODO left is not counted). The diagonal: hand-ins wrong at that part.</p>{plot}{said}</section>")
+            f"(a TODO left is not counted). The diagonal: hand-ins wrong at that part.</p>{plot}{said}"
+            f"<h3>Checks</h3><p class=muted>Hand-ins wrong at both checks, at any part (the diagonal: wrong at "
+            f"that check). A check wrong where no other is catches what the others miss.</p>{by_check}</section>")
 
 
 def _counts(title: str, head: list, rows: list, empty: str) -> str:
