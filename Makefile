@@ -3,7 +3,7 @@
 #   make test        the test suite (real gloo worlds, real torchrun)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
-#                    and the integrity report over every pair of 500 hand-ins
+#                    the integrity report over every pair of 500 hand-ins, the staff report's size and time
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
 #   make release     write the tree students receive into build/release
 SHELL := /bin/bash
@@ -37,6 +37,7 @@ demo: $(STAMP)
 	@echo; cat $(DEMO)/grades/grades.csv; echo "feedback: $(DEMO)/grades/students/demo-student/feedback.md"; echo
 	$(PY) -m grader gradebook $(DEMO)/grades --policy grader/grades/example/policy.yaml -o $(DEMO)/final.csv
 	@echo; cat $(DEMO)/final.csv
+	@echo; echo "staff report (open it in a browser): $(DEMO)/grades/report.html"
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slurm"
@@ -49,6 +50,7 @@ test-slurm: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/grading_throughput.py
 	$(PY) benchmarks/integrity_pairs.py
+	$(PY) benchmarks/report_size.py
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton

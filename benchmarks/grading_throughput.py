@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         tenth = max(len(grader_mb) // 10, 1)
         print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), "
               f"each re-run at 4 checks; --jobs {args.jobs}")
-        isolation = json.loads(next((tmp / "warm").glob("*/grading.json")).read_text())["isolation"]
+        isolation = json.loads(next((tmp / "warm" / "students").glob("*/grading.json")).read_text())["isolation"]
         print(f"sandbox:           {isolation.get('sandbox', 'none')}: {isolation.get('files')}; "
               f"{isolation.get('network')}; {isolation.get('processes')}; {isolation.get('user')}")
         print(f"warm executor:     {warm.graded} hand-ins in {warm_s:.1f} s = {warm_rate:.0f} hand-ins/min "

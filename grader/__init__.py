@@ -3,7 +3,8 @@
 The house, one room per job; a hand-in travels down the list:
 
     shared       kit (paths, atomic writes, the source digest), parts, rubric (and its limits),
-                 results (statuses and result dataclasses), cli (the command line)
+                 results (statuses and result dataclasses, where a batch keeps them), plots (figures
+                 by matplotlib, loaded only to draw; the lab's bandwidth plot uses it too), cli
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
                  its weights (executor, zygote, world, supervise, worker, layer, hooks, protocol,
                  channel, sandbox, check; hidden keeps a hidden check's results free of a rank's
@@ -21,6 +22,8 @@ The house, one room per job; a hand-in travels down the list:
     gradescope/  grading inside Gradescope's container, and the bundle that sets it up
     instructor/  the skeleton generated from the reference, the configuration check, the student
                  release and the public rubric it ships (derived from rubric.yaml)
+    analytics/   the batch report for course staff: item analytics over every result in OUT
+                 (numbers) as report.html with its plots and analytics.json (page)
     integrity/   the pairs of hand-ins a person should compare, from graded results and the hand-ins
                  (code, facts, similar, evidence, report); it runs no code
 
@@ -28,10 +31,12 @@ Import rules (tests/test_layout.py holds the code to them):
 - shared modules import no torch and no room; nothing imports cli, and cli imports a command's room
   only when that command runs;
 - rerun imports only shared modules; pipeline adds rerun;
-- batch, student and gradescope may use everything above, never each other;
+- batch, student and gradescope may use everything above (batch also analytics), never each other;
 - instructor imports only shared modules (no engine, no pipeline);
-- grades imports only shared modules: it reads results, never runs code;
-- integrity imports shared modules and pipeline (to unpack hand-ins and read their logs);
+- grades imports only shared modules and analytics: it reads results, never runs code;
+- analytics imports only shared modules (it reads results; matplotlib only to draw);
+- integrity imports shared modules and pipeline (to unpack hand-ins and read their logs), and
+  analytics (to give the staff report its count of pairs);
 - no module imports, directly or not, one that imports it.
 """
 

@@ -24,8 +24,9 @@ PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the release's, writ
 REQUIREMENTS = ROOT / "requirements.txt"
 
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
-SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "names.py", "parts.py", "results.py", "rubric.py")
-ROOMS = ("rerun", "pipeline", "batch", "student", "gradescope", "instructor", "integrity", "grades")
+SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "names.py", "parts.py", "plots.py",
+          "results.py", "rubric.py")
+ROOMS = ("rerun", "pipeline", "batch", "student", "gradescope", "instructor", "integrity", "grades", "analytics")
 
 
 def _read_umask() -> int:

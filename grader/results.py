@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from functools import lru_cache
+from pathlib import Path
 
 from grader import __version__, kit
 from grader.parts import PART_IDS

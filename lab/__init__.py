@@ -6,5 +6,6 @@ parallelism on a deep MLP with their backward passes. Each file runs on its own 
 
 Import directions: every file imports `lab.common` and the kit's `assignment_4/utils.py`; the three
 parallel MLPs import `lab.mlp` (their single-process ground truth); `lab.run_all` imports them all.
-Nothing here imports `grader/` or `slurm/`, and nothing in the kit imports `lab/`.
+Nothing here imports `grader/` or `slurm/` but the kit's plotting module (`grader/plots.py`, shared
+with the grader's batch report, shipped with the student release), and nothing in the kit imports `lab/`.
 """

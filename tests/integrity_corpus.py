@@ -221,3 +221,35 @@ def write_graded(out, student: str, zip_path, log: str, wrong=(), rubric=None) -
                        weight_digest=digest)
         data["parts"][part]["status"] = "failed"
     kit.write_json(out / "students" / student / "grading.json", data, sort_keys=True)
+
+
+# --- A class written from the course's original handout (its code, not the kit's skeleton) -------
+
+HANDOUT = kit.ROOT / "tests" / "data" / "handout_literal" / "assignment4.py"   # the handout's code, answered
+# Each TODO's answer as the handout's code holds it (micro: its two lines, apart in the handout).
+HANDOUT_ANSWERS = dict(REFERENCE, micro="micro_outputs = model(micro_inputs)",
+                       micro_loss="micro_loss = loss_fn(micro_outputs, micro_targets)",
+                       shards='weight_shards = [torch.zeros(input_dim, output_dim // world_size, device="cuda") '
+                              'for _ in range(world_size)]')
+
+
+def handout_fill(answers: dict, handout: str = None) -> str:
+    """The handout's code (tests/data/handout_literal) with `answers` (TODO key -> code) in place of
+    its own answers, each at the first place the handout has it, and the style's helpers before
+    Part 1: what a student who worked from the handout, not the kit's skeleton, hands in."""
+    text = handout if handout is not None else HANDOUT.read_text()
+    answers = dict(answers)
+    if "micro" in answers:   # the handout keeps a check between the micro-batch's two lines
+        answers["micro"], _, answers["micro_loss"] = answers["micro"].partition("\n")
+    for key, new in answers.items():
+        if key == "helpers":
+            text = text.replace("### Part 1", textwrap.dedent(new).strip("\n") + "\n\n\n### Part 1", 1)
+            continue
+        old = HANDOUT_ANSWERS[key].splitlines()
+        lines = text.splitlines(keepends=True)
+        at = next(i for i, line in enumerate(lines) if line.strip() == old[0]
+                  and [x.strip() for x in lines[i:i + len(old)]] == old)
+        indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+        lines[at:at + len(old)] = [indent + c + "\n" for c in new.splitlines()]
+        text = "".join(lines)
+    return text

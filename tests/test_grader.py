@@ -4,6 +4,7 @@ in one batch (two jobs at once) with short timeouts; each test then reads the ou
 
 import csv
 import json
+import re
 import shutil
 
 import pytest
@@ -299,6 +300,67 @@ def test_summary_has_pass_rates_common_failures_and_scores(graded):
     dp_row = next(line for line in text.splitlines() if line.startswith("| Part 3: data parallel |"))
     assert "crashed (2)" in dp_row  # crash_on_one_rank and does_not_parse
     assert "## Scores" in text and "mean " in text
+
+
+def _wrong_at(result) -> set:
+    return {p for p, part in result["parts"].items() if part["status"] in ("failed", "crashed", "timeout", "oom")}
+
+
+def test_the_report_has_the_numbers_of_grades_csv_and_the_results(graded):
+    out, results, _, _, _ = graded
+    numbers = json.loads((out / "analytics.json").read_text())
+    rows = list(csv.DictReader((out / "grades.csv").open()))
+    assert numbers["handins"] == len(rows) == len(results)
+    assert numbers["scores"] == sorted(float(row["score"]) for row in rows if row["score"])
+    # Pass rates per check x part: every attempted outcome counts.
+    for check in RUBRIC.checks:
+        for part in check.parts():
+            outcomes = [o for r in results.values() for o in r["parts"][part]["checks"]
+                        if o["check"] == check.name and o["status"] not in ("not_run", "infra_error")]
+            assert numbers["pass_rates"][check.name][part] == {
+                "passed": sum(o["status"] == "passed" for o in outcomes), "ran": len(outcomes)}, (check.name, part)
+    assert [c["check"] for c in numbers["checks"]] == [c.name for c in RUBRIC.checks]
+    # Diagnoses: each mutant's, under its part, with the hand-in that has it.
+    for part in PART_IDS:
+        expected = {}
+        for student, r in results.items():
+            said = [o["diagnosis"] for o in r["parts"][part]["checks"] if o["diagnosis"] and o["status"] != "passed"]
+            if said:   # the first check's (public first)
+                expected.setdefault(said[0], []).append(student)
+        assert {d["diagnosis"]: d["handins"] for d in numbers["diagnoses"][part]} == \
+            {d: sorted(s) for d, s in expected.items()}
+        counts = [len(d["handins"]) for d in numbers["diagnoses"][part]]
+        assert counts == sorted(counts, reverse=True)
+    summed = next(d for d in numbers["diagnoses"]["data_parallel"] if MUTANTS["dp_summed"].diagnosis in d["diagnosis"])
+    assert "dp_summed" in summed["handins"]
+    # Co-failure: hand-ins with a score wrong at both parts (the diagonal: wrong at the part).
+    scored = [r for r in results.values() if r["score"] is not None]
+    matrix = numbers["cofailure"]["matrix"]
+    for i, p in enumerate(PART_IDS):
+        for j, q in enumerate(PART_IDS):
+            assert matrix[i][j] == sum({p, q} <= _wrong_at(r) for r in scored), (p, q)
+    wrong_checks = {s: {o["check"] for p in r["parts"].values() for o in p["checks"]
+                        if o["status"] in ("failed", "crashed", "timeout", "oom")} for s, r in results.items()
+                    if r["score"] is not None}
+    names = numbers["cofailure"]["checks"]
+    assert numbers["cofailure"]["by_check"] == [[sum({c, d} <= w for w in wrong_checks.values()) for d in names]
+                                                for c in names]
+    assert matrix[PART_IDS.index("data_parallel")][PART_IDS.index("data_parallel")] >= len(
+        [m for m in MUTANTS.values() if m.part == "data_parallel" and m.status != "not_implemented"])
+    # The reference passes every check: nobody-passes is never said of this rubric.
+    assert not [x for x in numbers["look_at"] if x["why"].startswith("nobody passes")]
+
+
+def test_the_report_is_one_page_with_one_embedded_image_per_plot_and_no_external_reference(graded):
+    out = graded[0]
+    page = (out / "report.html").read_text()
+    assert page.count("<img ") == 3 and re.findall(r'data-plot="([^"]+)"', page) == ["scores", "pass rates", "co-failure"]
+    assert all(src.startswith("data:image/svg+xml;base64,") for src in re.findall(r'src="([^"]*)"', page))
+    assert not re.search(r"<script|<link|<iframe|@import|url\(|//[a-z]", page, re.I)
+    for href in re.findall(r'href="([^"]*)"', page):   # links: files beside it, the hand-ins' feedback
+        assert not re.match(r"[a-z]+:|/", href) and (out / href).is_file(), href
+    assert "staff only" in page.lower() and all(f"<code>{c.name}</code>" in page for c in HIDDEN)
+    assert "[report.html](report.html)" in (out / "summary.md").read_text()
 
 
 def test_a_second_run_only_grades_what_changed(graded):

@@ -15,12 +15,13 @@ from grader import kit
 from grader.batch.gradebook import load_views, write_gradebook
 from grader.cli import main
 from grader.integrity import code as codes
-from grader.integrity.commands import run_integrity
+from grader.integrity import similar
+from grader.integrity.commands import default_common, run_integrity
 from grader.integrity.evidence import find_pairs
 from grader.integrity.facts import HandinFacts
 from grader.integrity.report import BEGIN, integrity_note, link_summary
 from tests.corpus import Files, mutate, refingerprint, skeleton, write_zip
-from tests.integrity_corpus import STYLES, disguise, fill, run_err, run_log, write_graded
+from tests.integrity_corpus import HANDOUT, STYLES, disguise, fill, handout_fill, run_err, run_log, write_graded
 
 UNNAMED = "differs from the reference by up to 3.142e-01 (mean 2.718e-02)"
 WRONG_SIGN = "the step has the wrong sign: the weight moved up the gradient"
@@ -195,6 +196,27 @@ def test_the_skeleton_contributes_nothing_renamed_or_not():
     for text in (kit.SKELETON.read_text(), disguise(kit.SKELETON.read_text()), kit.REFERENCE.read_text(),
                  disguise(fill({}))):
         assert codes.own_code(text, base).size == 0
+
+
+def test_in_a_class_from_the_handout_a_copy_of_handout_code_is_not_listed_and_a_real_copy_is():
+    """Six hand-ins written from the course's original handout (its code, not the kit's skeleton):
+    one is the handout's code with its own answers, five answer in styles of their own. The copy
+    of the first, renamed and without comments, shares every fingerprint of its own code, but
+    that is the class's (the handout's): not listed. The same disguise of a style's hand-in is."""
+    base = codes.Base.from_files()
+    klass = {"handout": HANDOUT.read_text()} | {name: handout_fill(STYLES[name]) for name in
+                                                 ("terse", "functional", "loops", "defensive", "einsum")}
+    klass |= {"handout_copy": disguise(klass["handout"]), "terse_copy": disguise(klass["terse"])}
+    owns = {name: codes.own_code(text, base) for name, text in klass.items()}
+    assert owns["handout"].fingerprints == owns["handout_copy"].fingerprints   # the same own code
+    assert owns["handout"].size > 10 * similar.MIN_TOKENS    # the handout's code counts as its own
+    matches, common = similar.similar_pairs(owns, default_common(len(owns)))
+    assert [(m.a, m.b) for m in matches] == [("terse", "terse_copy")], [(m.a, m.b, m.tokens_a) for m in matches]
+    copy = matches[0]
+    assert copy.share_a == copy.share_b == 1.0 and copy.strong and copy.distinct_a < copy.size_a / 2
+    assert common > 0
+    # Measured against the whole own code, as before, the real copy would fall under the threshold.
+    assert copy.tokens_a / copy.size_a < similar.MIN_SHARE
 
 
 def test_code_that_does_not_parse_is_still_read_line_by_line():

@@ -15,12 +15,13 @@ SHARED_MODULES = {Path(name).stem for name in kit.SHARED} - {"__init__", "__main
 MAY_IMPORT = {
     "rerun": set(),
     "pipeline": {"rerun"},
-    "batch": {"rerun", "pipeline"},
-    "grades": set(),   # final grades read results and files only: no engine, no pipeline, no torch
+    "batch": {"rerun", "pipeline", "analytics"},
+    "grades": {"analytics"},   # final grades read results and files only: no engine, no pipeline, no torch
     "student": {"rerun", "pipeline"},
     "gradescope": {"rerun", "pipeline"},
     "instructor": set(),
-    "integrity": {"pipeline"},
+    "integrity": {"pipeline", "analytics"},
+    "analytics": set(),   # the batch report reads results only, like grades
 }
 
 

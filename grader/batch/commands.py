@@ -34,6 +34,7 @@ def grade_command(args) -> int:
           f"in {summary.seconds:g} s; by status: {counts}")
     print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md (every result in it) and a folder per "
           f"hand-in in {summary.out}/students/")
+    print(f"staff report: {summary.out}/report.html (plots, pass rates per check, diagnoses; numbers in analytics.json)")
     for line in summary.replaced:
         print(f"replaced: {plain(line)}")
     if summary.duplicates:

@@ -1,4 +1,5 @@
-"""The batch's gradebook: grades.csv and summary.md over every result in the output folder.
+"""The batch's gradebook: grades.csv, summary.md and the staff report (report.html with its
+analytics.json, grader.analytics) over every result in the output folder.
 
 Whatever one invocation graded (`--only`, a late folder graded into the same `--out`), the
 gradebook is made from every `students/<folder>/grading.json` in OUT: a row per hand-in, its `source`
@@ -6,6 +7,8 @@ gradebook is made from every `students/<folder>/grading.json` in OUT: a row per 
 gradebook, `python -m grader gradebook`, decides which counts). A hand-in with no score (invalid,
 error, infra_error) has an empty score and says why in its status.
 
+summary.md is short: statuses, pass rates and the most common failures per part, the scores'
+median, flags, and pointers to report.html (plots, item analytics) for the rest.
 "For a person to look at" in summary.md lists every hand-in whose grade a person should check:
 no score, a score of 0, a flag that can change a grade (any but the .err's `err_*` notes and an
 unpenalised `modified_utils`), several hand-ins of one student, and the files of a download that fit no student. Every name
@@ -19,9 +22,11 @@ import csv
 import io
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
+from grader.analytics.page import write_report
 from grader.kit import atomic_write
 from grader.names import cell, inert, result_files
 from grader.parts import PART_IDS, PARTS
@@ -108,14 +113,9 @@ def _reason(part: dict) -> str:
 def _scores(scored: list, max_score: float) -> list:
     scores = sorted(r["score"] for r in scored)
     mean = sum(scores) / len(scores)
-    lines = [f"mean {mean:.1f}, median {scores[len(scores) // 2]:g}, min {scores[0]:g}, "
-             f"max {scores[-1]:g} (of {max_score:g})", "", "| score | hand-ins |", "| --- | --- |"]
-    step = max_score / 10 or 1
-    buckets = Counter(min(int(s // step), 9) for s in scores)
-    for b in range(10):
-        lo, hi = b * step, (b + 1) * step
-        lines.append(f"| {lo:g}-{hi:g}{'' if b == 9 else ' (excl.)'} | {'#' * buckets.get(b, 0)} {buckets.get(b, 0)} |")
-    return lines
+    return [f"mean {mean:.1f}, median {scores[len(scores) // 2]:g}, min {scores[0]:g}, "
+            f"max {scores[-1]:g} (of {max_score:g}); the distribution, pass rates per check and "
+            f"co-failure are in [report.html](report.html)"]
 
 
 def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)", replaced=(), strays=()) -> str:
@@ -127,6 +127,8 @@ def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)"
     if unsandboxed:
         lines += [f"> **Warning:** {unsandboxed} hand-in(s) were graded with `--sandbox off`: their code ran "
                   f"with the grader's user's rights and network (`isolation` in their grading.json).", ""]
+    lines += ["For staff: plots, pass rates per check (hidden ones named), diagnoses, co-failure and what "
+              "was run are in [report.html](report.html) (numbers: analytics.json).", ""]
     statuses = Counter(r["status"] for r in views)
     lines += ["| status | hand-ins |", "| --- | --- |"] + [f"| {s} | {c} |" for s, c in statuses.most_common()] + [""]
     scored = [r for r in views if r["score"] is not None]
@@ -164,6 +166,7 @@ def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)"
 
 def write_gradebook(views: list, out: Path, max_score: float, pattern: str = r"(?P<id>.+)", replaced=(),
                     strays=()) -> None:
+    """grades.csv, summary.md, report.html and analytics.json into `out`."""
     atomic_write(out / "grades.csv", grades_csv(views))
     text = summary_markdown(views, max_score, pattern, replaced, strays)
     try:
@@ -171,3 +174,9 @@ def write_gradebook(views: list, out: Path, max_score: float, pattern: str = r"(
     except OSError:
         kept = []
     atomic_write(out / "summary.md", text + "".join(f"\n{section}\n" for section in kept))
+    try:
+        write_report(out)
+    except Exception as e:   # the grades are written: a report that cannot be drawn must not lose them
+        print(f"grader: report.html not written ({type(e).__name__}: {e}); grades.csv and summary.md are",
+              file=sys.stderr)
+

@@ -6,7 +6,8 @@
     python -m grader diff OLD_OUT NEW_OUT
 
 `gradebook` reads the results in OUT (it never runs code) and the policy, and writes the final
-gradebook (default OUT/final.csv), every grade computed again on every call; with `--lms`, the
+gradebook (default OUT/final.csv), every grade computed again on every call, and OUT/report.html again with the final grades and
+late days; with `--lms`, the
 file to import into the LMS beside it (a Moodle worksheet's `Last modified (submission)` gives the
 submission times the policy's files do not); with `--feedback`, OUT/feedback-upload/ for the LMS's
 bulk upload of feedback files (grader.grades.feedback) and the Moodle worksheet's feedback
@@ -18,6 +19,7 @@ change). `diff` exits 1 when any score went down.
 import sys
 from pathlib import Path
 
+from grader.analytics.page import write_report
 from grader.grades.book import GradebookError, book_csv, final_gradebook, load_results
 from grader.grades.diff import diff_outs, diff_text
 from grader.grades.feedback import short_text, write_uploads
@@ -53,6 +55,7 @@ def make_gradebook(out, policy_path, output=None, keep_stale: bool = False, lms=
     book = final_gradebook(results, policy, submissions, roster, keep_stale)
     output = Path(output) if output else Path(out) / "final.csv"
     atomic_write(output, book_csv(book))
+    write_report(out, book.rows)   # report.html again, with the final grades and late days
     uploads = write_uploads(out, book, results) if feedback else None
     texts = {row.student: short_text(row, book.max_score) for row in book.rows} if feedback else None
     return book, output, [fill(spec, book, output, assignment, texts) for spec in lms or ()], uploads
@@ -72,6 +75,7 @@ def gradebook_command(args) -> int:
             counts[flag.split(":")[0]] = counts.get(flag.split(":")[0], 0) + 1
     print(f"wrote {output}: {len(book.rows)} students, {graded} with a final grade"
           + "".join(f"; {flag} {n}" for flag, n in sorted(counts.items())))
+    print(f"wrote {Path(args.out) / 'report.html'} again, with the final grades and late days")
     untimed = [r for r in book.rows if "no_time" in r.flags]
     look = [r for r in book.rows if r not in untimed and (r.notes or [f for f in r.flags
                                                                       if f.split(":")[0] not in ROUTINE])]

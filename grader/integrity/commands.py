@@ -2,7 +2,8 @@
 
 `run_integrity` reads every OUT/students/<student>/grading.json, finds the hand-ins again among the PATHs
 (the same ones given to `grade`), reads each one's evidence (grader.integrity.facts), pairs them
-(grader.integrity.evidence) and writes OUT/integrity.csv and OUT/integrity.md. It re-runs nothing.
+(grader.integrity.evidence) and writes OUT/integrity.csv and OUT/integrity.md (and the count of
+pairs into OUT/report.html, grader.analytics). It re-runs nothing.
 """
 
 import math
@@ -11,6 +12,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from grader.analytics.page import refresh_integrity
 from grader.integrity.code import Base
 from grader.integrity.evidence import find_pairs
 from grader.integrity.facts import load_results, match_handins, read_facts
@@ -70,6 +72,7 @@ def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Bas
     report.seconds = round(paired - started, 2)
     report.made_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     write_report(report, out)
+    refresh_integrity(out)   # the staff report's count of pairs and its link
     report.timings = {"read": round(read - started, 3), "pairs": round(paired - read, 3),
                       "write": round(time.monotonic() - paired, 3)}
     return report

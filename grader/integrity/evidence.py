@@ -195,9 +195,10 @@ def same_code(p: _Pairs) -> None:
     for m in matches:
         x, y = p.facts[m.a], p.facts[m.b]
         p.add(x, y, Evidence("same_code", STRONG if m.strong else MODERATE,
-                             f"own code beyond the skeleton shared: {m.tokens_a} of {m.size_a} tokens "
-                             f"({m.share_a:.0%}) and {m.tokens_b} of {m.size_b} ({m.share_b:.0%}), "
-                             f"after renaming and comments are normalised away",
+                             f"own code beyond the skeleton shared: {m.tokens_a} of {m.distinct_a} distinctive tokens "
+                             f"({m.share_a:.0%}; {m.size_a} in all) and {m.tokens_b} of {m.distinct_b} "
+                             f"({m.share_b:.0%}; {m.size_b} in all), after renaming and comments are normalised "
+                             f"away and what the class shares is left out",
                              _shown(x, m.lines_a), _shown(y, m.lines_b)))
 
 

@@ -23,6 +23,7 @@ from grader.pipeline import handin as handins, intake
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.logtext import CLAIM, as_bytes, squash
 from grader.pipeline.report import student_of
+from grader.names import result_files
 from grader.results import ToDict
 
 MAX_CODE_BYTES = 512 * 1024   # more of assignment4.py than this is not compared (the reference is 17 KB)
@@ -81,7 +82,7 @@ class HandinFacts:
 def load_results(out: Path) -> tuple:
     """([grading.json as dicts], [problems]) of every student folder in `out`."""
     results, problems = [], []
-    for path in result_files(out):
+    for path in result_files(out):   # .replaced/, results set aside by a regrade, left out
         try:
             data = json.loads(path.read_text())
             data["student"] = data.get("student") or path.parent.name
