@@ -53,6 +53,8 @@ class Mutant:
     slow: bool = False        # waits for a timeout
     hidden_only: bool = False  # passes every public check: only a hidden check catches it (so the
                                # log, which the public check corroborates, still counts)
+    log_counts: bool = False  # fails a public check, but not the first (the log's own configuration,
+                              # which corroborates the log): its log still counts
 
 
 MUTANTS = {
@@ -159,7 +161,8 @@ MUTANTS = {
         diagnosis="only rank 0 ends with the right weight: the gradients went through dist.reduce"),
     "dp_hard_coded_world_size": Mutant("data_parallel", [
         ("        param.grad.div_(world_size)\n", f"        param.grad.div_({DEFAULT.world_size})\n")],
-        diagnosis=f"the summed gradient was divided by {DEFAULT.world_size} written into the code, not by world_size"),
+        diagnosis=f"the summed gradient was divided by {DEFAULT.world_size} written into the code, not by world_size",
+        log_counts=True),
     "dp_same_slice": Mutant("data_parallel", [
         ("    start_idx = rank * local_batch_size\n", "    start_idx = 0\n")],
         diagnosis="on every rank the update is the gradient of rank 0's slice of the batch alone"),

@@ -58,7 +58,9 @@ def test_check_names_the_part_each_mutant_breaks(name, executor, public_rubric, 
         if part == mutant.part or not mutant.part:
             assert row.rerun == Status(mutant.status), row
             assert mutant.diagnosis in row.message, row.message
-            assert row.log == Status.FAILED   # the log claims a match the re-run does not reproduce
+            # The log claims a match the re-run at its own configuration (the first public check)
+            # does not reproduce, unless the mutant fails only at another public world size.
+            assert row.log == (Status.PASSED if mutant.log_counts else Status.FAILED)
         else:
             assert row.rerun == Status(mutant.others), (part, row.message)
     text = format_report(report)
