@@ -106,6 +106,23 @@ def python_paths() -> list:
     return kept
 
 
+def parents(paths: list) -> list:
+    """Every folder above `paths` that the sandbox's root lacks, outermost first. bwrap makes the
+    folders above a mount point mode 0700, owned by the sandbox's root: a Python under /root or
+    /home/ta would then be out of reach of every rank running under an id of its own (its imports
+    made before the fork work, any later one fails), so they are made 0755 first."""
+    wanted = set()
+    for path in paths:
+        folder = os.path.dirname(path)
+        while folder not in ("/", "") and folder not in wanted:
+            wanted.add(folder)
+            folder = os.path.dirname(folder)
+    private = ("/dev", "/proc")   # bwrap's own; /tmp is a tmpfs in which any folder may be made
+    return sorted((f for f in wanted if f != "/tmp" and
+                   not any(f == s or f.startswith(s + "/") for s in SYSTEM + private)),
+                  key=lambda f: (f.count("/"), f))
+
+
 def stage(folder: Path, uid: int, gid: int) -> Path:
     """Write what the sandbox binds from the grader's side into `folder`: the engine's sources
     (ENGINE: never the rubric or its loader) and /etc."""
@@ -149,11 +166,15 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += bind_fd(path, path)
-    for path in python_paths():
+    links = {p: os.path.realpath(p) for p in {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}
+             if os.path.realpath(p) != p}   # a venv reached through a link: Python is run by that name
+    binds = python_paths()
+    for folder in parents(binds + list(links)):
+        args += ["--perms", "0755", "--dir", folder]
+    for path in binds:
         args += bind_fd(path, path)
-    for path in {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}:
-        if os.path.realpath(path) != path:     # a venv reached through a link: Python is run by that name
-            args += ["--symlink", os.path.realpath(path), path]
+    for path, target in sorted(links.items()):
+        args += ["--symlink", target, path]
     args += bind_fd(staged, "/a4")
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):
         args += ["--symlink", f"/a4/etc/{name}", f"/etc/{name}"]

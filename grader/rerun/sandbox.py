@@ -6,15 +6,19 @@ inside it, and that part stays hand-written: a warm zygote forks worlds from a p
 imported torch once, and bwrap can only start a new process. So each world's leader, before it
 forks any rank,
 
-- unshares PID, network and IPC namespaces of its own: a world's processes see no other world's,
-  its loopback is its own, its SysV objects die with it; and, so that the process limit counts
+- unshares PID, network, IPC and mount namespaces of its own: a world's processes see no other
+  world's, its loopback is its own, its SysV objects die with it, its /tmp and /dev/shm are new
+  empty file systems (nothing an earlier world left, however it made it unremovable, is there) and
+  its code folder is mounted read only (no rank writes bytecode beside it); and, so that the process limit counts
   this world alone, either a user id no other world has (when the grader is root, bwrap's user
   namespace maps a range of ids) or a user namespace of its own (an ordinary user's single id:
   limits count per user namespace);
 - is the parent of ranks that drop every capability, set no_new_privs, and take the rubric's
   limits on address space, processes, file size and CPU time, with one compute thread each.
 
-Between worlds the zygote kills every other process it can see and empties /tmp and /dev/shm.
+Between worlds the zygote kills every other process it can see and empties its /tmp and /dev/shm;
+where worlds cannot have namespaces of their own, it then checks that they are empty and exits when
+they are not, so the executor starts a new sandbox (fresh file systems) for the next world.
 Without bwrap (`--sandbox off`, a student's own machine, a container without user namespaces)
 none of the namespaces exist; ranks run as a user id of their own when the grader is root, so
 files only root may read stay unreadable. `Isolation.summary()` says what held, for every result.
@@ -35,7 +39,10 @@ from dataclasses import dataclass, field
 from grader.limits import Limits
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+SCRATCH = ("/tmp", "/dev/shm")   # a world's writable folders: a new tmpfs each, per world
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 CAPABILITY_VERSION_3 = 0x20080522
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -63,7 +70,7 @@ class Isolation:
     files: bool = False         # a private root: system, Python and the engine only
     network: bool = False       # an own network namespace with only its loopback
     processes: bool = False     # an own PID namespace: nothing outside is visible or signalable
-    per_world: bool = False     # each world in namespaces of its own inside the sandbox
+    per_world: bool = False     # each world in namespaces of its own inside the sandbox, /tmp and /dev/shm new
     own_uid: bool = False       # without namespaces, as root: ranks under a user id of their own
     id_range: int = 1           # user ids the sandbox maps (more than 1: a fresh one per world)
     uid: int = -1               # the user id the zygote runs as
@@ -84,6 +91,10 @@ class Isolation:
                          "the grader's user, in a user namespace of its own" if self.sandbox else
                          f"the grader's own user (uid {self.uid})"),
                 "limits": "address space, processes, file size, CPU time, 1 thread per rank",
+                "memory": "the world's processes together: ranks x memory_mb, kept by a watchdog",
+                "scratch": ("a new /tmp and /dev/shm per world, the code read only" if self.per_world else
+                            "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
+                            if self.sandbox else "a new folder per world"),
                 "problems": list(self.problems)}
 
 
@@ -100,20 +111,53 @@ def _write(path, text):
         f.write(text)
 
 
-def unshare_world(isolation: Isolation) -> None:
-    """In a world's leader, before it forks: PID, network and IPC namespaces of its own for
-    everything it forks after (the leader's next child is the new PID namespace's init), and a user
-    namespace too unless its ranks get an id of their own."""
+def _mount(source, target, fstype, flags, data=None):
+    _check(_libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
+                       ctypes.c_ulong(flags), data and data.encode()), f"mount {target}")
+
+
+def _fresh_scratch(tmp_mb: int) -> None:
+    """In a new mount namespace: a new tmpfs on /tmp and on /dev/shm (what the zygote's held is out
+    of sight), with the mounts the sandbox made inside them (a Python under /tmp) bound back."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    with open("/proc/self/mounts") as f:
+        inside = sorted({line.split()[1] for line in f
+                         if line.split()[1].startswith(tuple(top + "/" for top in SCRATCH))}, key=len)
+    inside = [m for m in inside if not any(m.startswith(o + "/") for o in inside if o != m)]
+    held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
+    try:
+        for top in SCRATCH:
+            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_mb << 20}")
+        for path, fd in held.items():
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
+def read_only(folder: str) -> None:
+    """Mount `folder` on itself read only (inside a world's mount namespace): its ranks, whatever
+    user they run as, can neither write into it nor undo that (they hold no capability)."""
+    _mount(folder, folder, None, MS_BIND)
+    _mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
+    """In a world's leader, before it forks: PID, network, IPC and mount namespaces of its own for
+    everything it forks after (the leader's next child is the new PID namespace's init), a new /tmp
+    and /dev/shm, and a user namespace too unless its ranks get an id of their own."""
     uid, gid = os.getuid(), os.getgid()
     own_user = isolation.id_range <= 1
-    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC),
-           "unshare")
+    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
+                         | CLONE_NEWNS), "unshare")
     if own_user:
         prctl(PR_SET_DUMPABLE, 1)   # an undumpable process may not write its own /proc/self files
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
         prctl(PR_SET_DUMPABLE, 0)
+    _fresh_scratch(tmp_mb)
     _lo_up()
 
 
@@ -169,11 +213,12 @@ def limit_rank(limits: Limits, uid: int) -> None:
         os.environ[name] = "1"
 
 
-def clean_between_worlds() -> None:
+def clean_between_worlds() -> bool:
     """In the zygote, inside the sandbox only: kill every other process it can see (bwrap's init is
-    immune), reap its children, and empty /tmp and /dev/shm for the next world."""
+    immune), reap its children, and empty /tmp and /dev/shm for the next world. Whether they are
+    empty now (a world with a /tmp of its own never touched the zygote's)."""
     if not os.environ.get("A4_IN_SANDBOX"):
-        return
+        return True
     try:
         os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
@@ -186,8 +231,19 @@ def clean_between_worlds() -> None:
             break
     with open("/proc/self/mounts") as f:
         mounts = {line.split()[1] for line in f if line.split()[1].startswith(("/tmp/", "/dev/shm/"))}
-    for top in ("/tmp", "/dev/shm"):
+    for top in SCRATCH:
         _empty(top, mounts)
+    return not any(_leftovers(top, mounts) for top in SCRATCH)
+
+
+def _leftovers(folder: str, mounts: set) -> list:
+    """What `_empty` could not remove from `folder`."""
+    left = []
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if path not in mounts:
+            left += _leftovers(path, mounts) if any(m.startswith(path + "/") for m in mounts) else [path]
+    return left
 
 
 def _empty(folder: str, mounts: set) -> None:
@@ -200,12 +256,26 @@ def _empty(folder: str, mounts: set) -> None:
         if any(m.startswith(path + "/") for m in mounts):
             _empty(path, mounts)
         elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, onerror=_writable_then_retry)
         else:
             try:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _writable_then_retry(function, path, _):
+    """rmtree's error handler: a folder a world made read only is made writable (its owner may),
+    then the removal is tried once more; what still fails stays, and the caller sees it."""
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            function(path)
+    except OSError:
+        pass
 
 
 def _per_world_works(isolation: Isolation) -> str:
