@@ -143,9 +143,10 @@ def stage(folder: Path, uid: int, gid: int) -> Path:
     return folder
 
 
-def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = None) -> tuple:
+def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = None, writable: dict = None) -> tuple:
     """(bwrap's command line, the descriptors it needs): `argv` run inside the sandbox, in the user
-    namespace `userns` when given (root), else in one bwrap makes. The caller passes the
+    namespace `userns` when given (root), else in one bwrap makes; `writable` maps folders of the
+    machine to where they are bound, writable, inside (a memory cgroup). The caller passes the
     descriptors to the child and closes them after it started."""
     fds = [] if userns is None else [userns]
 
@@ -176,6 +177,8 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
     for path, target in sorted(links.items()):
         args += ["--symlink", target, path]
     args += bind_fd(staged, "/a4")
+    for path, dest in (writable or {}).items():
+        args += ["--bind", path, dest]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):
         args += ["--symlink", f"/a4/etc/{name}", f"/etc/{name}"]
     args += ["--chdir", "/tmp", "--clearenv",

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.rerun import bwrap, channel, protocol
+from grader.rerun import bwrap, channel, memory, protocol
 from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
 from grader.rerun.world import infra_report, write_code
@@ -99,6 +99,7 @@ class WarmExecutor(Counted):
         self._settling = None               # a world whose Hello (the zygote ready again) is due
         self.stepped_over = 0               # frames of no world being waited for, or torn
         self._staged = None
+        self._cgroup = None                 # the worlds' memory cgroup (root only)
 
     def _command(self) -> tuple:
         """(argv, descriptors to pass, uid to run as, problems) of the zygote's process."""
@@ -117,7 +118,10 @@ class WarmExecutor(Counted):
                 return argv, [], None, [str(e)]
         self._staged = Path(scratch_dir("a4-sandbox-"))
         bwrap.stage(self._staged, 0 if userns is not None else os.getuid(), 0 if userns is not None else os.getgid())
-        command, fds = bwrap.command(binary, self._staged, self.limits.tmp_mb, argv + [bwrap.version(binary)], userns)
+        self._cgroup = self._cgroup or memory.Cgroup.make()
+        writable = {self._cgroup.path: memory.CGROUP} if self._cgroup else {}
+        command, fds = bwrap.command(binary, self._staged, self.limits.tmp_mb, argv + [bwrap.version(binary)], userns,
+                                     writable)
         return command, fds, None, []
 
     def start(self) -> dict:
@@ -223,6 +227,11 @@ class WarmExecutor(Counted):
         if self.isolation.get("sandbox", "none") != "none":
             # Inside the sandbox a world lives in its own /tmp; nothing of the machine's paths.
             job = dataclasses.replace(job, work_dir="/tmp/world", store="/tmp/world/store")
+        if self._cgroup is not None:
+            try:   # the kernel's limit for everything this world starts
+                self._cgroup.limit(job.world_size * int(job.limits.get("memory_mb", self.limits.memory_mb)))
+            except OSError as e:
+                return infra_report(job, f"the world's memory limit could not be set ({e.strerror})")
         self._numbered += 1
         number = self._numbered
         try:
@@ -250,6 +259,9 @@ class WarmExecutor(Counted):
         if self._staged is not None:
             shutil.rmtree(self._staged, ignore_errors=True)
             self._staged = None
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
 
 
 class TorchrunExecutor(Counted):

@@ -73,6 +73,7 @@ class Isolation:
     per_world: bool = False     # each world in namespaces of its own inside the sandbox, /tmp and /dev/shm new
     own_uid: bool = False       # without namespaces, as root: ranks under a user id of their own
     id_range: int = 1           # user ids the sandbox maps (more than 1: a fresh one per world)
+    memory_cgroup: bool = False  # a memory cgroup holds each world's limit (else a watchdog alone)
     uid: int = -1               # the user id the zygote runs as
     problems: list = field(default_factory=list)
 
@@ -91,7 +92,9 @@ class Isolation:
                          "the grader's user, in a user namespace of its own" if self.sandbox else
                          f"the grader's own user (uid {self.uid})"),
                 "limits": "address space, processes, file size, CPU time, 1 thread per rank",
-                "memory": "the world's processes together: ranks x memory_mb, kept by a watchdog",
+                "memory": "the world's processes together: ranks x memory_mb, " + (
+                    "held by a memory cgroup and a watchdog" if self.memory_cgroup else
+                    "held by a watchdog (no memory cgroup)"),
                 "scratch": ("a new /tmp and /dev/shm per world, the code read only" if self.per_world else
                             "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
                             if self.sandbox else "a new folder per world"),
@@ -304,6 +307,7 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
         return isolation
     with open("/proc/self/uid_map") as f:
         isolation.id_range = sum(int(line.split()[2]) for line in f if line.strip())
+    isolation.memory_cgroup = os.access("/a4-cgroup/cgroup.procs", os.W_OK)
     # The kit's folder may show (a venv inside it is bound), but nothing of the kit itself.
     isolation.files = bool(kit_root) and not any(
         os.path.exists(os.path.join(kit_root, name)) for name in ("grader", "assignment_4", "requirements.txt"))

@@ -113,6 +113,9 @@ def lead_world(job: WorldJob, isolation, reply) -> None:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
         uid = sandbox.world_uid(isolation)
+        if isolation.memory_cgroup:
+            from grader.rerun import memory
+            memory.join_cgroup()   # before anything of the world is forked: all of it is counted
         if isolation.per_world:   # first: the code goes into the world's own new /tmp
             sandbox.unshare_world(isolation, limits.tmp_mb)
             report = _as_init(job)
