@@ -39,8 +39,22 @@ class Handin:
     name: str          # file or folder name, e.g. "alice.zip" or "bulk.zip!alice.zip"
     student: str
     sha256: str
-    zip_bytes: bytes = None   # a zip's content
+    zip_bytes: bytes = None   # a zip's content, when it is not on disk (a student's own check)
     folder: Path = None       # an unpacked hand-in
+    zip_path: Path = None     # a zip on disk: read when it is graded, so a batch holds no hand-in's bytes
+    members: tuple = ()       # the zip's path inside zip_path (a bulk download's member), outermost first
+
+    def zip_data(self) -> bytes:
+        """The zip's bytes, read now; HandinError if they changed since the hand-in was found."""
+        if self.zip_bytes is not None:
+            return self.zip_bytes
+        data = self.zip_path.read_bytes()
+        for member in self.members:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                data = z.read(member)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise HandinError(f"{self.name}: changed on disk while the batch ran; grade it again")
+        return data
 
 
 @dataclass
@@ -121,7 +135,7 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)") -> Found:
     found, problems = [], []
     unreadable = []
 
-    def add_zip(name, data):
+    def add_zip(name, data, path, chain=()):
         members = _zip_members(data)
         if members is None:
             unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
@@ -138,10 +152,10 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)") -> Found:
                         unreadable.append(Unreadable(f"{name}!{m}", student_id(f"{name}!{m}", pattern), "",
                                                      f"{name}!{m}: over 200 MB, not opened"))
                     else:
-                        add_zip(f"{name}!{m}", z.read(m))
+                        add_zip(f"{name}!{m}", z.read(m), path, chain + (m,))
             return
         found.append(Handin(name=name, student=student_id(name, pattern),
-                            sha256=hashlib.sha256(data).hexdigest(), zip_bytes=data))
+                            sha256=hashlib.sha256(data).hexdigest(), zip_path=path, members=chain))
 
     for path in map(Path, paths):
         before = len(found) + len(unreadable)
@@ -149,14 +163,14 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)") -> Found:
             problems.append((path, f"{path}: no such file or folder"))
             continue
         if path.is_file() and path.suffix.lower() == ".zip":
-            add_zip(path.name, path.read_bytes())
+            add_zip(path.name, path.read_bytes(), path.absolute())
         elif path.is_dir() and _is_handin_folder(path):
             found.append(Handin(name=path.name, student=student_id(path.name, pattern),
                                 sha256=folder_digest(path), folder=path))
         elif path.is_dir():
             for entry in sorted(path.iterdir()):
                 if entry.is_file() and entry.suffix.lower() == ".zip":
-                    add_zip(entry.name, entry.read_bytes())
+                    add_zip(entry.name, entry.read_bytes(), entry.absolute())
                 elif entry.is_dir() and _is_handin_folder(entry):
                     found.append(Handin(name=entry.name, student=student_id(entry.name, pattern),
                                         sha256=folder_digest(entry), folder=entry))
@@ -279,8 +293,8 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
     rubric asks of a run, grader.pipeline.runs.LogRule, to choose among several)."""
     dest.mkdir(parents=True, exist_ok=True)
     notes = []
-    if handin.zip_bytes is not None:
-        notes += extract_zip(handin.zip_bytes, dest, handin.name, limits)
+    if handin.folder is None:
+        notes += extract_zip(handin.zip_data(), dest, handin.name, limits)
     else:
         total = 0
         for path in sorted(handin.folder.rglob("*")):
