@@ -298,6 +298,39 @@ def _per_world_works(isolation: Isolation) -> str:
     return "" if os.waitpid(pid, 0)[1] == 0 else why or "it failed"
 
 
+def _unreadable_to_ranks(isolation: Isolation) -> list:
+    """The folders of the Python in use that a rank, under a user id of its own, cannot list (a
+    venv made under umask 077, say): every import made after the fork would fail there. Tried in a
+    child running as such a user."""
+    folders = {p for p in sys.path if p and os.path.isdir(p)}
+    folders |= {os.path.dirname(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+                if isinstance(f, str) and f.startswith("/")}
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            uid = world_uid(isolation)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            failed = []
+            for folder in sorted(folders):
+                try:
+                    os.listdir(folder)
+                except OSError:
+                    failed.append(folder)
+            os.write(write_fd, "\n".join(failed[:5]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    chunks = []
+    while chunk := os.read(read_fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    return [line for line in b"".join(chunks).decode(errors="replace").split("\n") if line]
+
+
 def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
     """What holds for the processes of this zygote, seen from inside: `kit_root` (the kit's folder on
     the machine) must not be visible, only the loopback, only this sandbox's processes."""
@@ -322,4 +355,8 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
         isolation.problems.append(f"the sandbox started without {', '.join(missing)}")
     if why:
         isolation.problems.append(f"worlds share the job sandbox's namespaces ({why})")
+    unreadable = _unreadable_to_ranks(isolation) if isolation.id_range > 1 else []
+    if unreadable:
+        isolation.problems.append(f"ranks run under a user id of their own and cannot read {', '.join(unreadable)}: "
+                                  f"make the Python installation readable to every user (chmod -R o+rX)")
     return isolation
