@@ -39,20 +39,17 @@ class Handin:
     name: str          # file or folder name, e.g. "alice.zip" or "bulk.zip!alice.zip"
     student: str
     sha256: str
-    zip_bytes: bytes = None   # a zip's content, when it is not on disk (a student's own check)
-    folder: Path = None       # an unpacked hand-in
-    zip_path: Path = None     # a zip on disk: read when it is graded, so a batch holds no hand-in's bytes
-    members: tuple = ()       # the zip's path inside zip_path (a bulk download's member), outermost first
+    zip_bytes: bytes = None   # a zip's content, when it is not on disk (a student's own check); or
+    zip_path: Path = None     # a zip on disk, read when graded (a batch holds no hand-in's bytes),
+    members: tuple = ()       # and the zip's path inside it (a bulk download's member), outermost first
+    folder: Path = None       # or an unpacked hand-in
 
     def zip_data(self) -> bytes:
         """The zip's bytes, read now; HandinError if they changed since the hand-in was found."""
-        if self.zip_bytes is not None:
-            return self.zip_bytes
-        data = self.zip_path.read_bytes()
+        data = self.zip_bytes if self.zip_bytes is not None else self.zip_path.read_bytes()
         for member in self.members:
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                data = z.read(member)
-        if hashlib.sha256(data).hexdigest() != self.sha256:
+            data = zipfile.ZipFile(io.BytesIO(data)).read(member)
+        if self.zip_bytes is None and hashlib.sha256(data).hexdigest() != self.sha256:
             raise HandinError(f"{self.name}: changed on disk while the batch ran; grade it again")
         return data
 

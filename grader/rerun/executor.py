@@ -116,6 +116,8 @@ class WarmExecutor(Counted):
                 userns = bwrap.wide_user_namespace(random.randrange(1 << 20, 1 << 30, 1 << 16))
             except bwrap.BwrapUnavailable as e:
                 return argv, [], None, [str(e)]
+        if self._staged is not None:   # a new sandbox after one that ended: nothing of the last kept
+            shutil.rmtree(self._staged, ignore_errors=True)
         self._staged = Path(scratch_dir("a4-sandbox-"))
         bwrap.stage(self._staged, 0 if userns is not None else os.getuid(), 0 if userns is not None else os.getgid())
         self._cgroup = self._cgroup or memory.Cgroup.make()
@@ -227,11 +229,10 @@ class WarmExecutor(Counted):
         if self.isolation.get("sandbox", "none") != "none":
             # Inside the sandbox a world lives in its own /tmp; nothing of the machine's paths.
             job = dataclasses.replace(job, work_dir="/tmp/world", store="/tmp/world/store")
-        if self._cgroup is not None:
-            try:   # the kernel's limit for everything this world starts
-                self._cgroup.limit(job.world_size * int(job.limits.get("memory_mb", self.limits.memory_mb)))
-            except OSError as e:
-                return infra_report(job, f"the world's memory limit could not be set ({e.strerror})")
+        try:   # the kernel's limit for everything this world starts
+            self._cgroup and self._cgroup.limit(job.world_size * Limits(**job.limits).memory_mb)
+        except OSError as e:
+            return infra_report(job, f"the world's memory limit could not be set ({e.strerror})")
         self._numbered += 1
         number = self._numbered
         try:

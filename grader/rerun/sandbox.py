@@ -16,9 +16,8 @@ forks any rank,
 - is the parent of ranks that drop every capability, set no_new_privs, and take the rubric's
   limits on address space, processes, file size and CPU time, with one compute thread each.
 
-Between worlds the zygote kills every other process it can see and empties its /tmp and /dev/shm;
-where worlds cannot have namespaces of their own, it then checks that they are empty and exits when
-they are not, so the executor starts a new sandbox (fresh file systems) for the next world.
+Between worlds the zygote kills every other process it can see and empties its /tmp and /dev/shm
+(grader.rerun.scratch, which also gives each world its new ones).
 Without bwrap (`--sandbox off`, a student's own machine, a container without user namespaces)
 none of the namespaces exist; ranks run as a user id of their own when the grader is root, so
 files only root may read stay unreadable. `Isolation.summary()` says what held, for every result.
@@ -29,7 +28,6 @@ import fcntl
 import os
 import random
 import resource
-import shutil
 import signal
 import socket
 import struct
@@ -37,11 +35,10 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import Limits
+from grader.rerun import scratch
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 CLONE_NEWNS = 0x00020000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-SCRATCH = ("/tmp", "/dev/shm")   # a world's writable folders: a new tmpfs each, per world
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 CAPABILITY_VERSION_3 = 0x20080522
 
@@ -114,38 +111,6 @@ def _write(path, text):
         f.write(text)
 
 
-def _mount(source, target, fstype, flags, data=None):
-    _check(_libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
-                       ctypes.c_ulong(flags), data and data.encode()), f"mount {target}")
-
-
-def _fresh_scratch(tmp_mb: int) -> None:
-    """In a new mount namespace: a new tmpfs on /tmp and on /dev/shm (what the zygote's held is out
-    of sight), with the mounts the sandbox made inside them (a Python under /tmp) bound back."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    with open("/proc/self/mounts") as f:
-        inside = sorted({line.split()[1] for line in f
-                         if line.split()[1].startswith(tuple(top + "/" for top in SCRATCH))}, key=len)
-    inside = [m for m in inside if not any(m.startswith(o + "/") for o in inside if o != m)]
-    held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
-    try:
-        for top in SCRATCH:
-            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_mb << 20}")
-        for path, fd in held.items():
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-    finally:
-        for fd in held.values():
-            os.close(fd)
-
-
-def read_only(folder: str) -> None:
-    """Mount `folder` on itself read only (inside a world's mount namespace): its ranks, whatever
-    user they run as, can neither write into it nor undo that (they hold no capability)."""
-    _mount(folder, folder, None, MS_BIND)
-    _mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-
-
 def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
     """In a world's leader, before it forks: PID, network, IPC and mount namespaces of its own for
     everything it forks after (the leader's next child is the new PID namespace's init), a new /tmp
@@ -160,7 +125,10 @@ def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
         prctl(PR_SET_DUMPABLE, 0)
-    _fresh_scratch(tmp_mb)
+    try:
+        scratch.fresh(tmp_mb)
+    except OSError as e:
+        raise SandboxError(e.errno, f"a new /tmp for the world: {e.strerror}") from None
     _lo_up()
 
 
@@ -214,71 +182,6 @@ def limit_rank(limits: Limits, uid: int) -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = "1"
-
-
-def clean_between_worlds() -> bool:
-    """In the zygote, inside the sandbox only: kill every other process it can see (bwrap's init is
-    immune), reap its children, and empty /tmp and /dev/shm for the next world. Whether they are
-    empty now (a world with a /tmp of its own never touched the zygote's)."""
-    if not os.environ.get("A4_IN_SANDBOX"):
-        return True
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG) == (0, 0):
-                break
-        except ChildProcessError:
-            break
-    with open("/proc/self/mounts") as f:
-        mounts = {line.split()[1] for line in f if line.split()[1].startswith(("/tmp/", "/dev/shm/"))}
-    for top in SCRATCH:
-        _empty(top, mounts)
-    return not any(_leftovers(top, mounts) for top in SCRATCH)
-
-
-def _leftovers(folder: str, mounts: set) -> list:
-    """What `_empty` could not remove from `folder`."""
-    left = []
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if path not in mounts:
-            left += _leftovers(path, mounts) if any(m.startswith(path + "/") for m in mounts) else [path]
-    return left
-
-
-def _empty(folder: str, mounts: set) -> None:
-    """Remove everything in `folder` but the mount points in `mounts` (a Python bound under /tmp)
-    and the folders that lead to them."""
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if path in mounts:
-            continue
-        if any(m.startswith(path + "/") for m in mounts):
-            _empty(path, mounts)
-        elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, onerror=_writable_then_retry)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-
-def _writable_then_retry(function, path, _):
-    """rmtree's error handler: a folder a world made read only is made writable (its owner may),
-    then the removal is tried once more; what still fails stays, and the caller sees it."""
-    try:
-        os.chmod(os.path.dirname(path), 0o700)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            function(path)
-    except OSError:
-        pass
 
 
 def _per_world_works(isolation: Isolation) -> str:

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import signal
 
-from grader.rerun import protocol, sandbox
+from grader.rerun import protocol, sandbox, scratch
 from grader.rerun.protocol import StopReason, WorldJob, WorldReport
 from grader.rerun.supervise import supervise
 from grader.limits import Limits
@@ -123,7 +123,7 @@ def lead_world(job: WorldJob, isolation, reply) -> None:
             os.makedirs(job.work_dir, exist_ok=True)
             job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(job.work_dir, "code")))
             if isolation.per_world:
-                sandbox.read_only(job.code_dir)
+                scratch.read_only(job.code_dir)
             if uid != os.getuid():
                 os.chown(job.work_dir, uid, uid)
             sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory

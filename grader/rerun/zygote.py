@@ -42,7 +42,7 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     # installation are on the path (not the working folder, /tmp, which ranks write to).
     sys.dont_write_bytecode = True
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
-    from grader.rerun import sandbox, world, worker  # torch is imported once here, inherited by every rank
+    from grader.rerun import sandbox, scratch, world, worker  # torch is imported once here, inherited by every rank
     worker.warm_up()
     # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
     # (and so copies) it.
@@ -71,7 +71,7 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
             # wait (a report it did send first wins; this one is then stepped over).
             reply(world.lost_report(None, f"the world's leader was killed ({code})"))
         # Nothing of this world may outlive it: no process, no file in /tmp or /dev/shm.
-        if not sandbox.clean_between_worlds():
+        if not scratch.clean_between_worlds():
             return   # the executor sees the end of the pipe, and starts a new sandbox
         reply(hello)
 
