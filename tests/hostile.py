@@ -187,7 +187,7 @@ LAZY_IMPORTS = (
     "print(f'debug: {{weight}} {{weight.grad}} {{torch.nn.Linear(2, 2).weight.data}}', flush=True)\n"
     "print(repr(torch.ones(2, dtype=torch.float64)), str(torch.zeros(1, 2)), format(torch.tensor(1.5), '.2f'))\n"
     "import numpy, decimal, fractions, statistics, difflib, csv, zipfile, email.mime.text, xml.etree.ElementTree\n"
-    "from torch import fx, testing\nfrom torch.utils import data\nfrom torch._subclasses import schema_check_mode\n"
+    "from torch import testing\nfrom torch._subclasses import schema_check_mode\n"
     "testing.assert_close(torch.ones(3), torch.from_numpy(numpy.ones(3, dtype=numpy.float32)))\n"
     "missing = []\n"
     "for package in (os, torch, torch._subclasses, testing, numpy):\n"

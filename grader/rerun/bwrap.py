@@ -103,6 +103,14 @@ def python_paths() -> list:
         if not any(path == k or path.startswith(k + "/") for k in kept) and \
                 not any(path == s or path.startswith(s + "/") for s in SYSTEM):
             kept.append(path)
+    # What the installation links to outside itself (Debian's stdlib links sitecustomize.py into
+    # /etc/pythonX.Y): without it, that module is there outside a world and missing inside one.
+    for folder in list(kept) + [os.path.dirname(os.__file__)]:
+        for entry in os.scandir(folder):
+            target = os.path.realpath(entry.path) if entry.is_symlink() else ""
+            if target and os.path.exists(target) and target not in kept and not any(
+                    target.startswith(k + "/") for k in kept + list(SYSTEM)):
+                kept.append(target)
     return kept
 
 
