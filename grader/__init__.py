@@ -6,7 +6,8 @@ The house, one room per job; a hand-in travels down the list:
                  results (statuses and result dataclasses), cli (the command line)
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
                  its weights (executor, zygote, world, supervise, worker, layer, hooks, protocol,
-                 channel, sandbox, check; doctor says which sandbox layers work on a machine)
+                 channel, sandbox, scratch, memory, check; doctor says which sandbox layers work on
+                 a machine)
     pipeline/    grade one hand-in: handin (unpack), runs (a run's stdout and stderr, found by what
                  they hold), logfile and errfile (what they say), compare and diagnose (the
                  weights), backward (the tensor-parallel layer's gradients), score, say (what a
