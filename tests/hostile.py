@@ -1,7 +1,8 @@
 """Hostile and broken hand-ins: each tries one thing the sandbox must stop, with the outcome it must get.
 
 Code attacks are injected at the start of `single_step` (the baseline) of the reference, so every
-other part of the hand-in stays right and must still pass. Zip attacks are built byte by byte.
+other part of the hand-in stays right and must still pass (or, `everywhere`, at the start of every
+part: a correct hand-in that does what real students do inside each part). Zip attacks are built byte by byte.
 `Attack.status` is what the baseline must get; `None` means the attack must fail silently and the
 baseline pass. Paths the attacks aim at (the reference, the rubric, the grader's output) and the
 port of a listener that must hear nothing are filled in at test time.
@@ -16,7 +17,9 @@ from dataclasses import dataclass
 from tests.corpus import REFERENCE, UTILS, Files, skeleton, zip_bytes
 
 ANCHOR = "    device = get_device() if device is None else device\n    # Same seed, same initial weight"
+EVERY_PART = "    device = get_device() if device is None else device\n"
 MARKER = "a4-escape-marker"
+PLANTED = "a4-planted"   # what a hand-in leaves for the next world; the next correct one looks for it
 
 
 @dataclass
@@ -25,6 +28,7 @@ class Attack:
     status: tuple = ("passed",)   # statuses the baseline may get
     words: str = ""            # words its message must contain
     base: str = "reference"    # "reference", or "three_parts" (tensor parallel left TODO)
+    everywhere: bool = False   # injected at the start of every part, not the baseline's only
 
 
 ATTACKS = {
@@ -115,6 +119,30 @@ ATTACKS = {
         "             {out!r} + '/students/write_results/grading.json', {rubric!r}):\n"
         "    try:\n        open(path, 'w').write('TAMPERED')\n    except OSError:\n        pass\n"),
     "top_level_command": Attack(),  # see build(): a module-level statement that runs a shell command
+    # 5b. change the next hand-in's results: a compiled `utils` (an unchecked hash-based .pyc, which
+    # Python loads without looking at the source) planted beside the code and in /tmp, the folders
+    # made read only so that no cleaning can remove them; files left in /tmp and /dev/shm.
+    "plant_bytecode": Attack(
+        "import importlib.util, marshal, os\n"
+        "bad = compile('raise RuntimeError(\"LEAK planted bytecode ran\")', 'utils.py', 'exec')\n"
+        "here = os.path.dirname(os.path.abspath(__file__))\n"
+        "for folder in (here, '/tmp/world/code', '/tmp', os.getcwd()):\n"
+        "    for name in ('utils', 'assignment4'):\n"
+        "        path = importlib.util.cache_from_source(os.path.join(folder, name + '.py'))\n"
+        "        try:\n"
+        "            os.makedirs(os.path.dirname(path), exist_ok=True)\n"
+        "            with open(path, 'wb') as f:\n"
+        "                f.write(importlib.util.MAGIC_NUMBER + (1).to_bytes(4, 'little') + bytes(8) + marshal.dumps(bad))\n"
+        "        except OSError:\n            pass\n"
+        "    for path in (os.path.dirname(path), folder):\n"
+        "        try:\n            os.chmod(path, 0o555)\n        except OSError:\n            pass\n"
+        "for top in ('/tmp', '/dev/shm'):\n"
+        "    try:\n"
+        "        os.makedirs(f'{{top}}/{planted}-dir', exist_ok=True)\n"
+        "        open(f'{{top}}/{planted}-dir/{planted}', 'w').write('x')\n"
+        "        open(f'{{top}}/{planted}', 'w').write('x')\n"
+        "        os.chmod(f'{{top}}/{planted}-dir', 0o555)\n"
+        "    except OSError:\n        pass\n"),
     # 6. kill or confuse the grader
     # Its parent is the namespace's init (signals from inside are ignored) and, as root, of another
     # user (the kill is refused): either way only its own part can suffer.
@@ -139,17 +167,55 @@ ATTACKS = {
 TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
 
 
-def inject(code: str, snippet: str) -> str:
+def inject(code: str, snippet: str, everywhere: bool = False) -> str:
+    if everywhere:
+        assert code.count(EVERY_PART) >= 4, "the reference's parts no longer start as expected"
+        return code.replace(EVERY_PART, EVERY_PART + textwrap.indent(snippet, "    "))
     assert code.count(ANCHOR) == 1, "the reference's single_step no longer starts as expected"
     head, tail = ANCHOR.split("\n", 1)
     return code.replace(ANCHOR, f"{head}\n{textwrap.indent(snippet, '    ')}{tail}")
+
+
+# What a correct hand-in may do inside any part, and must be able to do in a world exactly as
+# outside one: print and format tensors (which imports torch modules lazily), use torch.testing and
+# numpy, import any module of the standard library and of torch that the environment has (found by
+# listing their folders, as the importer does, from inside the world), use its own /tmp; and find
+# nothing an earlier hand-in left behind (in /tmp, /dev/shm, or beside its code).
+LAZY_IMPORTS = (
+    "import glob, importlib.util, os, pkgutil, sys, tempfile\n"
+    "weight = torch.arange(6.0).reshape(2, 3)\n"
+    "print(f'debug: {{weight}} {{weight.grad}} {{torch.nn.Linear(2, 2).weight.data}}', flush=True)\n"
+    "print(repr(torch.ones(2, dtype=torch.float64)), str(torch.zeros(1, 2)), format(torch.tensor(1.5), '.2f'))\n"
+    "import numpy, decimal, fractions, statistics, difflib, csv, zipfile, email.mime.text, xml.etree.ElementTree\n"
+    "from torch import testing\nfrom torch._subclasses import schema_check_mode\n"
+    "testing.assert_close(torch.ones(3), torch.from_numpy(numpy.ones(3, dtype=numpy.float32)))\n"
+    "missing = []\n"
+    "for package in (os, torch, torch._subclasses, testing, numpy):\n"
+    "    folder = os.path.dirname(package.__file__)\n"
+    "    names = [m.name for m in pkgutil.iter_modules([folder])]\n"
+    "    if len(names) < 3 or len(os.listdir(folder)) < 3:\n"
+    "        missing.append(f'cannot list {{folder}}')\n"
+    "    prefix = '' if package is os else package.__name__ + '.'\n"
+    "    missing += [prefix + n for n in names\n"
+    "                if prefix + n not in sys.modules and importlib.util.find_spec(prefix + n) is None]\n"
+    "assert not missing, f'not importable in the world: {{missing[:10]}}'\n"
+    "with tempfile.NamedTemporaryFile('w+', dir='/tmp') as f:\n"
+    "    f.write('scratch'); f.flush()\n"
+    "    assert open(f.name).read() == 'scratch'\n"
+    "here = os.path.dirname(os.path.abspath(__file__))\n"
+    "left = glob.glob('/tmp/{planted}*') + glob.glob('/dev/shm/{planted}*') + glob.glob(here + '/__pycache__')\n"
+    "assert not left, f'an earlier world left {{left}}'\n"
+)
+
+
+ATTACKS["lazy_imports"] = Attack(LAZY_IMPORTS, everywhere=True)
 
 
 def build(name: str, values: dict, log: str, err: str) -> Files:
     attack = ATTACKS[name]
     base = (REFERENCE.read_text() if attack.base == "reference"
             else skeleton(filled=["baseline", "grad_accumulation", "data_parallel"]))
-    code = inject(base, attack.snippet.format(**values)) if attack.snippet else base
+    code = inject(base, attack.snippet.format(planted=PLANTED, **values), attack.everywhere) if attack.snippet else base
     if name == "top_level_command":
         code = code.replace("\nimport torch\n", "\nimport torch\n" + TOP_LEVEL, 1)
     return Files(code=code, log=log, err=err)

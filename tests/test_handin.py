@@ -10,7 +10,7 @@ import pytest
 from grader.pipeline.handin import Handin, HandinError, student_id, unpack
 from grader.pipeline.intake import discover
 from grader.rubric import Files
-from tests.corpus import Files as HandinFiles, zip_bytes
+from tests.corpus import Files as HandinFiles, write_zip, zip_bytes
 
 CODE = "print('code')\n"
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -146,7 +146,7 @@ def test_discover_finds_zips_folders_and_bulk_downloads(tmp_path):
     found, problems = discover([inbox, tmp_path / "bulk.zip"], r"_(?P<id>\d+)_")
     assert problems == [("broken.zip", "broken.zip: not a readable zip file; ask for the hand-in again")]
     assert sorted(h.student for h in found) == ["1001", "1002", "alice", "carol"]
-    assert sorted(h.name for h in found if h.zip_bytes is not None)[0] == "alice.zip"
+    assert sorted(h.name for h in found if h.folder is None)[0] == "alice.zip"
 
 
 def test_a_download_inside_a_folder_of_hand_ins_is_a_hand_in_never_expanded(tmp_path):
@@ -163,3 +163,21 @@ def test_student_ids_come_from_the_pattern_or_the_name():
     assert student_id("Jane Doe_12345_assignsubmission_file_hw4.zip", r"^[^_]+_(?P<id>\d+)_") == "12345"
     assert student_id("no digits here.zip", r"_(?P<id>\d+)_") == "no_digits_here"
     assert student_id("../../etc/passwd.zip", r"(?P<id>.+)") == "etc_passwd"
+
+
+def test_a_batch_holds_where_each_hand_in_is_not_its_bytes(tmp_path):
+    """Finding 30 hand-ins of 2 MB each (a big NCCL log apiece) costs about one hand-in's bytes at a
+    time, and keeps none of them: each is read again when it is graded."""
+    import os
+    import tracemalloc
+    for i in range(30):
+        log = os.urandom(1 << 20).hex()   # 2 MB that do not compress
+        write_zip(tmp_path / f"student{i}.zip", HandinFiles(code=CODE, log=log))
+    tracemalloc.start()
+    found, problems = discover([tmp_path])
+    held, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert problems == [] and len(found) == 30
+    assert held < 1 << 20 and peak < 8 << 20, (held, peak)
+    unpacked = unpack(found[7], tmp_path / "out", Files())
+    assert unpacked.files["assignment"].read_text() == CODE

@@ -16,8 +16,8 @@ import yaml
 
 from grader.parts import PART_IDS
 from tests import tas
-from tests.corpus import FULL, ROOT
-from tests.hostile import ATTACKS, MARKER, all_handins, zip_attacks
+from tests.corpus import FULL, REFERENCE, ROOT, Files, refingerprint, zip_bytes
+from tests.hostile import ATTACKS, MARKER, all_handins, build, inject, zip_attacks
 
 RUBRIC = {"checks": [{"name": "default"},
                      {"name": "two-ranks", "hidden": True, "world_size": 2, "seed": 1234,
@@ -87,7 +87,8 @@ CONFIGS = ("root", "user", "user_home")
 # What the TA configurations run: every attack on isolation, and the reference.
 ISOLATION_ATTACKS = ("reference", "network", "port_from_graders_environment", "read_secrets", "read_kit_through_proc",
                      "walk_the_file_system", "scan_own_memory", "write_results", "kill_parent",
-                     "kill_everything_it_can", "fork_bomb", "daemon_that_escapes_its_group", "top_level_command")
+                     "kill_everything_it_can", "fork_bomb", "daemon_that_escapes_its_group", "top_level_command",
+                     "plant_bytecode", "lazy_imports")
 
 
 def _sandbox_here() -> str:
@@ -102,20 +103,26 @@ def _sandbox_here() -> str:
         executor.close()
 
 
-@pytest.fixture(scope="module", params=CONFIGS)
-def hostile(request, reference_run, tmp_path_factory):
+def _ta_or_skip(config):
+    """The TA of `config` (None for root), after checking that this machine can sandbox at all."""
     why = _sandbox_here()
     if why:
         userns = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode == 0
         if userns:   # this machine can sandbox: the grader failing to is a bug, not a limitation
             pytest.fail(f"user namespaces work here, yet the grader refuses to run hand-ins: {why}")
         pytest.skip(f"no user namespaces on this machine; the grader refuses to run hand-ins: {why}")
-    config, ta = request.param, None
-    if config != "root":
-        missing = tas.available()
-        if missing:
-            pytest.skip(f"no TA configuration here: {missing}")
-        ta = tas.ta_setup(config)
+    if config == "root":
+        return None
+    missing = tas.available()
+    if missing:
+        pytest.skip(f"no TA configuration here: {missing}")
+    return tas.ta_setup(config)
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def hostile(request, reference_run, tmp_path_factory):
+    config = request.param
+    ta = _ta_or_skip(config)
     try:
         yield _grade_hostile(config, ta, reference_run, tmp_path_factory)
     finally:
@@ -235,3 +242,141 @@ def test_output_floods_are_capped(hostile):
         pytest.skip(f"{hostile['config']} runs the attacks on isolation only")
     r = hostile["results"]["flood_output"]
     assert len(json.dumps(r)) < 200_000
+
+
+# ---- one executor, one world after another ------------------------------------------------------
+
+def _grade_in_order(config, ta, reference_run, tmp: Path, handins: dict) -> dict:
+    """Grade `handins` (name -> zip bytes) with one executor (--jobs 1), in the order of their names,
+    as root or as `ta`; return name -> grading.json."""
+    kit = ta.kit if ta else ROOT
+    inbox, out = tmp / "inbox", tmp / "out"
+    inbox.mkdir(parents=True)
+    # Timeouts a loaded machine cannot run out: this is about what each world finds, not about time.
+    (tmp / "rubric.yaml").write_text(yaml.safe_dump({"checks": RUBRIC["checks"][:1],
+                                                     "timeouts": dict(RUBRIC["timeouts"], part=60)}))
+    for name, data in handins.items():
+        (inbox / f"{name}.zip").write_bytes(data)
+    args = ["-m", "grader", "grade", str(inbox), "--out", str(out), "--jobs", "1", "--rubric", str(tmp / "rubric.yaml"),
+            "--quiet"]
+    if ta:
+        subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
+        proc = ta.run([str(ta.python), *args], timeout=600)
+    else:
+        proc = subprocess.run([sys.executable, *args], cwd=kit, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_a_planted_compiled_module_never_reaches_the_next_world(config, reference_run, tmp_path_factory):
+    """A hand-in plants an unchecked .pyc of `utils` beside its code and in /tmp, files in /tmp and
+    /dev/shm, and makes the folders read only; the correct hand-ins graded after it by the same
+    executor (one that does in every part what the sandbox must not notice, then the reference)
+    score full marks: each world starts with a new /tmp and /dev/shm, and code loads from source."""
+    log, err = reference_run
+    ta = _ta_or_skip(config)
+    try:
+        tmp = ta.home / "work" if ta else tmp_path_factory.mktemp("in-order")
+        values = {"port": 9, "reference": "", "rubric": "", "out": ""}
+        handins = {}
+        for order, name in (("a", "plant_bytecode"), ("b", "lazy_imports"), ("c", "plant_bytecode"), ("d", "lazy_imports")):
+            code = build(name, values, log, err).code
+            handins[f"{order}_{name}"] = zip_bytes(Files(code=code, log=refingerprint(log, code), err=err))
+        handins["e_reference"] = zip_bytes(Files(code=REFERENCE.read_text(), log=log, err=err))
+        results = _grade_in_order(config, ta, reference_run, tmp, handins)
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+    for name in ("b_lazy_imports", "d_lazy_imports", "e_reference"):
+        r = results[name]
+        assert (r["status"], r["score"]) == ("graded", FULL), \
+            (name, r["message"], {p: v["message"] for p, v in r["parts"].items() if v["status"] != "passed"})
+        assert r["isolation"]["scratch"] == "a new /tmp and /dev/shm per world, the code read only"
+    assert {p["status"] for p in results["a_plant_bytecode"]["parts"].values()} == {"passed"}
+    assert "LEAK" not in json.dumps(results)
+
+
+# ---- the memory of a world as a whole ----------------------------------------------------------
+
+FAN_OUT = """\
+import os, time
+if dist.get_rank() == 0:
+    for _ in range(16):
+        if os.fork() == 0:
+            hog = []
+            try:
+                for _ in range(40):
+                    hog.append(b"x" * (25 << 20))
+            except MemoryError:
+                pass
+            time.sleep(60)
+            os._exit(0)
+    time.sleep(60)
+"""
+
+# Run by the TA's (or root's) own Python in the kit: one world of the fan-out hand-in on a warm
+# executor, while the machine's available memory is polled.
+MEASURE = """\
+import dataclasses, json, sys, threading, time
+from pathlib import Path
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
+from grader.rubric import load_rubric
+rubric = load_rubric(Path(sys.argv[2]))
+check = dataclasses.replace(rubric.checks[0], world_size=2)
+executor = WarmExecutor("auto", rubric.limits)
+executor.start()
+
+def available():
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("MemAvailable"))
+
+before = available()
+lowest, running = [before], [True]
+
+def poll():
+    while running[0]:
+        lowest[0] = min(lowest[0], available())
+        time.sleep(0.005)
+
+watcher = threading.Thread(target=poll)
+watcher.start()
+started = time.monotonic()
+runs = run_check(executor, prepare_code(Path(sys.argv[1])), check, rubric, Path(sys.argv[3]), parts=["baseline"])
+running[0] = False
+watcher.join()
+executor.close()
+print(json.dumps({"status": runs["baseline"].status.value, "detail": runs["baseline"].detail,
+                  "raised_mb": before - lowest[0], "seconds": time.monotonic() - started}))
+"""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_a_world_that_fans_out_stays_within_its_memory(config, tmp_path_factory):
+    """A rank forks 16 children that each fill what their address-space limit allows (16 x a few
+    hundred MB against a world of 2 x 1200 MB): the machine's used memory rises by no more than the
+    world's limit, and the part is out of memory, saying why."""
+    ta = _ta_or_skip(config)
+    try:
+        tmp = ta.home / "fan-out" if ta else tmp_path_factory.mktemp("fan-out")
+        (tmp / "scratch").mkdir(parents=True)
+        (tmp / "assignment4.py").write_text(inject(REFERENCE.read_text(), FAN_OUT))
+        (tmp / "rubric.yaml").write_text(yaml.safe_dump({"limits": {"memory_mb": 1200},
+                                                         "timeouts": {"part": 60, "world_start": 60}}))
+        args = ["-c", MEASURE, str(tmp / "assignment4.py"), str(tmp / "rubric.yaml"), str(tmp / "scratch")]
+        if ta:
+            subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
+            proc = ta.run([str(ta.python), *args], timeout=500)
+        else:
+            proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=500)
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert measured["status"] == "oom", measured
+    assert "the ranks and their children used more than 2400 MB" in measured["detail"], measured
+    assert measured["raised_mb"] <= 2400, measured

@@ -36,9 +36,11 @@ class Handin:
     name: str          # file or folder name, e.g. "alice.zip" or "bulk.zip!alice.zip"
     student: str
     sha256: str
-    zip_bytes: bytes = None   # a zip's content
-    folder: Path = None       # an unpacked hand-in
-    files: dict = None        # a hand-in of loose files in a download: name as uploaded -> bytes
+    zip_bytes: bytes = None   # a zip's content, when it is not on disk (a student's own check, an LMS entry); or
+    zip_path: Path = None     # a zip on disk, read when graded (a batch holds no hand-in's bytes),
+    members: tuple = ()       # and the zip's path inside it (a bulk download's member), outermost first
+    folder: Path = None       # or an unpacked hand-in
+    files: dict = None        # or a hand-in of loose files in a download: name as uploaded -> bytes
     lms: str = ""             # the LMS whose download it came from ("" for none)
     upload: str = ""          # the download's name for the student (feedback goes back under it)
     submitted_at: str = ""    # as the download says it, "" when it does not
@@ -50,6 +52,15 @@ class Handin:
         return {"name": self.name, "student": self.student, "lms": self.lms, "upload": self.upload,
                 "submitted_at": self.submitted_at, "late": self.late, "also": self.also,
                 "files": sorted(self.files) if self.files else []}
+
+    def zip_data(self) -> bytes:
+        """The zip's bytes, read now; HandinError if they changed since the hand-in was found."""
+        data = self.zip_bytes if self.zip_bytes is not None else self.zip_path.read_bytes()
+        for member in self.members:
+            data = zipfile.ZipFile(io.BytesIO(data)).read(member)
+        if self.zip_bytes is None and hashlib.sha256(data).hexdigest() != self.sha256:
+            raise HandinError(f"{self.name}: changed on disk while the batch ran; grade it again")
+        return data
 
 
 @dataclass
@@ -230,8 +241,8 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
     rubric asks of a run, grader.pipeline.runs.LogRule, to choose among several)."""
     dest.mkdir(parents=True, exist_ok=True)
     notes = []
-    if handin.zip_bytes is not None:
-        notes += extract_zip(handin.zip_bytes, dest, handin.name, limits)
+    if handin.zip_bytes is not None or handin.zip_path is not None:
+        notes += extract_zip(handin.zip_data(), dest, handin.name, limits)
     elif handin.files is not None:
         write_files(handin.files, dest, handin.name, limits)
     else:

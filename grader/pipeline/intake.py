@@ -86,13 +86,14 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
     student, and the paths that hold none. `lms` names the LMS of the downloads (else recognised)."""
     found = Found()
 
-    def add_zip(name, data):
+    def add_zip(name, data, zip_path, members=()):
+        """One zip hand-in; its bytes are read again from `zip_path` (and `members`) when it is graded."""
         if _zip_members(data) is None:
             found.unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
                                                f"{name}: not a readable zip file; ask for the hand-in again"))
             return
         found.handins.append(Handin(name=name, student=student_id(name, pattern),
-                                    sha256=hashlib.sha256(data).hexdigest(), zip_bytes=data))
+                                    sha256=hashlib.sha256(data).hexdigest(), zip_path=zip_path, members=members))
 
     def expand(path, listing, zipped=False):
         """Read `listing` (of the path the TA gave: a folder, or a zip when `zipped`) as a download;
@@ -116,7 +117,8 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
         for top in sorted(zips):
             name = f"{path.name}!{top}" if zipped else top
             try:
-                add_zip(name, listing.read(top))
+                add_zip(name, listing.read(top), path.absolute() if zipped else (path / top).absolute(),
+                        (top,) if zipped else ())
             except download.DownloadError as e:
                 found.unreadable.append(Unreadable(name, student_id(name, pattern), "", str(e)))
         for top in sorted(folders):
@@ -143,7 +145,7 @@ def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
                 data = path.read_bytes()
                 listing = download.Listing.of_zip(path.name, data)
                 if listing is None or not expand(path, listing, zipped=True):
-                    add_zip(path.name, data)
+                    add_zip(path.name, data, path.absolute())
             elif path.is_dir() and _is_handin_folder(path):
                 found.handins.append(Handin(name=path.name, student=student_id(path.name, pattern),
                                             sha256=folder_digest(path), folder=path))

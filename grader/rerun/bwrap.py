@@ -103,7 +103,32 @@ def python_paths() -> list:
         if not any(path == k or path.startswith(k + "/") for k in kept) and \
                 not any(path == s or path.startswith(s + "/") for s in SYSTEM):
             kept.append(path)
+    # What the installation links to outside itself (Debian's stdlib links sitecustomize.py into
+    # /etc/pythonX.Y): without it, that module is there outside a world and missing inside one.
+    for folder in list(kept) + [os.path.dirname(os.__file__)]:
+        for entry in os.scandir(folder):
+            target = os.path.realpath(entry.path) if entry.is_symlink() else ""
+            if target and os.path.exists(target) and target not in kept and not any(
+                    target.startswith(k + "/") for k in kept + list(SYSTEM)):
+                kept.append(target)
     return kept
+
+
+def parents(paths: list) -> list:
+    """Every folder above `paths` that the sandbox's root lacks, outermost first. bwrap makes the
+    folders above a mount point mode 0700, owned by the sandbox's root: a Python under /root or
+    /home/ta would then be out of reach of every rank running under an id of its own (its imports
+    made before the fork work, any later one fails), so they are made 0755 first."""
+    wanted = set()
+    for path in paths:
+        folder = os.path.dirname(path)
+        while folder not in ("/", "") and folder not in wanted:
+            wanted.add(folder)
+            folder = os.path.dirname(folder)
+    private = ("/dev", "/proc")   # bwrap's own; /tmp is a tmpfs in which any folder may be made
+    return sorted((f for f in wanted if f != "/tmp" and
+                   not any(f == s or f.startswith(s + "/") for s in SYSTEM + private)),
+                  key=lambda f: (f.count("/"), f))
 
 
 def stage(folder: Path, uid: int, gid: int) -> Path:
@@ -126,9 +151,10 @@ def stage(folder: Path, uid: int, gid: int) -> Path:
     return folder
 
 
-def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = None) -> tuple:
+def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = None, writable: dict = None) -> tuple:
     """(bwrap's command line, the descriptors it needs): `argv` run inside the sandbox, in the user
-    namespace `userns` when given (root), else in one bwrap makes. The caller passes the
+    namespace `userns` when given (root), else in one bwrap makes; `writable` maps folders of the
+    machine to where they are bound, writable, inside (a memory cgroup). The caller passes the
     descriptors to the child and closes them after it started."""
     fds = [] if userns is None else [userns]
 
@@ -149,12 +175,18 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += bind_fd(path, path)
-    for path in python_paths():
+    links = {p: os.path.realpath(p) for p in {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}
+             if os.path.realpath(p) != p}   # a venv reached through a link: Python is run by that name
+    binds = python_paths()
+    for folder in parents(binds + list(links)):
+        args += ["--perms", "0755", "--dir", folder]
+    for path in binds:
         args += bind_fd(path, path)
-    for path in {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}:
-        if os.path.realpath(path) != path:     # a venv reached through a link: Python is run by that name
-            args += ["--symlink", os.path.realpath(path), path]
+    for path, target in sorted(links.items()):
+        args += ["--symlink", target, path]
     args += bind_fd(staged, "/a4")
+    for path, dest in (writable or {}).items():
+        args += ["--bind", path, dest]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):
         args += ["--symlink", f"/a4/etc/{name}", f"/etc/{name}"]
     args += ["--chdir", "/tmp", "--clearenv",

@@ -3,12 +3,20 @@
 Each message is a 4-byte big-endian length and that many bytes of UTF-8 JSON, written to a pipe
 that only the grader's side reads: never stdout, which a hand-in can print anything to. Nothing
 is unpickled; tensors travel as shape + float64 bytes and are validated on receipt.
+
+Between the executor and its zygote, several processes write in turn to one pipe (the zygote,
+each world's leader), and any of them may die in the middle of a message. There each message is a
+frame of its own (`send_framed`, `FramedReader`): a mark, the world it belongs to, its length and
+a checksum of its bytes. The reader hands on every whole frame, in order, with its world, and
+steps over a torn one to the next mark: no message is lost behind another, none is taken for
+another world's.
 """
 
 import base64
 import json
 import os
 import struct
+import zlib
 
 import torch
 
@@ -20,14 +28,132 @@ class ChannelError(ValueError):
     """A message that is malformed, too large, or not what the protocol allows."""
 
 
-def send(fd: int, message: dict) -> None:
-    """Write one message to `fd`, whole (loops over partial writes)."""
-    body = json.dumps(message, separators=(",", ":")).encode()
-    data = struct.pack(">I", len(body)) + body
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def send(fd: int, message: dict) -> None:
+    """Write one message to `fd`, whole (loops over partial writes)."""
+    body = json.dumps(message, separators=(",", ":")).encode()
+    _write_all(fd, struct.pack(">I", len(body)) + body)
+
+
+MARK = b"\xa4WLD"
+FRAME = struct.Struct(">4sQII")   # mark, world, length of the body, CRC-32 of the body
+
+
+def send_framed(fd: int, world: int, message: dict) -> None:
+    """Write one message of world `world` to `fd` as a frame (world 0: none in particular)."""
+    body = json.dumps(message, separators=(",", ":")).encode()
+    _write_all(fd, FRAME.pack(MARK, world, len(body), zlib.crc32(body)) + body)
+
+
+def _message(body: bytes) -> dict:
+    try:
+        message = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ChannelError(f"message is not JSON ({e})") from e
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ChannelError("message is not an object with a 'type'")
+    return message
+
+
+def read_framed(fd: int):
+    """Read exactly one frame from `fd` (blocking) and not a byte more: (world, message), or None at
+    end of file. For a stream only the grader writes: a frame that does not check out is an error."""
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+    head = exactly(FRAME.size)
+    if head is None:
+        return None
+    mark, world, length, crc = FRAME.unpack(head)
+    if mark != MARK or length > MAX_MESSAGE_BYTES:
+        raise ChannelError("not a frame, or one over the size limit")
+    body = exactly(length)
+    if body is None:
+        return None
+    if zlib.crc32(body) != crc:
+        raise ChannelError("a frame whose checksum does not match")
+    return world, _message(body)
+
+
+class FramedReader:
+    """Turns the bytes read from a pipe of frames into (world, message) pairs, in order.
+
+    A frame cut short (its writer died) is stepped over as soon as a whole frame follows it; so is
+    one whose bytes do not match its checksum or hold no message. `skipped` counts them."""
+
+    def __init__(self):
+        self._buffer = bytearray()
+        self._searched = 1    # the buffer before this offset holds no other frame's mark
+        self.skipped = 0
+
+    def _whole(self, start: int):
+        """(world, body, end) of a whole, intact frame at `start`; None if there is none (yet)."""
+        if len(self._buffer) < start + FRAME.size:
+            return None
+        mark, world, length, crc = FRAME.unpack_from(self._buffer, start)
+        end = start + FRAME.size + length
+        if mark != MARK or length > MAX_MESSAGE_BYTES or len(self._buffer) < end:
+            return None
+        body = bytes(self._buffer[start + FRAME.size:end])
+        return (world, body, end) if zlib.crc32(body) == crc else None
+
+    def _torn_at(self, start: int) -> bool:
+        """Whether the frame at `start` cannot be one (a bad mark, size or checksum)."""
+        if len(self._buffer) < start + FRAME.size:
+            return self._buffer[start:start + len(MARK)] != MARK[:len(self._buffer) - start]
+        mark, _, length, _ = FRAME.unpack_from(self._buffer, start)
+        return mark != MARK or length > MAX_MESSAGE_BYTES or \
+            (len(self._buffer) >= start + FRAME.size + length and self._whole(start) is None)
+
+    def _drop_to_next_frame(self) -> bool:
+        """Drop the bytes before the next whole frame after the start; whether there was one. (A
+        mark never occurs inside a frame: its body is ASCII JSON.)"""
+        at = self._buffer.find(MARK, max(1, self._searched))
+        pending = None          # the first mark whose frame may still be completed
+        while at != -1:
+            if self._whole(at) is not None:
+                del self._buffer[:at]
+                self._searched, self.skipped = 1, self.skipped + 1
+                return True
+            if pending is None and not self._torn_at(at):
+                pending = at
+            at = self._buffer.find(MARK, at + 1)
+        self._searched = pending if pending is not None else max(1, len(self._buffer) - len(MARK) + 1)
+        return False
+
+    def feed(self, data: bytes) -> list:
+        self._buffer += data
+        pairs = []
+        while self._buffer:
+            frame = self._whole(0)
+            if frame is None:
+                if self._drop_to_next_frame():
+                    continue
+                if not self._torn_at(0):
+                    break      # a frame still arriving
+                # Nothing whole after a torn frame yet: keep only what may start the next one.
+                del self._buffer[:self._searched]
+                self._searched, self.skipped = 1, self.skipped + 1
+                continue
+            world, body, end = frame
+            del self._buffer[:end]
+            self._searched = 1
+            try:
+                pairs.append((world, _message(body)))
+            except ChannelError:
+                self.skipped += 1
+        return pairs
 
 
 def read_message(fd: int) -> dict:
@@ -70,13 +196,7 @@ class Reader:
                 break
             body = bytes(self._buffer[4:4 + length])
             del self._buffer[:4 + length]
-            try:
-                message = json.loads(body)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ChannelError(f"message is not JSON ({e})") from e
-            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-                raise ChannelError("message is not an object with a 'type'")
-            messages.append(message)
+            messages.append(_message(body))
         return messages
 
 

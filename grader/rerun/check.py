@@ -232,6 +232,9 @@ def _failed_part(part: str, report: WorldReport, words: Words) -> PartRun:
                           f"the others waited in a collective")
         if not hang:
             detail += " (a rank that skips or adds a collective makes the others wait)"
+    elif reason == StopReason.RANK_DIED and "MemoryError: the ranks and their children" in output:
+        status = Status.OOM   # the world's memory watchdog (grader.rerun.memory) ended it
+        detail = "out of memory: " + output.split("MemoryError: ", 1)[1].split("\n", 1)[0]
     elif reason == StopReason.RANK_DIED and any(s in output for s in ("MemoryError", "bad_alloc", "allocate memory")):
         status, detail = Status.OOM, f"{detail}: out of memory"
     else:

@@ -6,7 +6,7 @@ import getpass
 import os
 import sys
 
-from grader.rerun import bwrap
+from grader.rerun import bwrap, memory
 from grader.rerun.executor import SandboxUnavailable, WarmExecutor
 
 
@@ -28,8 +28,11 @@ def doctor_command(args) -> int:
     finally:
         executor.close()
     print()
-    for layer in ("sandbox", "files", "network", "processes", "user", "limits"):
+    for layer in ("sandbox", "files", "network", "processes", "user", "limits", "memory", "scratch"):
         print(f"{layer + ':':<11} {isolation.get(layer, '')}")
+    if memory.Cgroup.why and isolation.get("sandbox", "none") != "none":
+        print(f"{'':<11} (why no memory cgroup: {memory.Cgroup.why}; the watchdog may let a world pass "
+              f"its limit by what it allocates between two polls)")
     for problem in isolation.get("problems", []):
         print(f"problem:    {problem}")
     print("\nevery layer holds: hand-in code is isolated" if not isolation.get("problems") and

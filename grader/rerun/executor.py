@@ -11,6 +11,7 @@ Both run the same rank code (grader.rerun.worker) and the same supervision
 (grader.rerun.supervise), and return the same WorldReport. One executor runs one world at a time; `--jobs N` makes N of them.
 """
 
+import collections
 import dataclasses
 import json
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.rerun import bwrap, channel, protocol
+from grader.rerun import bwrap, channel, memory, protocol
 from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
 from grader.rerun.world import infra_report, write_code
@@ -94,7 +95,12 @@ class WarmExecutor(Counted):
         self.isolation = {}
         self._proc = None
         self._reader = None
+        self._inbox = collections.deque()   # (world, message) frames read but not yet wanted
+        self._numbered = 0                  # the number of the last world asked of the zygote
+        self._settling = None               # a world whose Hello (the zygote ready again) is due
+        self.stepped_over = 0               # frames of no world being waited for, or torn
         self._staged = None
+        self._cgroup = None                 # the worlds' memory cgroup (root only)
 
     def _command(self) -> tuple:
         """(argv, descriptors to pass, uid to run as, problems) of the zygote's process."""
@@ -111,9 +117,14 @@ class WarmExecutor(Counted):
                 userns = bwrap.wide_user_namespace(random.randrange(1 << 20, 1 << 30, 1 << 16))
             except bwrap.BwrapUnavailable as e:
                 return argv, [], None, [str(e)]
+        if self._staged is not None:   # a new sandbox after one that ended: nothing of the last kept
+            shutil.rmtree(self._staged, ignore_errors=True)
         self._staged = Path(scratch_dir("a4-sandbox-"))
         bwrap.stage(self._staged, 0 if userns is not None else os.getuid(), 0 if userns is not None else os.getgid())
-        command, fds = bwrap.command(binary, self._staged, self.limits.tmp_mb, argv + [bwrap.version(binary)], userns)
+        self._cgroup = self._cgroup or memory.Cgroup.make()
+        writable = {self._cgroup.path: memory.CGROUP} if self._cgroup else {}
+        command, fds = bwrap.command(binary, self._staged, self.limits.tmp_mb, argv + [bwrap.version(binary)], userns,
+                                     writable)
         return command, fds, None, []
 
     def start(self) -> dict:
@@ -143,8 +154,10 @@ class WarmExecutor(Counted):
         finally:
             for fd in fds:
                 os.close(fd)
-        self._reader = channel.Reader()
-        hello = self._receive(time.monotonic() + 120, protocol.Hello)
+        self._reader = channel.FramedReader()
+        self._inbox.clear()
+        self._settling = None
+        hello = self._receive(time.monotonic() + 120, 0, protocol.Hello)
         if hello is None:
             self._kill()
             errors.seek(0)
@@ -164,11 +177,20 @@ class WarmExecutor(Counted):
             raise SandboxUnavailable(refusal(missing))
         return []
 
-    def _receive(self, deadline, kind):
-        """The next message from the zygote if it is a `kind`, else None (it exited, sent something
-        else or garbage, or took too long)."""
+    def _receive(self, deadline, world: int, kind):
+        """The next `kind` message of world `world` from the zygote; None if it exited or took too
+        long. Every frame is read; those of other worlds (a second report of a world already
+        answered) and other kinds are stepped over, never taken for this world's answer."""
         out = self._proc.stdout.fileno()
         while True:
+            while self._inbox:
+                number, data = self._inbox.popleft()
+                if number == world and data.get("type") == kind.TYPE:
+                    try:
+                        return protocol.decode(data, (kind,))
+                    except channel.ChannelError:
+                        return None
+                self.stepped_over += 1
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -178,12 +200,18 @@ class WarmExecutor(Counted):
             data = os.read(out, 1 << 20)
             if not data:
                 return None
-            try:
-                messages = self._reader.feed(data)
-                if messages:
-                    return protocol.decode(messages[0], (kind,))
-            except channel.ChannelError:
-                return None
+            self._inbox.extend(self._reader.feed(data))
+            self.stepped_over += self._reader.skipped
+            self._reader.skipped = 0
+
+    def _ready(self) -> None:
+        """Wait until the zygote has cleaned up after the last world; start a new one if it exited
+        (it does when a world's /tmp could not be emptied) or does not answer."""
+        if self._settling is not None and self._proc is not None:
+            if self._receive(time.monotonic() + 60, self._settling, protocol.Hello) is None:
+                self._kill()
+        self._settling = None
+        self.start()
 
     def _kill(self):
         if self._proc is not None:
@@ -196,29 +224,36 @@ class WarmExecutor(Counted):
 
     def _run_world(self, job: WorldJob) -> WorldReport:
         try:
-            self.start()
+            self._ready()
         except (OSError, RuntimeError) as e:
             return infra_report(job, f"the re-run helper process could not start ({e})")
         if self.isolation.get("sandbox", "none") != "none":
             # Inside the sandbox a world lives in its own /tmp; nothing of the machine's paths.
             job = dataclasses.replace(job, work_dir="/tmp/world", store="/tmp/world/store")
+        try:   # the kernel's limit for everything this world starts
+            self._cgroup and self._cgroup.limit(job.world_size * Limits(**job.limits).memory_mb)
+        except OSError as e:
+            return infra_report(job, f"the world's memory limit could not be set ({e.strerror})")
+        self._numbered += 1
+        number = self._numbered
         try:
             # Two messages: the zygote forks on the first and only the world's own process reads the job.
-            protocol.send(self._proc.stdin.fileno(), protocol.WorldRequest())
-            protocol.send(self._proc.stdin.fileno(), job)
+            for message in (protocol.WorldRequest(), job):
+                channel.send_framed(self._proc.stdin.fileno(), number, protocol.encode(message))
         except OSError as e:
             self._kill()
             return infra_report(job, f"the re-run helper process is gone ({e})")
-        report = self._receive(time.monotonic() + world_budget(job), WorldReport)
+        report = self._receive(time.monotonic() + world_budget(job), number, WorldReport)
         if report is None:
             self._kill()
             return infra_report(job, "the re-run helper process stopped answering")
+        self._settling = number
         return report
 
     def close(self):
         if self._proc is not None and self._proc.poll() is None:
             try:
-                protocol.send(self._proc.stdin.fileno(), protocol.Exit())
+                channel.send_framed(self._proc.stdin.fileno(), 0, protocol.encode(protocol.Exit()))
                 self._proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 pass
@@ -226,6 +261,9 @@ class WarmExecutor(Counted):
         if self._staged is not None:
             shutil.rmtree(self._staged, ignore_errors=True)
             self._staged = None
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
 
 
 class TorchrunExecutor(Counted):

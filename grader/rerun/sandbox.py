@@ -6,15 +6,18 @@ inside it, and that part stays hand-written: a warm zygote forks worlds from a p
 imported torch once, and bwrap can only start a new process. So each world's leader, before it
 forks any rank,
 
-- unshares PID, network and IPC namespaces of its own: a world's processes see no other world's,
-  its loopback is its own, its SysV objects die with it; and, so that the process limit counts
+- unshares PID, network, IPC and mount namespaces of its own: a world's processes see no other
+  world's, its loopback is its own, its SysV objects die with it, its /tmp and /dev/shm are new
+  empty file systems (nothing an earlier world left, however it made it unremovable, is there) and
+  its code folder is mounted read only (no rank writes bytecode beside it); and, so that the process limit counts
   this world alone, either a user id no other world has (when the grader is root, bwrap's user
   namespace maps a range of ids) or a user namespace of its own (an ordinary user's single id:
   limits count per user namespace);
 - is the parent of ranks that drop every capability, set no_new_privs, and take the rubric's
   limits on address space, processes, file size and CPU time, with one compute thread each.
 
-Between worlds the zygote kills every other process it can see and empties /tmp and /dev/shm.
+Between worlds the zygote kills every other process it can see and empties its /tmp and /dev/shm
+(grader.rerun.scratch, which also gives each world its new ones).
 Without bwrap (`--sandbox off`, a student's own machine, a container without user namespaces)
 none of the namespaces exist; ranks run as a user id of their own when the grader is root, so
 files only root may read stay unreadable. `Isolation.summary()` says what held, for every result.
@@ -25,7 +28,6 @@ import fcntl
 import os
 import random
 import resource
-import shutil
 import signal
 import socket
 import struct
@@ -33,9 +35,11 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import Limits
+from grader.rerun import scratch
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+CLONE_NEWNS = 0x00020000
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 CAPABILITY_VERSION_3 = 0x20080522
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -63,9 +67,10 @@ class Isolation:
     files: bool = False         # a private root: system, Python and the engine only
     network: bool = False       # an own network namespace with only its loopback
     processes: bool = False     # an own PID namespace: nothing outside is visible or signalable
-    per_world: bool = False     # each world in namespaces of its own inside the sandbox
+    per_world: bool = False     # each world in namespaces of its own inside the sandbox, /tmp and /dev/shm new
     own_uid: bool = False       # without namespaces, as root: ranks under a user id of their own
     id_range: int = 1           # user ids the sandbox maps (more than 1: a fresh one per world)
+    memory_cgroup: bool = False  # a memory cgroup holds each world's limit (else a watchdog alone)
     uid: int = -1               # the user id the zygote runs as
     problems: list = field(default_factory=list)
 
@@ -84,6 +89,12 @@ class Isolation:
                          "the grader's user, in a user namespace of its own" if self.sandbox else
                          f"the grader's own user (uid {self.uid})"),
                 "limits": "address space, processes, file size, CPU time, 1 thread per rank",
+                "memory": "the world's processes together: ranks x memory_mb, " + (
+                    "held by a memory cgroup and a watchdog" if self.memory_cgroup else
+                    "held by a watchdog (no memory cgroup)"),
+                "scratch": ("a new /tmp and /dev/shm per world, the code read only" if self.per_world else
+                            "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
+                            if self.sandbox else "a new folder per world"),
                 "problems": list(self.problems)}
 
 
@@ -100,20 +111,24 @@ def _write(path, text):
         f.write(text)
 
 
-def unshare_world(isolation: Isolation) -> None:
-    """In a world's leader, before it forks: PID, network and IPC namespaces of its own for
-    everything it forks after (the leader's next child is the new PID namespace's init), and a user
-    namespace too unless its ranks get an id of their own."""
+def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
+    """In a world's leader, before it forks: PID, network, IPC and mount namespaces of its own for
+    everything it forks after (the leader's next child is the new PID namespace's init), a new /tmp
+    and /dev/shm, and a user namespace too unless its ranks get an id of their own."""
     uid, gid = os.getuid(), os.getgid()
     own_user = isolation.id_range <= 1
-    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC),
-           "unshare")
+    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
+                         | CLONE_NEWNS), "unshare")
     if own_user:
         prctl(PR_SET_DUMPABLE, 1)   # an undumpable process may not write its own /proc/self files
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
         prctl(PR_SET_DUMPABLE, 0)
+    try:
+        scratch.fresh(tmp_mb)
+    except OSError as e:
+        raise SandboxError(e.errno, f"a new /tmp for the world: {e.strerror}") from None
     _lo_up()
 
 
@@ -169,45 +184,6 @@ def limit_rank(limits: Limits, uid: int) -> None:
         os.environ[name] = "1"
 
 
-def clean_between_worlds() -> None:
-    """In the zygote, inside the sandbox only: kill every other process it can see (bwrap's init is
-    immune), reap its children, and empty /tmp and /dev/shm for the next world."""
-    if not os.environ.get("A4_IN_SANDBOX"):
-        return
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG) == (0, 0):
-                break
-        except ChildProcessError:
-            break
-    with open("/proc/self/mounts") as f:
-        mounts = {line.split()[1] for line in f if line.split()[1].startswith(("/tmp/", "/dev/shm/"))}
-    for top in ("/tmp", "/dev/shm"):
-        _empty(top, mounts)
-
-
-def _empty(folder: str, mounts: set) -> None:
-    """Remove everything in `folder` but the mount points in `mounts` (a Python bound under /tmp)
-    and the folders that lead to them."""
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if path in mounts:
-            continue
-        if any(m.startswith(path + "/") for m in mounts):
-            _empty(path, mounts)
-        elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-
 def _per_world_works(isolation: Isolation) -> str:
     """Why a world cannot have namespaces of its own here ('' when it can), tried in a child."""
     read_fd, write_fd = os.pipe()
@@ -225,6 +201,39 @@ def _per_world_works(isolation: Isolation) -> str:
     return "" if os.waitpid(pid, 0)[1] == 0 else why or "it failed"
 
 
+def _unreadable_to_ranks(isolation: Isolation) -> list:
+    """The folders of the Python in use that a rank, under a user id of its own, cannot list (a
+    venv made under umask 077, say): every import made after the fork would fail there. Tried in a
+    child running as such a user."""
+    folders = {p for p in sys.path if p and os.path.isdir(p)}
+    folders |= {os.path.dirname(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+                if isinstance(f, str) and f.startswith("/")}
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            uid = world_uid(isolation)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            failed = []
+            for folder in sorted(folders):
+                try:
+                    os.listdir(folder)
+                except OSError:
+                    failed.append(folder)
+            os.write(write_fd, "\n".join(failed[:5]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    chunks = []
+    while chunk := os.read(read_fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    return [line for line in b"".join(chunks).decode(errors="replace").split("\n") if line]
+
+
 def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
     """What holds for the processes of this zygote, seen from inside: `kit_root` (the kit's folder on
     the machine) must not be visible, only the loopback, only this sandbox's processes."""
@@ -234,6 +243,7 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
         return isolation
     with open("/proc/self/uid_map") as f:
         isolation.id_range = sum(int(line.split()[2]) for line in f if line.strip())
+    isolation.memory_cgroup = os.access("/a4-cgroup/cgroup.procs", os.W_OK)
     # The kit's folder may show (a venv inside it is bound), but nothing of the kit itself.
     isolation.files = bool(kit_root) and not any(
         os.path.exists(os.path.join(kit_root, name)) for name in ("grader", "assignment_4", "requirements.txt"))
@@ -248,4 +258,8 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
         isolation.problems.append(f"the sandbox started without {', '.join(missing)}")
     if why:
         isolation.problems.append(f"worlds share the job sandbox's namespaces ({why})")
+    unreadable = _unreadable_to_ranks(isolation) if isolation.id_range > 1 else []
+    if unreadable:
+        isolation.problems.append(f"ranks run under a user id of their own and cannot read {', '.join(unreadable)}: "
+                                  f"make the Python installation readable to every user (chmod -R o+rX)")
     return isolation

@@ -17,7 +17,7 @@ import dataclasses
 import os
 import signal
 
-from grader.rerun import protocol, sandbox
+from grader.rerun import protocol, sandbox, scratch
 from grader.rerun.protocol import StopReason, WorldJob, WorldReport
 from grader.rerun.supervise import draw_secrets, supervise
 from grader.limits import Limits
@@ -75,15 +75,18 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
 
 def run_world(job: WorldJob, uid: int, limits: Limits) -> WorldReport:
     """Fork the world's ranks, supervise them to the end, and return the world's report."""
-    from grader.rerun import worker
+    from grader.rerun import memory, worker
     prepared = worker.prepare(job)
+    sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)   # what the ranks start stays below us, for the watchdog
     pids, fds, orders = [], {}, {}
     pgid = 0
     for rank in range(job.world_size):
         pid, fds[rank], orders[rank] = fork_rank(job, rank, pgid, uid, limits, prepared)
         pgid = pgid or pid
         pids.append(pid)
-    return supervise(job, fds, orders, pids, pgid, draw_secrets(job))
+    outputs = [os.path.join(job.work_dir, f"rank{rank}.out") for rank in range(job.world_size)]
+    with memory.Watchdog(limits.memory_mb * job.world_size, outputs):
+        return supervise(job, fds, orders, pids, pgid, draw_secrets(job))
 
 
 def write_code(job: WorldJob, code_dir: str) -> str:
@@ -112,21 +115,27 @@ def _as_init(job: WorldJob):
     return lost_report(job, f"the world's supervisor ended with {code}")
 
 
-def lead_world(job: WorldJob, isolation, control_out: int) -> None:
-    """The life of a world's leader: namespaces, code, ranks, supervision, report. Never returns."""
+def lead_world(job: WorldJob, isolation, reply) -> None:
+    """The life of a world's leader: namespaces, code, ranks, supervision, report (`reply` sends it
+    to the grader, marked as this world's). Never returns."""
     report = None
     try:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
         uid = sandbox.world_uid(isolation)
-        os.makedirs(job.work_dir, exist_ok=True)
-        job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(job.work_dir, "code")))
-        if uid != os.getuid():
-            os.chown(job.work_dir, uid, uid)
-        if isolation.per_world:
-            sandbox.unshare_world(isolation)
+        if isolation.memory_cgroup:
+            from grader.rerun import memory
+            memory.join_cgroup()   # before anything of the world is forked: all of it is counted
+        if isolation.per_world:   # first: the code goes into the world's own new /tmp
+            sandbox.unshare_world(isolation, limits.tmp_mb)
             report = _as_init(job)
         if report is None:
+            os.makedirs(job.work_dir, exist_ok=True)
+            job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(job.work_dir, "code")))
+            if isolation.per_world:
+                scratch.read_only(job.code_dir)
+            if uid != os.getuid():
+                os.chown(job.work_dir, uid, uid)
             sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
             report = run_world(job, uid, limits)
     except sandbox.SandboxError as e:
@@ -137,7 +146,7 @@ def lead_world(job: WorldJob, isolation, control_out: int) -> None:
         try:
             if report is not None:
                 report.isolation = isolation.summary()
-                protocol.send(control_out, report)
+                reply(report)
         finally:
             os._exit(0)
 

@@ -3,6 +3,12 @@ executor's helper) or `--torchrun-rank JOB_FILE` (one rank under torchrun).
 
 The zygote imports torch once, takes one tiny step so the lazy imports are paid, freezes its heap,
 and then, for each world asked of it, forks a leader that alone reads the job (grader.rerun.world).
+
+Everything it and the leaders send the executor is a frame marked with the world it belongs to
+(grader.rerun.channel): the world's report, from its leader (or from the zygote when the leader was
+killed), then a Hello marked with the same world once the zygote has cleaned up after it and is
+ready for the next. Where a world's /tmp could not be emptied the zygote exits instead, and the
+executor starts a new sandbox.
 """
 
 import json
@@ -10,8 +16,19 @@ import os
 import signal
 import sys
 
-from grader.rerun import protocol
+from grader.rerun import channel, protocol
 from grader.limits import Limits
+
+
+def _reply(fd: int, world: int):
+    """A function that sends a message to the executor as world `world`'s."""
+    return lambda message: channel.send_framed(fd, world, protocol.encode(message))
+
+
+def receive_framed(allowed):
+    """The next frame on stdin, decoded: (world, message), or (0, None) at end of file."""
+    frame = channel.read_framed(0)
+    return (0, None) if frame is None else (frame[0], protocol.decode(frame[1], allowed))
 
 
 def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
@@ -21,7 +38,11 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     the memory of the ranks forked after it.
     """
     import gc
-    from grader.rerun import sandbox, world, worker  # torch is imported once here, inherited by every rank
+    # Sources only: the interpreter writes no bytecode, and only the engine's folder and the Python
+    # installation are on the path (not the working folder, /tmp, which ranks write to).
+    sys.dont_write_bytecode = True
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+    from grader.rerun import sandbox, scratch, world, worker  # torch is imported once here, inherited by every rank
     worker.warm_up()
     # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
     # (and so copies) it.
@@ -33,21 +54,26 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)
     import encodings.idna  # noqa: F401 - a hand-in's socket to "127.0.0.1" needs it; load it once here
     isolation = sandbox.probe(mode, kit_root, sandbox_name)
-    protocol.send(control_out, protocol.Hello(isolation=isolation.summary()))
+    hello = protocol.Hello(isolation=isolation.summary())
+    _reply(control_out, 0)(hello)
     while True:
-        request = protocol.receive(0, (protocol.WorldRequest, protocol.Exit))
+        number, request = receive_framed((protocol.WorldRequest, protocol.Exit))
         if not isinstance(request, protocol.WorldRequest):
             return
+        reply = _reply(control_out, number)
         pid = os.fork()
         if pid == 0:
-            job = protocol.receive(0, (protocol.WorldJob,))
-            world.lead_world(job, isolation, control_out)
+            _, job = receive_framed((protocol.WorldJob,))
+            world.lead_world(job, isolation, reply)
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        # Nothing of this world may outlive it: no process, no file in /tmp or /dev/shm.
-        sandbox.clean_between_worlds()
         if code != 0:
-            # The leader was killed before it could report: say so, so the grader need not wait.
-            protocol.send(control_out, world.lost_report(None, f"the world's leader was killed ({code})"))
+            # The leader was killed, perhaps before it could report: say so, so the grader need not
+            # wait (a report it did send first wins; this one is then stepped over).
+            reply(world.lost_report(None, f"the world's leader was killed ({code})"))
+        # Nothing of this world may outlive it: no process, no file in /tmp or /dev/shm.
+        if not scratch.clean_between_worlds():
+            return   # the executor sees the end of the pipe, and starts a new sandbox
+        reply(hello)
 
 
 def _torchrun_rank(job_file: str) -> None:

@@ -1,0 +1,118 @@
+"""A world's writable folders, /tmp and /dev/shm: new and empty for every world.
+
+Where worlds have namespaces of their own (grader.rerun.sandbox.unshare_world), each world's mount
+namespace gets a new tmpfs on both (`fresh`): nothing an earlier world left there, however it made
+it unremovable, is in sight, and it all goes when the world's last process does. Its code folder
+is mounted read only (`read_only`): no rank, whatever its user, writes bytecode or anything else
+beside the code. Where they do not, the zygote empties its own between worlds and says whether it
+could (`clean_between_worlds`); when not, it exits and the executor starts a new sandbox.
+"""
+
+import ctypes
+import os
+import shutil
+import signal
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+SCRATCH = ("/tmp", "/dev/shm")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source, target, fstype, flags, data=None):
+    if _libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
+                   ctypes.c_ulong(flags), data and data.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def fresh(tmp_mb: int) -> None:
+    """In a new mount namespace: a new tmpfs on /tmp and on /dev/shm (what the zygote's held is out
+    of sight), with the mounts the sandbox made inside them (a Python under /tmp) bound back."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    with open("/proc/self/mounts") as f:
+        inside = sorted({line.split()[1] for line in f
+                         if line.split()[1].startswith(tuple(top + "/" for top in SCRATCH))}, key=len)
+    inside = [m for m in inside if not any(m.startswith(o + "/") for o in inside if o != m)]
+    held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
+    try:
+        for top in SCRATCH:
+            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_mb << 20}")
+        for path, fd in held.items():
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
+def read_only(folder: str) -> None:
+    """Mount `folder` on itself read only (inside a world's mount namespace): its ranks, whatever
+    user they run as, can neither write into it nor undo that (they hold no capability)."""
+    _mount(folder, folder, None, MS_BIND)
+    _mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def clean_between_worlds() -> bool:
+    """In the zygote, inside the sandbox only: kill every other process it can see (bwrap's init is
+    immune), reap its children, and empty /tmp and /dev/shm for the next world. Whether they are
+    empty now (a world with a /tmp of its own never touched the zygote's)."""
+    if not os.environ.get("A4_IN_SANDBOX"):
+        return True
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                break
+        except ChildProcessError:
+            break
+    with open("/proc/self/mounts") as f:
+        mounts = {line.split()[1] for line in f if line.split()[1].startswith(("/tmp/", "/dev/shm/"))}
+    for top in SCRATCH:
+        _empty(top, mounts)
+    return not any(_leftovers(top, mounts) for top in SCRATCH)
+
+
+def _leftovers(folder: str, mounts: set) -> list:
+    """What `_empty` could not remove from `folder`."""
+    left = []
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if path not in mounts:
+            left += _leftovers(path, mounts) if any(m.startswith(path + "/") for m in mounts) else [path]
+    return left
+
+
+def _empty(folder: str, mounts: set) -> None:
+    """Remove everything in `folder` but the mount points in `mounts` (a Python bound under /tmp)
+    and the folders that lead to them."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if path in mounts:
+            continue
+        if any(m.startswith(path + "/") for m in mounts):
+            _empty(path, mounts)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, onerror=_writable_then_retry)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _writable_then_retry(function, path, _):
+    """rmtree's error handler: a folder a world made read only is made writable (its owner may),
+    then the removal is tried once more; what still fails stays, and the caller sees it."""
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            function(path)
+    except OSError:
+        pass

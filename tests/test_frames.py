@@ -1,0 +1,131 @@
+"""Every reply between a zygote and its executor is delivered, and delivered as its own world's: the
+framed stream (grader.rerun.channel) over real pipes and real processes, writers killed mid-frame
+included."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from grader.rerun import channel, protocol
+from grader.rerun.executor import WarmExecutor
+from grader.rerun.protocol import WorldJob, WorldReport
+from tests.corpus import ROOT
+
+
+def frame(world: int, message) -> bytes:
+    read, write = os.pipe()
+    channel.send_framed(write, world, protocol.encode(message))
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        return f.read()
+
+
+def report(detail: str) -> WorldReport:
+    return WorldReport(output={0: detail * 2000})   # large: written in several pieces
+
+
+def test_frames_fed_a_byte_at_a_time_come_out_whole_and_in_order():
+    data = frame(1, report("a")) + frame(1, protocol.Hello()) + frame(2, report("b"))
+    reader = channel.FramedReader()
+    pairs = [pair for i in range(len(data)) for pair in reader.feed(data[i:i + 1])]
+    assert [(world, message["type"]) for world, message in pairs] == [(1, "world_report"), (1, "hello"),
+                                                                        (2, "world_report")]
+    assert pairs[2][1]["output"]["0"] == "b" * 2000 and reader.skipped == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_killed_in_the_middle_of_a_frame_costs_only_that_frame():
+    """A leader killed half-way through its report, then the zygote's own frames on the same pipe:
+    the reader steps over the torn frame and delivers every whole one after it."""
+    read, write = os.pipe()
+    whole = frame(7, report("x"))
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.write(write, whole[:len(whole) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    channel.send_framed(write, 7, protocol.encode(protocol.stopped(None, protocol.StopReason.RANK_DIED, "killed")))
+    channel.send_framed(write, 7, protocol.encode(protocol.Hello()))
+    os.close(write)
+    reader, pairs = channel.FramedReader(), []
+    while chunk := os.read(read, 1000):
+        pairs += reader.feed(chunk)
+    os.close(read)
+    assert [(world, m["type"]) for world, m in pairs] == [(7, "world_report"), (7, "hello")]
+    assert pairs[0][1]["abort"]["detail"] == "killed" and reader.skipped == 1
+
+
+def test_a_frame_whose_bytes_changed_is_stepped_over():
+    bad = bytearray(frame(3, report("y")))
+    bad[-5] ^= 1
+    reader = channel.FramedReader()
+    pairs = reader.feed(bytes(bad) + frame(4, protocol.Hello()))
+    assert [(world, m["type"]) for world, m in pairs] == [(4, "hello")] and reader.skipped == 1
+
+
+# A zygote whose leader of world 1 reported and was then killed: it sends the world's report twice
+# (the leader's, then its own), as a real zygote does in that case. Every frame is a real one.
+TWICE = textwrap.dedent("""
+    import sys
+    from grader.rerun import channel, protocol
+    send = lambda world, message: channel.send_framed(1, world, protocol.encode(message))
+    send(0, protocol.Hello(isolation={"sandbox": "none"}))
+    while True:
+        frame = channel.read_framed(0)
+        if frame is None or frame[1]["type"] == "exit":
+            break
+        world, job = frame[0], channel.read_framed(0)[1]
+        done = protocol.WorldReport(completed=job["parts"], output={0: f"world {world}"})
+        send(world, done)
+        if world == 1:
+            send(world, protocol.stopped(None, protocol.StopReason.RANK_DIED, "the world's leader was killed (-9)"))
+        send(world, protocol.Hello())
+""")
+
+
+class ReportsTwice(WarmExecutor):
+    def _command(self):
+        return [sys.executable, "-c", TWICE], [], None, []
+
+
+def job(parts: list) -> WorldJob:
+    return WorldJob(work_dir="/nonexistent", code={}, store="", world_size=1, parts=parts, check={},
+                    pg_timeout=1.0, limits={})
+
+
+@pytest.mark.timeout(60)
+def test_a_second_report_of_a_world_is_never_taken_for_the_next_worlds_answer():
+    executor = ReportsTwice(sandbox="off")
+    try:
+        first = executor.run_world(job(["baseline"]))
+        second = executor.run_world(job(["data_parallel"]))
+        third = executor.run_world(job(["tensor_parallel"]))
+    finally:
+        executor.close()
+    assert (first.completed, first.output) == (["baseline"], {0: "world 1"}) and first.abort is None
+    assert (second.completed, second.output) == (["data_parallel"], {0: "world 2"}) and second.abort is None
+    assert (third.completed, third.output) == (["tensor_parallel"], {0: "world 3"})
+    assert executor.stepped_over == 1   # world 1's second report, read and set aside
+    assert executor.worlds == 3
+
+
+@pytest.mark.timeout(300)
+def test_a_real_zygote_answers_each_world_with_its_own_report(tmp_path):
+    """Several worlds on one warm executor, in the sandbox: each report is its own world's."""
+    from grader.rerun.check import prepare_code, run_check
+    from grader.rubric import load_rubric
+    from tests.corpus import REFERENCE
+    rubric = load_rubric()
+    executor = WarmExecutor("auto", rubric.limits)
+    try:
+        for parts in (["baseline"], ["grad_accumulation", "data_parallel"], ["tensor_parallel"]):
+            runs = run_check(executor, prepare_code(REFERENCE), rubric.checks[0], rubric, tmp_path, parts=parts)
+            assert sorted(runs) == sorted(parts) and {r.status.value for r in runs.values()} == {"passed"}
+    finally:
+        executor.close()
+    assert executor.stepped_over == 0 and executor.worlds == 3
