@@ -12,7 +12,10 @@ import re
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent     # the kit's top folder
+# The kit's top folder, found from this package wherever it is imported from: a clone, the student
+# release, the Gradescope bundle, or site-packages after `pip install .` (where the kit's packages
+# sit beside every other package, and ROOT holds no requirements.txt or tests).
+ROOT = Path(__file__).resolve().parent.parent
 GRADER = ROOT / "grader"
 ASSIGNMENT = ROOT / "assignment_4"
 REFERENCE = ASSIGNMENT / "reference" / "assignment4.py"   # never shipped, never in a sandbox
@@ -21,6 +24,8 @@ UTILS = ASSIGNMENT / "utils.py"                            # the provided copy: 
 RUBRIC = GRADER / "rubric.yaml"                            # the graders': public and hidden checks
 PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the release's, written from RUBRIC
 REQUIREMENTS = ROOT / "requirements.txt"
+# The kit's own folders under ROOT: what a sandbox hides when ROOT is a site-packages it binds.
+FOLDERS = (GRADER, ASSIGNMENT, ROOT / "slurm", ROOT / "lab")
 
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
 SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "parts.py", "results.py", "rubric.py")
@@ -65,16 +70,18 @@ def grader_files(rooms) -> list:
 
 
 def pinned(*names: str, requirements: Path = REQUIREMENTS) -> str:
-    """The `name==version` lines of requirements.txt for `names`, in that order, one per line."""
-    versions = {}
+    """The `name==version` lines of requirements.txt for `names`, in that order, one per line, each
+    with its environment marker (a name pinned per Python version has a line for each)."""
+    lines = {}
     for line in requirements.read_text().splitlines():
-        match = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s;]+)", line)
+        match = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s;#]+)\s*(;[^#]*)?", line)
         if match:
-            versions[match.group(1).lower()] = match.group(2)
-    missing = [n for n in names if n.lower() not in versions]
+            marker = f"; {match.group(3)[1:].strip()}" if match.group(3) else ""
+            lines.setdefault(match.group(1).lower(), []).append(f"{match.group(1)}=={match.group(2)}{marker}\n")
+    missing = [n for n in names if n.lower() not in lines]
     if missing:
         raise KeyError(f"{requirements} pins no {', '.join(missing)}")
-    return "".join(f"{n}=={versions[n.lower()]}\n" for n in names)
+    return "".join(line for n in names for line in lines[n.lower()])
 
 
 def read_yaml(path: Path, what: str, error: type):
