@@ -16,6 +16,7 @@ import yaml
 
 from grader.parts import PART_IDS
 from tests import tas
+from tests.conftest import own_processes, skip_unless_required
 from tests.corpus import FULL, ROOT
 from tests.hostile import ATTACKS, MARKER, all_handins, zip_attacks
 
@@ -70,15 +71,8 @@ def escaped_markers(home=None) -> list:
 
 
 def leftover_processes() -> list:
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"grader.rerun.zygote" in cmdline:
-            left.append(pid)
-    return left
+    """The zygotes this test process started, directly or not, that are still alive."""
+    return own_processes(b"grader.rerun.zygote")
 
 
 # Where TAs grade: as root (CI), as an ordinary user with the system's Python, and as an ordinary
@@ -109,12 +103,13 @@ def hostile(request, reference_run, tmp_path_factory):
         userns = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode == 0
         if userns:   # this machine can sandbox: the grader failing to is a bug, not a limitation
             pytest.fail(f"user namespaces work here, yet the grader refuses to run hand-ins: {why}")
-        pytest.skip(f"no user namespaces on this machine; the grader refuses to run hand-ins: {why}")
+        skip_unless_required("A4_REQUIRE_TA_CONFIGS",
+                             f"no user namespaces on this machine; the grader refuses to run hand-ins: {why}")
     config, ta = request.param, None
     if config != "root":
         missing = tas.available()
         if missing:
-            pytest.skip(f"no TA configuration here: {missing}")
+            skip_unless_required("A4_REQUIRE_TA_CONFIGS", f"no TA configuration here: {missing}")
         ta = tas.ta_setup(config)
     try:
         yield _grade_hostile(config, ta, reference_run, tmp_path_factory)
@@ -235,3 +230,24 @@ def test_output_floods_are_capped(hostile):
         pytest.skip(f"{hostile['config']} runs the attacks on isolation only")
     r = hostile["results"]["flood_output"]
     assert len(json.dumps(r)) < 200_000
+
+
+def test_the_leftover_check_counts_a_tests_own_orphans_and_no_one_elses():
+    """A zygote-named process beside the checking process (another suite's, say) is not counted; the
+    checker's own grandchild is, though its parent exited (it comes back as an orphan)."""
+    beside = subprocess.Popen(["bash", "-c", "exec -a grader.rerun.zygote-beside sleep 60"])
+    checker = ("import ctypes, subprocess, sys, time\n"
+               "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+               "from tests.conftest import own_processes\n"
+               "subprocess.run(['bash', '-c', '(exec -a grader.rerun.zygote-orphan sleep 60) & exit 0'])\n"
+               "time.sleep(0.5)\n"
+               "found = own_processes(b'grader.rerun.zygote')\n"
+               "print(' '.join(open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')[0].decode() for p in found))\n"
+               "for p in found:\n    subprocess.run(['kill', str(p)])\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", checker], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        beside.kill()
+        beside.wait()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["grader.rerun.zygote-orphan"]
