@@ -40,7 +40,7 @@ def _handler(target: str):
             print(f"grader: `{args.command}` re-runs code and needs torch, which this Python "
                   f"({sys.version.split()[0]}, {sys.executable}) does not have: install the kit's "
                   f"requirements (README.md, Install) into it, or use the Python that has them. "
-                  f"Commands that only read results (gradebook, integrity, public-rubric) run without it.",
+                  f"Commands that only read results (gradebook, diff, integrity, public-rubric) run without it.",
                   file=sys.stderr)
             return 2
         return getattr(imported, function)(args)
