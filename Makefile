@@ -51,8 +51,11 @@ demo: $(STAMP)
 	$(PY) -m grader gradebook $(DEMO)/grades --policy grader/grades/example/policy.yaml -o $(DEMO)/final.csv
 	@echo; cat $(DEMO)/final.csv
 
+# Two processes, each taking whole test files (a file's module fixtures, the graded corpora, are
+# made once): the waits on hangs and timeouts of one overlap the other's work.
+TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not slurm"
+	$(PY) -m pytest -m "not slurm" -n $(TEST_PROCESSES) --dist loadfile
 
 # Starts a local 4-node Slurm (installing Debian's packages if needed; root), runs the tests marked
 # slurm against it, and stops it again, also when a test fails.
