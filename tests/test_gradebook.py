@@ -395,7 +395,6 @@ def without_log(rubric_path) -> str:
 
 
 def copy_out(batch, tmp_path) -> Path:
-    from grader.batch.run import grade_batch
     import shutil
     out = tmp_path / "out"
     shutil.copytree(batch[1], out)
