@@ -2,6 +2,8 @@
 #   make demo        run the reference on 4 CPU ranks as the Slurm job would, check it, package it, grade it
 #   make test        the test suite (real gloo worlds, real torchrun)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
+#   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
+#                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
 #   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
 #                    the integrity report over every pair of 500 hand-ins, the staff report's size and time
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
@@ -12,13 +14,24 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The venv is (re)installed when requirements.txt changes, and only then.
 STAMP := $(VENV)/.installed
+# torch's CPU build, from PyTorch's own index when it answers within 3 s (PyPI's Linux torch is the
+# CUDA build: GBs of libraries a CPU grader never uses); else at once from the default index.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 DEMO := build/demo
 RELEASE := build/release
 
-.PHONY: venv demo test test-slurm bench skeleton release clean
+.PHONY: venv demo test test-slurm test-pythons bench skeleton release clean
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if timeout 3 $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=3)" \
+	    >/dev/null 2>&1; then \
+	  echo "torch: the CPU build, from $(TORCH_CPU_INDEX)"; \
+	  $(PY) -m pip install --quiet --disable-pip-version-check --no-deps --index-url $(TORCH_CPU_INDEX) \
+	    "$$(grep -m1 '^torch==' requirements.txt | cut -d' ' -f1)"; \
+	else \
+	  echo "torch: $(TORCH_CPU_INDEX) did not answer within 3 s; torch from the default index (on Linux that may be the CUDA build)"; \
+	fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	@cp requirements.txt $(STAMP)
 
@@ -39,13 +52,20 @@ demo: $(STAMP)
 	@echo; cat $(DEMO)/final.csv
 	@echo; echo "staff report (open it in a browser): $(DEMO)/grades/report.html"
 
+# Two processes, each taking whole test files (a file's module fixtures, the graded corpora, are
+# made once): the waits on hangs and timeouts of one overlap the other's work.
+TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not slurm"
+	$(PY) -m pytest -m "not slurm" -n $(TEST_PROCESSES) --dist loadfile
 
 # Starts a local 4-node Slurm (installing Debian's packages if needed; root), runs the tests marked
 # slurm against it, and stops it again, also when a test fails.
 test-slurm: $(STAMP)
 	PYTHON=$(PY) tests/slurm_cluster/test-slurm.sh
+
+# No venv of its own needed: each Python gets one under build/pythons/.
+test-pythons:
+	tests/pythons/test-pythons.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/grading_throughput.py

@@ -33,7 +33,18 @@ def _handler(target: str):
     """`module:function`, imported when the command runs."""
     def run(args):
         module, function = target.split(":")
-        return getattr(importlib.import_module(module), function)(args)
+        try:
+            imported = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            print(f"grader: `{args.command}` re-runs code and needs torch, which this Python "
+                  f"({sys.version.split()[0]}, {sys.executable}) does not have: install the kit's "
+                  f"requirements (README.md, Install) into it, or use the Python that has them. "
+                  f"Commands that only read results (gradebook, diff, integrity, public-rubric) run without it.",
+                  file=sys.stderr)
+            return 2
+        return getattr(imported, function)(args)
     return run
 
 

@@ -1,19 +1,24 @@
 """The kit's own files, where they are, and how the grader writes files.
 
 Every path of the kit is named here once; every other module imports it from here. `source_digest`
-is what a cached result is held against: a result graded by other grading code, or against another
-`utils.py`, is graded again. What is written for a hand-in is bounded here (`fit`, `fit_text`): a
-hand-in never decides how much is written.
+is what a cached result is held against, with the rubric's digest and the isolation mode: a result
+graded by other grading code, against another `utils.py` or under another torch is graded again; a
+change anywhere else (integrity/, the gradebook, README) regrades nothing. What is written for a hand-in is
+bounded here (`fit`, `fit_text`): a hand-in never decides how much is written.
 """
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent     # the kit's top folder
+# The kit's top folder, found from this package wherever it is imported from: a clone, the student
+# release, the Gradescope bundle, or site-packages after `pip install .` (where the kit's packages
+# sit beside every other package, and ROOT holds no requirements.txt or tests).
+ROOT = Path(__file__).resolve().parent.parent
 GRADER = ROOT / "grader"
 ASSIGNMENT = ROOT / "assignment_4"
 REFERENCE = ASSIGNMENT / "reference" / "assignment4.py"   # never shipped, never in a sandbox
@@ -22,6 +27,8 @@ UTILS = ASSIGNMENT / "utils.py"                            # the provided copy: 
 RUBRIC = GRADER / "rubric.yaml"                            # the graders': public and hidden checks
 PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the release's, written from RUBRIC
 REQUIREMENTS = ROOT / "requirements.txt"
+# The kit's own folders under ROOT: what a sandbox hides when ROOT is a site-packages it binds.
+FOLDERS = (GRADER, ASSIGNMENT, ROOT / "slurm", ROOT / "lab")
 
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
 SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "names.py", "parts.py", "plots.py",
@@ -39,21 +46,39 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
-def source_digest(grader: Path = GRADER, utils: Path = UTILS) -> str:
-    """sha256 over the grader's Python sources and the provided utils.py (names and bytes).
+# The rooms whose code decides a hand-in's result (with the shared modules): the engine, one
+# hand-in's grading, and the batch that runs it. Not integrity, grades, instructor, student or
+# gradescope: they read results or build trees, and never change a grading.json.
+GRADING_ROOMS = ("rerun", "pipeline", "batch")
 
-    Computed over whatever of the grader this tree holds (the release and the Gradescope bundle
-    hold less), so a result is reused only by the very code that graded it.
+
+def torch_version() -> str:
+    """The installed torch's version (without importing it: shared modules import no torch)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "no torch"
+
+
+def source_digest(grader: Path = GRADER, utils: Path = UTILS, torch: str = None) -> str:
+    """sha256 over what grading depends on besides the rubric and the isolation mode (each held
+    against on its own): the files of the shared modules and GRADING_ROOMS (names and bytes), the
+    provided utils.py and the torch version (`torch`, default the installed one).
+
+    Computed over whatever of those this tree holds (the release and the Gradescope bundle hold
+    less), so a result is reused only by the very code that graded it.
     """
     digest = hashlib.sha256()
-    for path in sorted(p for p in grader.rglob("*.py") if "__pycache__" not in p.parts) + [utils]:
-        if path.is_file():
-            name = path.relative_to(grader).as_posix() if path != utils else "utils.py"
-            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    for rel in grader_files(GRADING_ROOMS, grader):
+        if (grader / rel).is_file():
+            digest.update(rel.as_posix().encode() + b"\0" + hashlib.sha256((grader / rel).read_bytes()).digest())
+    if utils.is_file():
+        digest.update(b"utils.py\0" + hashlib.sha256(utils.read_bytes()).digest())
+    digest.update(b"torch\0" + (torch or torch_version()).encode())
     return digest.hexdigest()
 
 
-def grader_files(rooms) -> list:
+def grader_files(rooms, grader: Path = GRADER) -> list:
     """The grader's files a tree with `rooms` holds: the shared modules and every file of each room
     (its scripts and data too), as paths relative to the grader folder. Never the rubrics: each
     tree ships the one it needs."""
@@ -61,22 +86,24 @@ def grader_files(rooms) -> list:
     assert not unknown, f"no room {unknown}"
     files = [Path(name) for name in SHARED]
     for room in rooms:
-        files += sorted(p.relative_to(GRADER) for p in (GRADER / room).rglob("*")
+        files += sorted(p.relative_to(grader) for p in (grader / room).rglob("*")
                         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
     return files
 
 
 def pinned(*names: str, requirements: Path = REQUIREMENTS) -> str:
-    """The `name==version` lines of requirements.txt for `names`, in that order, one per line."""
-    versions = {}
+    """The `name==version` lines of requirements.txt for `names`, in that order, one per line, each
+    with its environment marker (a name pinned per Python version has a line for each)."""
+    lines = {}
     for line in requirements.read_text().splitlines():
-        match = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s;]+)", line)
+        match = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s;#]+)\s*(;[^#]*)?", line)
         if match:
-            versions[match.group(1).lower()] = match.group(2)
-    missing = [n for n in names if n.lower() not in versions]
+            marker = f"; {match.group(3)[1:].strip()}" if match.group(3) else ""
+            lines.setdefault(match.group(1).lower(), []).append(f"{match.group(1)}=={match.group(2)}{marker}\n")
+    missing = [n for n in names if n.lower() not in lines]
     if missing:
         raise KeyError(f"{requirements} pins no {', '.join(missing)}")
-    return "".join(f"{n}=={versions[n.lower()]}\n" for n in names)
+    return "".join(line for n in names for line in lines[n.lower()])
 
 
 def read_yaml(path: Path, what: str, error: type):

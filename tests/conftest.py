@@ -7,8 +7,13 @@ marked `stock_rubric` check the stock course's own checks and numbers (that its 
 catches a shard picked by LOCAL_RANK, that its points add up to 100); they run only while
 grader/rubric.yaml is the stock one (STOCK_RUBRIC, its Rubric.digest()) and are skipped, by name,
 under any other. With A4_STOCK_RUBRIC=required (this repository's CI) a changed rubric is an error.
+
+What CI must not skip has a switch of its own, set by .ci/run: with A4_REQUIRE_SLURM=1 a test
+marked slurm that would skip (no cluster) fails instead; with A4_REQUIRE_TA_CONFIGS=1 so does a
+sandbox configuration that cannot be made here (`skip_unless_required`).
 """
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -26,7 +31,15 @@ NOT_STOCK = ("grader/rubric.yaml is not the stock course's rubric: this test che
              "own checks and numbers")
 
 
+PR_SET_CHILD_SUBREAPER = 36   # prctl(2): orphans below this process are re-parented to it, not to init
+
+
 def pytest_configure(config):
+    # A process a test started, directly or not, stays this process's descendant even after its
+    # parent died (a grader killed mid-batch, a zygote that lost it): `own_processes` finds it, and
+    # never another suite's or another user's processes on the same machine.
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     config.stock_rubric = load_rubric().digest() == STOCK_RUBRIC
     if not config.stock_rubric and os.environ.get("A4_STOCK_RUBRIC") == "required":
         raise pytest.UsageError(f"A4_STOCK_RUBRIC=required, but grader/rubric.yaml's digest is "
@@ -42,14 +55,63 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=NOT_STOCK))
 
 
+def own_processes(marker: bytes) -> list:
+    """The live processes below this one (pytest, or its xdist worker) whose command line holds
+    `marker`: what a test left behind, never what other suites run beside it."""
+    parents, commands = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            commands[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":             # a zombie is gone, only not yet reaped
+            parents[int(pid)] = int(ppid)
+    ours, found = {os.getpid()}, True
+    while found:
+        found = False
+        for pid, ppid in parents.items():
+            if ppid in ours and pid not in ours:
+                ours.add(pid)
+                found = True
+    return sorted(pid for pid in ours - {os.getpid()} if marker in commands.get(pid, b""))
+
+
+def skip_unless_required(switch: str, reason: str):
+    """Skip with `reason`, or fail where `switch`=1 says this must run here."""
+    if os.environ.get(switch) == "1":
+        pytest.fail(f"{switch}=1, and this cannot run here: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under A4_REQUIRE_SLURM=1 a skipped slurm test, however it skipped, is a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.get_closest_marker("slurm") and os.environ.get("A4_REQUIRE_SLURM") == "1":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"A4_REQUIRE_SLURM=1, and this Slurm test would have been skipped: {reason}"
+
+
 def pytest_report_header(config):
     state = "the stock one" if config.stock_rubric else "changed: the stock_rubric tests are skipped"
     return f"grader/rubric.yaml: {state}"
 
 
+STOCK_REPORTED = []   # stock_rubric tests as their reports came in (under xdist, from the workers)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "setup" and "stock_rubric" in report.keywords:
+        STOCK_REPORTED.append(report.nodeid)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Name the stock-course tests, so that after a change of the rubric their skips are expected."""
-    tests = getattr(config, "stock_tests", [])
+    tests = list(dict.fromkeys(getattr(config, "stock_tests", []) + STOCK_REPORTED))
     if not tests:
         return
     ran = "ran against the stock grader/rubric.yaml" if config.stock_rubric else \

@@ -69,6 +69,7 @@ def run(copy: Path, *args, timeout: int) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.torch
 def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path):
     copy = instructors_copy(tmp_path)
     batch = customise(copy)

@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from grader import kit
-from grader.batch.run import InputError, grade_batch
 from grader.cli import main
 from grader.grades.commands import make_gradebook
 from grader.grades.policy import PolicyError
@@ -357,7 +356,9 @@ def test_files_are_written_with_the_users_umask(tmp_path, umask, mode):
     assert proc.stdout.strip() == oct(mode), proc.stderr
 
 
+@pytest.mark.torch
 def test_a_typo_in_only_a_missing_path_and_an_empty_folder_grade_nothing(tmp_path, capsys):
+    from grader.batch.run import InputError, grade_batch
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     write_zip(inbox / "bob.zip", Files(code="x = 1\n"))
@@ -375,6 +376,7 @@ def test_a_typo_in_only_a_missing_path_and_an_empty_folder_grade_nothing(tmp_pat
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     """alice (the reference), bob (the skeleton), a broken zip: graded once, with one check."""
+    from grader.batch.run import grade_batch
     tmp = tmp_path_factory.mktemp("batch")
     inbox = tmp / "inbox"
     inbox.mkdir()
@@ -401,7 +403,9 @@ def copy_out(batch, tmp_path) -> Path:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.torch
 def test_the_gradebook_covers_every_result_after_only_and_after_a_late_folder(batch, tmp_path):
+    from grader.batch.run import grade_batch
     inbox, _, rubric = batch
     out = copy_out(batch, tmp_path)
     summary = grade_batch([inbox], out, rubric_path=rubric, force=True, only=["bob"], progress=False)
@@ -420,6 +424,7 @@ def test_the_gradebook_covers_every_result_after_only_and_after_a_late_folder(ba
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.torch
 def test_an_unreadable_zip_has_no_score_and_zeros_are_for_a_person(batch):
     _, out, _ = batch
     rows = rows_of(out / "grades.csv")
@@ -432,7 +437,9 @@ def test_an_unreadable_zip_has_no_score_and_zeros_are_for_a_person(batch):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.torch
 def test_two_handins_of_one_student_are_told_apart_by_source_and_ids_off_the_pattern_listed(batch, tmp_path):
+    from grader.batch.run import grade_batch
     _, _, rubric = batch
     data = yaml.safe_load(rubric.read_text())
     data["files"] = {"student_id_pattern": r"^(?P<id>s\d+)-"}
@@ -483,7 +490,9 @@ def test_summary_keeps_other_commands_sections_and_warns_when_graded_without_the
     assert "# old" not in text
 
 
+@pytest.mark.torch
 def test_an_invalid_handin_scores_0_when_the_rubric_says_so(tmp_path):
+    from grader.batch.run import grade_batch
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     (inbox / "broken.zip").write_bytes(b"not a zip")

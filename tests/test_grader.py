@@ -8,6 +8,7 @@ import re
 import shutil
 
 import pytest
+import torch
 
 from grader import kit, results as results_module
 from grader.batch.run import grade_batch
@@ -416,6 +417,45 @@ def test_the_source_digest_covers_every_grader_source_and_utils(tmp_path):
     assert kit.source_digest(grader, utils) == before
     utils.write_text(utils.read_text() + "\n")
     assert kit.source_digest(grader, utils) != before
+
+
+def test_the_source_digest_is_exactly_what_grading_depends_on(tmp_path):
+    """The grading rooms, the shared modules and the torch version change it; the rooms that only
+    read results or build trees and the rubric file (its digest is held on its own) do not (a comment there would
+    otherwise regrade a whole course)."""
+    grader = tmp_path / "grader"
+    shutil.copytree(kit.GRADER, grader, ignore=shutil.ignore_patterns("__pycache__"))
+    before = kit.source_digest(grader, kit.UTILS)
+    for rel in ("integrity/similar.py", "grades/book.py", "instructor/release.py", "student/package.py",
+                "gradescope/bundle.py", "rubric.yaml"):
+        (grader / rel).write_text((grader / rel).read_text() + "\n# a comment\n")
+        assert kit.source_digest(grader, kit.UTILS) == before, rel
+    for rel in ("rerun/worker.py", "pipeline/compare.py", "batch/local.py", "rubric.py"):
+        text = (grader / rel).read_text()
+        (grader / rel).write_text(text + "\n# a fix\n")
+        assert kit.source_digest(grader, kit.UTILS) != before, rel
+        (grader / rel).write_text(text)
+    assert kit.source_digest(grader, kit.UTILS) == before
+    assert kit.source_digest(grader, kit.UTILS, torch=kit.torch_version() + ".post1") != before
+    assert kit.torch_version().startswith(torch.__version__.split("+")[0])
+
+
+@pytest.mark.timeout(600)
+def test_a_result_graded_without_the_sandbox_is_never_reused_by_a_sandboxed_run(graded, tmp_path):
+    """Both directions: `--sandbox off` regrades what auto graded, and auto what off graded; the same
+    mode reuses."""
+    out, _, _, inbox, tmp = graded
+    rubric = fast_rubric(tmp)
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    reference = inbox / "reference.zip"
+    mode = lambda: json.loads((copy / "reference" / "grading.json").read_text())["isolation"]["mode"]  # noqa: E731
+    assert mode() == "auto"
+    off = grade_batch([reference], copy, rubric_path=rubric, sandbox="off", progress=False)
+    assert (off.graded, off.cached, mode()) == (1, 0, "off")
+    assert grade_batch([reference], copy, rubric_path=rubric, sandbox="off", progress=False).cached == 1
+    auto = grade_batch([reference], copy, rubric_path=rubric, progress=False)
+    assert (auto.graded, auto.cached, mode()) == (1, 0, "auto")
 
 
 def test_the_torchrun_executor_grades_like_the_warm_one(graded, tmp_path):

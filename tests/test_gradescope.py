@@ -3,10 +3,15 @@ unpacked on its own and run as Gradescope runs it."""
 
 import json
 import os
+import shutil
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
+import textwrap
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +43,7 @@ def test_a_submission_is_graded_into_results_json(submission, tmp_path):
     assert doc["score"] == FULL and doc["extra_data"]["student"] == "s1234"
     assert doc["extra_data"]["status"] == "graded" and len(doc["tests"]) == 8
     assert all(t["status"] == "passed" for t in doc["tests"])
+    assert doc["extra_data"]["network"] == "closed: own network namespace, loopback only"
 
 
 @pytest.mark.timeout(120)
@@ -80,38 +86,83 @@ def test_the_bundle_is_self_contained_and_holds_no_solution(submission, tmp_path
     assert doc["score"] == FULL, doc["output"]
 
 
+@pytest.fixture
+def autograder(submission, tmp_path):
+    """Gradescope's /autograder as its container has it: a folder any user may pass through, with
+    source/ (the bundle, unpacked), submission/, results/ and submission_metadata.json (here with
+    the results of an earlier submission, hidden checks included, as after the due date)."""
+    top = Path(tempfile.mkdtemp(prefix="a4-autograder-"))
+    top.chmod(0o755)
+    bundle = build_bundle(tmp_path / "autograder.zip", fast_rubric(tmp_path, checks=[{"name": "default"}]))
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(top / "source")
+    shutil.copytree(submission, top / "submission")
+    (top / "results").mkdir()
+    (top / "submission_metadata.json").write_text(json.dumps(
+        {"users": [{"name": "Ada", "sid": "s1234"}],
+         "previous_submissions": [{"results": {"extra_data": {"hidden_checks": {"hidden check 1": "SECRET"}}}}]}))
+    for path in [top, *top.rglob("*")]:    # as an unpacked zip and a copy leave them: readable to all
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield top
+    shutil.rmtree(top)
+
+
+def probe_snippet(paths: list, folders: list) -> str:
+    """Code for the start of single_step: raise LEAK naming what of `paths` it could read or of
+    `folders` it could list."""
+    return ("    for path in %r:\n        try:\n            open(path).read()\n"
+            "            raise RuntimeError('LEAK ' + path)\n        except OSError:\n            pass\n"
+            "    for path in %r:\n        try:\n            os.listdir(path)\n"
+            "            raise RuntimeError('LEAK ' + path)\n        except OSError:\n            pass\n"
+            % ([str(p) for p in paths], [str(f) for f in folders]))
+
+
 @pytest.mark.timeout(300)
-def test_without_user_namespaces_the_rubric_and_grader_stay_unreadable_to_student_code(submission, tmp_path):
+def test_without_user_namespaces_the_rubric_metadata_and_results_stay_unreadable_to_student_code(autograder):
     """Gradescope's container: root, and bwrap fails as Docker's default profile makes it fail. The
     ranks then run under a user id of their own, and --protect leaves the grader's folder (the
-    rubric, hidden checks included) and the submission readable to root only."""
-    bundle = build_bundle(tmp_path / "autograder.zip", fast_rubric(tmp_path, checks=[{"name": "default"}]))
-    source = tmp_path / "source"
-    with zipfile.ZipFile(bundle) as z:
-        z.extractall(source)
-    fake = tmp_path / "bwrap"
+    rubric, hidden checks included), the submission, submission_metadata.json and the results
+    folder readable to root only; every result says what the network was."""
+    source, submission, results = autograder / "source", autograder / "submission", autograder / "results"
+    metadata = autograder / "submission_metadata.json"
+    fake = autograder / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n")
     fake.chmod(0o755)
-    secrets = [source / "grader" / "rubric.yaml", source / "grader" / "kit.py", submission / "assignment4-77.log"]
-    probe = ("    for path in %r:\n        try:\n            open(path).read()\n"
-             "            raise RuntimeError('LEAK ' + path)\n        except OSError:\n            pass\n"
-             % [str(p) for p in secrets])
+    secrets = [source / "grader" / "rubric.yaml", source / "grader" / "kit.py", submission / "assignment4-77.log",
+               metadata]
     code = REFERENCE.read_text()
     anchor = "    device = get_device() if device is None else device\n"
-    code = code.replace(anchor, anchor + probe, 1)
+    code = code.replace(anchor, anchor + "    import os\n" + probe_snippet(secrets, [results, source]), 1)
     (submission / "assignment4.py").write_text(code)
     log = submission / "assignment4-77.log"
     log.write_text(refingerprint(log.read_text(), code))   # a run of this very code
-    results = tmp_path / "results" / "results.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"A4_BWRAP": str(fake)}
     proc = subprocess.run([sys.executable, "-m", "grader", "gradescope", "--submission", str(submission),
-                           "--results", str(results), "--metadata", str(tmp_path / "submission_metadata.json"),
-                           "--protect"], cwd=source, env=env, capture_output=True, text=True, timeout=240)
+                           "--results", str(results / "results.json"), "--metadata", str(metadata), "--protect"],
+                          cwd=source, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    doc = json.loads(results.read_text())
+    doc = json.loads((results / "results.json").read_text())
     assert "LEAK" not in json.dumps(doc)
     assert doc["score"] == FULL, doc["output"]
     isolation = doc["extra_data"]["isolation"]
     assert isolation["sandbox"] == "none" and isolation["user"] == "an unprivileged user id of its own per world"
     assert "Operation not permitted" in " ".join(isolation["problems"])
-    assert stat.S_IMODE(source.stat().st_mode) == 0o700
+    assert {p: stat.S_IMODE(p.stat().st_mode) for p in (source, submission, results, metadata)} == \
+        {source: 0o700, submission: 0o700, results: 0o700, metadata: 0o600}
+    # The network as it was: no namespace, so what this machine reaches, the ranks reached.
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=3).close()
+        reached = True
+    except OSError:
+        reached = False
+    assert doc["extra_data"]["network"].startswith("OPEN: no network namespace" if reached else "closed: no network")
+
+
+def test_unprotected_the_probe_reads_the_metadata_and_lists_the_results(autograder):
+    """The probe above can fail: run as an unprivileged user in the same layout without --protect,
+    it reads submission_metadata.json and lists the results folder."""
+    code = "import os\n" + textwrap.dedent(probe_snippet([autograder / "submission_metadata.json"],
+                                                         [autograder / "results"]))
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    assert "LEAK " + str(autograder / "submission_metadata.json") in done.stderr

@@ -304,6 +304,7 @@ def kit_copy(tmp_path) -> Path:
     copy = tmp_path / "kit"
     for part in ("assignment_4", "grader", "slurm", "lab", "student"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "pyproject.toml", copy / "pyproject.toml")
     return copy
 
 

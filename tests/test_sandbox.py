@@ -16,6 +16,7 @@ import yaml
 
 from grader.parts import PART_IDS
 from tests import tas
+from tests.conftest import own_processes, skip_unless_required
 from tests.corpus import FULL, REFERENCE, ROOT, Files, refingerprint, zip_bytes
 from tests.hostile import ATTACKS, MARKER, all_handins, build, inject, zip_attacks
 
@@ -70,15 +71,8 @@ def escaped_markers(home=None) -> list:
 
 
 def leftover_processes() -> list:
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"grader.rerun.zygote" in cmdline:
-            left.append(pid)
-    return left
+    """The zygotes this test process started, directly or not, that are still alive."""
+    return own_processes(b"grader.rerun.zygote")
 
 
 # Where TAs grade: as root (CI), as an ordinary user with the system's Python, and as an ordinary
@@ -110,12 +104,13 @@ def _ta_or_skip(config):
         userns = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode == 0
         if userns:   # this machine can sandbox: the grader failing to is a bug, not a limitation
             pytest.fail(f"user namespaces work here, yet the grader refuses to run hand-ins: {why}")
-        pytest.skip(f"no user namespaces on this machine; the grader refuses to run hand-ins: {why}")
+        skip_unless_required("A4_REQUIRE_TA_CONFIGS",
+                             f"no user namespaces on this machine; the grader refuses to run hand-ins: {why}")
     if config == "root":
         return None
     missing = tas.available()
     if missing:
-        pytest.skip(f"no TA configuration here: {missing}")
+        skip_unless_required("A4_REQUIRE_TA_CONFIGS", f"no TA configuration here: {missing}")
     return tas.ta_setup(config)
 
 
@@ -380,3 +375,24 @@ def test_a_world_that_fans_out_stays_within_its_memory(config, tmp_path_factory)
     assert measured["status"] == "oom", measured
     assert "the ranks and their children used more than 2400 MB" in measured["detail"], measured
     assert measured["raised_mb"] <= 2400, measured
+
+
+def test_the_leftover_check_counts_a_tests_own_orphans_and_no_one_elses():
+    """A zygote-named process beside the checking process (another suite's, say) is not counted; the
+    checker's own grandchild is, though its parent exited (it comes back as an orphan)."""
+    beside = subprocess.Popen(["bash", "-c", "exec -a grader.rerun.zygote-beside sleep 60"])
+    checker = ("import ctypes, subprocess, sys, time\n"
+               "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+               "from tests.conftest import own_processes\n"
+               "subprocess.run(['bash', '-c', '(exec -a grader.rerun.zygote-orphan sleep 60) & exit 0'])\n"
+               "time.sleep(0.5)\n"
+               "found = own_processes(b'grader.rerun.zygote')\n"
+               "print(' '.join(open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')[0].decode() for p in found))\n"
+               "for p in found:\n    subprocess.run(['kill', str(p)])\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", checker], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        beside.kill()
+        beside.wait()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["grader.rerun.zygote-orphan"]

@@ -14,8 +14,8 @@
   result (moved to OUT/students/.replaced/ once the new one is written, listed in summary.md); a further hand-in of the same
   student under another name goes into OUT/students/<student>~<first 8 hex digits of its sha256>/
   and both are flagged `duplicate`.
-- Hand-ins already graded with the same bytes, rubric and grader code (grader.kit.source_digest)
-  are not graded again (their grading.json is reused) unless `force`.
+- Hand-ins already graded with the same bytes, rubric, isolation mode and grader digest
+  (grader.kit.source_digest) are not graded again (their grading.json is reused) unless `force`.
 - The hand-ins left are graded on this machine (grader.batch.local: the canary first, `jobs` at
   once) or by the tasks of a Slurm job array (grader.batch.array).
 - Every hand-in's files are written as soon as it is graded, atomically; then grades.csv and
@@ -134,14 +134,19 @@ def _strays(out: Path, met: list) -> list:
     return every
 
 
-def _cached(out: Path, h, rubric):
+def _cached(out: Path, h, rubric, sandbox: str):
+    """The earlier result of `h` when it can stand: same bytes, rubric, grader digest (grading code,
+    utils.py, torch), and the same isolation mode (a result graded with `--sandbox off` is never
+    reused by a sandboxed run, nor the other way); a result that ran no code has no mode."""
     path = student_dir(out, h.student) / "grading.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    mode = (data.get("isolation") or {}).get("mode")
     same = (data.get("sha256") == h.sha256 and data.get("rubric_sha256") == rubric.digest()
-            and data.get("grader_digest") == grader_digest() and data.get("status") not in ("error", "infra_error"))
+            and data.get("grader_digest") == grader_digest() and mode in (None, sandbox)
+            and data.get("status") not in ("error", "infra_error"))
     return data if same else None
 
 
@@ -167,7 +172,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     summary = BatchSummary(out=str(out), shapes=found.shapes, strays=[s.message for s in found.strays])
     todo = []
     for h in (i for i in items if isinstance(i, handins.Handin)):
-        cached = None if force else _cached(out, h, rubric)
+        cached = None if force else _cached(out, h, rubric, sandbox)
         if cached is not None:
             summary.cached += 1
         else:

@@ -15,6 +15,7 @@ student code runs in the same container, and anything there could end up in its 
 import json
 import os
 import shutil
+import socket
 import traceback
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from grader.rerun.sandbox import scratch_dir
 from grader.results import grading_crashed, new_result
 from grader.rubric import load_rubric
 
+PROBE_HOST = "pypi.org"   # a host any container that can install packages reaches
+
 
 def _student(metadata: Path) -> str:
     try:
@@ -38,17 +41,34 @@ def _student(metadata: Path) -> str:
         return "submission"
 
 
-def protect(submission: Path) -> None:
-    """Make the grader, its rubric (hidden checks included) and the submission's own folder
-    unreadable to hand-in code. Gradescope's container runs everything as root, usually without
-    user namespaces, so there is no bubblewrap sandbox; but ranks then run under a user id of their
-    own (grader.rerun.sandbox), and files only root may read need no namespace. Their code reaches
-    them over the zygote's pipe, so they need nothing of these folders."""
+def protect(submission: Path, metadata: Path = None, results: Path = None) -> None:
+    """Make the grader, its rubric (hidden checks included), the submission's own folder,
+    submission_metadata.json (after the due date it holds the student's earlier results, hidden
+    checks included) and the results folder unreadable to hand-in code. Gradescope's container runs
+    everything as root, usually without user namespaces, so there is no bubblewrap sandbox; but
+    ranks then run under a user id of their own (grader.rerun.sandbox), and files only root may read
+    need no namespace. Their code reaches them over the zygote's pipe, so they need none of these."""
     if os.geteuid() != 0:
         return
-    for folder in (kit.ROOT, submission):
-        if folder.is_dir():
+    own_root = kit.ROOT.name not in ("site-packages", "dist-packages")   # not pip-installed among others
+    for folder in ([kit.ROOT] if own_root else []) + [*kit.FOLDERS, submission, results]:
+        if folder is not None and Path(folder).is_dir():
             os.chmod(folder, 0o700)
+    if metadata is not None and Path(metadata).is_file():
+        os.chmod(metadata, 0o600)
+
+
+def network_state(isolation: dict) -> str:
+    """What hand-in code could reach: its own loopback when the sandbox had a network namespace;
+    else what the grader itself reaches (the ranks share its network), probed for 3 s."""
+    if isolation.get("network", "").startswith("own network namespace"):
+        return f"closed: {isolation['network']}"
+    try:
+        socket.create_connection((PROBE_HOST, 443), timeout=3).close()
+    except OSError:
+        return f"closed: no network namespace, but this container does not reach {PROBE_HOST}"
+    return (f"OPEN: no network namespace here, and this container reaches {PROBE_HOST}: hand-in code could "
+            f"reach the internet (Gradescope's container offers no isolation of the network)")
 
 
 def grade_submission(submission="/autograder/submission", results="/autograder/results/results.json",
@@ -59,6 +79,7 @@ def grade_submission(submission="/autograder/submission", results="/autograder/r
     rubric = load_rubric(rubric_path)
     limited = limited_results(Path(metadata), rubric.gradescope.max_submissions, rubric.gradescope.window_hours)
     if limited is not None:    # over the course's limit of graded submissions: say so, run nothing
+        limited.setdefault("extra_data", {})["network"] = "no hand-in code ran"
         write_json(results, limited)
         return limited
     handin = Handin(name=submission.name, student=_student(Path(metadata)), sha256="")
@@ -69,7 +90,8 @@ def grade_submission(submission="/autograder/submission", results="/autograder/r
         handin.folder = submission
         handin.sha256 = result.sha256 = folder_digest(submission)
         if protect_files:
-            protect(Path(submission))
+            results.parent.mkdir(parents=True, exist_ok=True)
+            protect(Path(submission), Path(metadata), results.parent)
         executor = make_executor("warm", "best")
         result = grade_handin(handin, rubric, executor, scratch)
     except Exception as e:  # noqa: BLE001 - the result file is written whatever happens
@@ -78,7 +100,9 @@ def grade_submission(submission="/autograder/submission", results="/autograder/r
         if executor is not None:
             executor.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    doc = gradescope_results(result.to_dict(), {c.name: c.weight for c in rubric.checks})
+    graded = result.to_dict()
+    doc = gradescope_results(graded, {c.name: c.weight for c in rubric.checks})
+    doc["extra_data"]["network"] = network_state(graded.get("isolation") or {})
     write_json(results, doc)
     return doc
 

@@ -5,6 +5,7 @@
 writes
 
     README.md, requirements.txt        from student/: what students do, in order; what to install
+    pyproject.toml                     the kit's: `pip install .` installs the release as a package
     assignment_4/                      the skeleton, utils.py and the handout (never reference/)
     slurm/                             the job scripts and the launcher, whole
     lab/                               the lecture's lab, whole
@@ -189,6 +190,7 @@ def _write(out: Path, root: Path, public: str) -> Release:
     written = release.files
     for name in ("README.md", "requirements.txt"):
         _copy(root / "student" / name, out / name, written, out)
+    _copy(root / "pyproject.toml", out / "pyproject.toml", written, out)
     for name in HANDOUT:
         _copy(root / "assignment_4" / name, out / "assignment_4" / name, written, out)
     for path in sorted([*(root / "slurm").rglob("*"), *(root / "lab").rglob("*")]):

@@ -5,7 +5,8 @@ network, IPC and UTS namespaces and a root file system holding only
 
     /usr (and /bin, /lib, ... as the system has them)   read only
     the Python in use: sys.prefix, sys.base_prefix, the site-packages it imports from
-                                                        read only, at their own paths
+                                                        read only, at their own paths; the kit's
+                                                        folders in them (pip install .) hidden
     /a4/lib    a copy of the engine (grader/rerun/ and the two shared modules it imports), read only
     /a4/etc    passwd, group, hosts and nsswitch.conf of its own, read only
     /tmp, /dev/shm                                      tmpfs, sized by the rubric's limits
@@ -131,6 +132,14 @@ def parents(paths: list) -> list:
                   key=lambda f: (f.count("/"), f))
 
 
+def hidden_kit(bound: list) -> list:
+    """The kit's folders inside the folders bound from the grader's side: after `pip install .` the
+    kit (rubric and reference included) sits in the site-packages the sandbox needs for torch, and
+    an empty tmpfs is mounted over each of them."""
+    return [str(folder) for folder in map(Path, map(os.path.realpath, kit.FOLDERS)) if folder.is_dir() and
+            any(str(folder).startswith(path.rstrip("/") + "/") for path in bound)]
+
+
 def stage(folder: Path, uid: int, gid: int) -> Path:
     """Write what the sandbox binds from the grader's side into `folder`: the engine's sources
     (ENGINE: never the rubric or its loader) and /etc."""
@@ -182,6 +191,8 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
         args += ["--perms", "0755", "--dir", folder]
     for path in binds:
         args += bind_fd(path, path)
+    for path in hidden_kit(binds):
+        args += ["--tmpfs", path]
     for path, target in sorted(links.items()):
         args += ["--symlink", target, path]
     args += bind_fd(staged, "/a4")

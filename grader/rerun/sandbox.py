@@ -244,9 +244,11 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
     with open("/proc/self/uid_map") as f:
         isolation.id_range = sum(int(line.split()[2]) for line in f if line.strip())
     isolation.memory_cgroup = os.access("/a4-cgroup/cgroup.procs", os.W_OK)
-    # The kit's folder may show (a venv inside it is bound), but nothing of the kit itself.
+    # The kit's folder may show (a venv inside it is bound, or it is the site-packages `pip install .`
+    # put the kit in, its folders then hidden under empty ones), but nothing of the kit itself.
     isolation.files = bool(kit_root) and not any(
-        os.path.exists(os.path.join(kit_root, name)) for name in ("grader", "assignment_4", "requirements.txt"))
+        os.path.exists(os.path.join(kit_root, name))
+        for name in ("grader/kit.py", "grader/rubric.yaml", "assignment_4/utils.py", "requirements.txt"))
     isolation.network = [name for _, name in socket.if_nameindex()] == ["lo"]
     with open("/proc/1/cmdline", "rb") as f:
         isolation.processes = b"bwrap" in f.read() and len([p for p in os.listdir("/proc") if p.isdigit()]) < 16
