@@ -11,9 +11,8 @@ import pytest
 from grader import kit, results as results_module
 from grader.batch.run import grade_batch
 from grader.rerun.executor import SandboxUnavailable
-from grader.parts import PART_IDS
 from grader.rubric import load_rubric
-from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutant_params, mutate,
+from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, graded_mutants, mutant_params, mutate,
                           refingerprint, skeleton, write_zip, zip_bytes)
 
 LOGS = DATA / "logs"
@@ -35,12 +34,12 @@ def corpus(reference_run) -> dict:
     log, err = reference_run
     ref = REFERENCE.read_text()
     handins = {"reference": Files(code=ref, log=log, err=err)}
-    for name in MUTANTS:
+    for name in graded_mutants(RUBRIC):
         code = mutate(name)
         handins[name] = Files(code=code, log=refingerprint(log, code), err=err)
     skel = skeleton()
     handins["skeleton_forged_log"] = Files(code=skel, log=refingerprint(log, skel), err=err)
-    three = skeleton(filled=["baseline", "grad_accumulation", "data_parallel"])
+    three = skeleton(filled=["baseline", "grad_accumulation", "data_parallel", "megatron_mlp"])
     handins["tensor_parallel_todo"] = Files(code=three, log=refingerprint(log, three), err=err)
     handins["stale_log"] = Files(code=ref + "\n# tidied up after the run\n", log=log, err=err)
     handins["modified_utils"] = Files(code=ref, log=log, err=err,
@@ -85,7 +84,7 @@ def graded(reference_run, tmp_path_factory):
 
 
 def parts_status(result):
-    return {p: result["parts"][p]["status"] for p in PART_IDS}
+    return {p: result["parts"][p]["status"] for p in RUBRIC.part_ids}
 
 
 @pytest.mark.timeout(600)
@@ -115,7 +114,7 @@ def test_skeleton_scores_zero_and_its_forged_log_earns_nothing(graded):
     assert "log_not_reproduced" in r["flags"]
 
 
-@pytest.mark.parametrize("name", mutant_params(sorted(MUTANTS)))
+@pytest.mark.parametrize("name", mutant_params(sorted(graded_mutants(RUBRIC))))
 def test_each_mutant_fails_the_part_it_targets_with_its_diagnosis(graded, name):
     mutant = MUTANTS[name]
     r = graded[1][name]
@@ -223,7 +222,7 @@ def test_a_handin_written_to_the_handout_word_for_word_runs_on_cpu_and_its_f_bac
 def test_grades_csv_has_a_row_per_handin_and_a_column_per_part(graded):
     out, results, _, _, _ = graded
     rows = list(csv.DictReader((out / "grades.csv").open()))
-    assert list(rows[0]) == ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
+    assert list(rows[0]) == ["student", "score", "max_score", "status", *RUBRIC.part_ids, "flags", "source"]
     assert {row["student"] for row in rows} == set(results)
     ref = next(row for row in rows if row["student"] == "reference")
     assert (ref["score"], ref["baseline"], ref["tensor_parallel"], ref["status"]) == (
@@ -242,14 +241,14 @@ def test_results_json_follows_gradescope_schema(graded):
         for test in doc["tests"]:
             assert test["status"] in ("passed", "failed") and "max_score" in test
         names = [t["name"] for t in doc["tests"]]
-        for part in PART_IDS:
+        for part in RUBRIC.part_ids:
             assert any(n.startswith(part) and "re-run" in n for n in names)
             assert any(n.startswith(part) and "log" in n for n in names)
     doc = json.loads((out / "dp_summed" / "results.json").read_text())
     dp = next(t for t in doc["tests"] if t["name"].startswith("data_parallel") and "re-run" in t["name"])
     assert dp["status"] == "failed" and f"summed over the {RUBRIC.default_check.world_size} ranks" in dp["output"]
     hidden = [t for t in doc["tests"] if t["name"].endswith("hidden checks")]
-    assert len(hidden) == sum(1 for part in PART_IDS if any(part in c.parts() for c in HIDDEN))
+    assert len(hidden) == sum(1 for part in RUBRIC.part_ids if any(part in RUBRIC.parts_at(c) for c in HIDDEN))
     assert {t["visibility"] for t in hidden} == {"after_due_date"}
     shown = json.dumps({k: v for k, v in doc.items() if k != "extra_data"})
     assert "hidden check 1" in shown and not any(c.name in shown for c in HIDDEN)
@@ -310,7 +309,7 @@ def test_a_second_run_only_grades_what_changed(graded):
     first = json.loads(before)
     for volatile in ("graded_at", "seconds"):
         first.pop(volatile), after.pop(volatile)
-    for part in PART_IDS:
+    for part in RUBRIC.part_ids:
         for o in first["parts"][part]["checks"] + after["parts"][part]["checks"]:
             o.pop("traceback", None)
     assert first == after

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.parts import PART_IDS
-from grader.pipeline import backward, compare, handin as handins
+from grader.pipeline import backward, compare, handin as handins, megatron
 from grader.pipeline.errfile import parse_err
 from grader.pipeline.runs import rule_of
 from grader.pipeline.say import Say
@@ -38,20 +38,32 @@ def _utils_notes(student_utils: Path) -> list:
             f"```diff\n{shown}\n```"]
 
 
+def _judges(check, rubric, parts) -> dict:
+    """part -> (what it is judged against, the judge) at `check`."""
+    judges = {}
+    for p in parts:
+        if p == "megatron_mlp":
+            block = megatron.seeded(check, rubric.learning_rate)
+            judges[p] = (block, megatron.judge_backward if check.kind == "backward" else megatron.judge_step)
+        elif check.kind == "backward":
+            judges[p] = (backward.expected_layer(check), backward.judge)
+        else:
+            judges[p] = (compare.expected(check, rubric.learning_rate), compare.judge)
+    return judges
+
+
 def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None) -> dict:
-    """Re-run `parts` (those the check runs) at `check` and judge them. A failure is run once more:
-    a flip to passed is flagged flaky (the failure stands, for a person to look at); when the
-    machinery failed, the second run decides, since the first said nothing about the code.
+    """Re-run `parts` (those of the rubric the check runs) at `check` and judge them. A failure is
+    run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at);
+    when the machinery failed, the second run decides, since the first said nothing about the code.
     `passed`: part -> the checks it passed already (grader.pipeline.diagnose uses them)."""
-    parts = [p for p in parts if p in check.parts()]
-    if check.kind == "backward":
-        exp, judge = backward.expected_layer(check), backward.judge
-    else:
-        exp, judge = compare.expected(check, rubric.learning_rate), compare.judge
+    parts = [p for p in parts if p in rubric.parts_at(check)]
+    judges = _judges(check, rubric, parts)
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
 
     def verdict(p, run):
+        exp, judge = judges[p]
         return judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ()))
 
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
@@ -114,11 +126,11 @@ def _log_evidence(result: HandinResult, unpacked, code_sha256: str, rubric) -> t
 def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: Path, deadline: float) -> dict:
     """Every part at every check of the rubric that runs it, within the hand-in's time: part -> [CheckOutcome]."""
     code = rerun.prepare_code(assignment)
-    outcomes = {p: [] for p in PART_IDS}
-    passed = {p: [] for p in PART_IDS}
+    outcomes = {p: [] for p in rubric.part_ids}
+    passed = {p: [] for p in rubric.part_ids}
     for check in rubric.checks:
         if time.monotonic() > deadline:
-            for p in check.parts():
+            for p in rubric.parts_at(check):
                 outcomes[p].append(CheckOutcome(check=check.name, hidden=check.hidden,
                                                 world_size=check.world_size, status=Status.TIMEOUT,
                                                 message=f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from grader.parts import BY_ID
-from grader.rerun import channel, layer, protocol
+from grader.rerun import block, channel, layer, protocol
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.protocol import ErrorInfo, RankStatus
 
@@ -118,7 +118,7 @@ def layout(check: dict, rank: int, world_size: int) -> tuple:
 def configure(module, check: dict, rank: int, world_size: int) -> None:
     """Set the check's configuration on the module, and the globals handout-style code reads."""
     values = {k: check[k] for k in ("global_batch_size", "input_dim", "output_dim", "seed",
-                                    "accumulation_steps")}
+                                    "accumulation_steps", "hidden_dim") if k in check}
     node, local_rank, per_node = layout(check, rank, world_size)
     values.update(world_size=world_size, rank=rank, local_rank=local_rank, local_world_size=per_node,
                   local_batch_size=check["global_batch_size"] // world_size)
@@ -188,10 +188,15 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, answer_key: 
     result = protocol.Result(part=part_id, status=RankStatus.OK)
     try:
         if check.get("backward"):
+            run_alone = block.forward_and_backward if part_id == "megatron_mlp" else layer.forward_and_backward
             with CudaOnCpu(), comm.recording(calls):
-                tensors = layer.forward_and_backward(module, check)
+                tensors = run_alone(module, check)
             result.weight = channel.encode_tensor(tensors.pop("output"))
             result.extra = {name: channel.encode_tensor(t) for name, t in tensors.items()}
+        elif part_id == "megatron_mlp":   # two weights: W1 in weight, W2 in extra
+            with CudaOnCpu(), comm.recording(calls):
+                w1, w2 = block.returned_weights(function(**_kwargs_for(function, wanted)))
+            result.weight, result.extra = channel.encode_tensor(w1), {"w2": channel.encode_tensor(w2)}
         else:
             with CudaOnCpu(), comm.recording(calls):
                 returned = function(**_kwargs_for(function, wanted))
