@@ -17,6 +17,7 @@ class Part:
     scopes: tuple      # top-level names of the reference whose solutions make up the part
     kinds: tuple = ("step",)   # the kinds of rubric check that run it (grader.rubric.KINDS)
     optional: bool = False     # run and shown only where the course's rubric gives it points
+    splits: tuple = ()         # (size, by) of a check this part divides: each must divide by the other
 
 
 PARTS = (
@@ -30,7 +31,8 @@ PARTS = (
          kinds=("step", "backward")),
     Part("megatron_mlp", "Part 5 (optional): Megatron's MLP block", "MegatronMLP", "megatron_mlp_single_step",
          ("ReduceParallel", "ColumnParallelLinear", "RowParallelLinear", "MegatronMLP",
-          "megatron_mlp_single_step"), kinds=("step", "backward"), optional=True),
+          "megatron_mlp_single_step"), kinds=("step", "backward"), optional=True,
+         splits=(("hidden_dim", "world_size"),)),
 )
 PART_IDS = tuple(p.id for p in PARTS)
 CORE_PART_IDS = tuple(p.id for p in PARTS if not p.optional)   # every course's parts

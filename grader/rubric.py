@@ -68,9 +68,8 @@ class Check:
     weight: float = 1.0    # share of each part's re-run points (of the parts it runs)
     nodes: int = 1         # the world laid out as this many nodes of world_size / nodes ranks each
                            # (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, SLURM_NODEID as on a cluster)
-    kind: str = "step"     # step: every part takes its SGD step; backward: Part 4's layer (and
-                           # Part 5's block, when on) alone, forward and backward, its output and
-                           # gradients against the single-device layer's
+    kind: str = "step"     # step: every part takes its SGD step; backward: Part 4's layer (Part 5's block)
+                           # alone, forward and backward, against the single-device layer's (block's)
 
     def parts(self) -> tuple:
         """The parts of every course this check runs (Rubric.parts_at adds the optional ones)."""
@@ -147,7 +146,7 @@ class Rubric:
 
     @property
     def part_ids(self) -> tuple:
-        """The parts this rubric grades: every course's, and the optional ones it gives points."""
+        """The parts this rubric grades: every course's, and the optional ones it names (null: off)."""
         return tuple(p for p in PART_IDS if p in self.parts)
 
     def parts_at(self, check: Check) -> tuple:
@@ -156,20 +155,14 @@ class Rubric:
 
     @property
     def max_score(self) -> float:
-        """The points of every part but the bonus ones (those come on top)."""
-        return sum(p.log + p.rerun for p in self.parts.values() if not p.bonus)
+        return sum(p.log + p.rerun for p in self.parts.values() if not p.bonus)   # a bonus comes on top
 
     def digest(self) -> str:
-        """sha256 of the rubric's content: part of every cached result's key. What only Part 5 reads
-        (a check's hidden_dim) and a bonus flag left false count only where they matter, so a
-        course without Part 5 keeps the digest it had before the part existed."""
+        """sha256 of the rubric's content (a cache key); a course without Part 5 keeps its old digest."""
         data = dataclasses.asdict(self)
-        for points in data["parts"].values():
-            if not points["bonus"]:
-                del points["bonus"]
-        if "megatron_mlp" not in self.parts:
-            for check in data["checks"]:
-                del check["hidden_dim"]
+        data["parts"] = {k: {n: v for n, v in p.items() if n != "bonus" or v} for k, p in data["parts"].items()}
+        data["checks"] = [{n: v for n, v in c.items() if n != "hidden_dim" or "megatron_mlp" in self.parts}
+                          for c in data["checks"]]
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -222,8 +215,6 @@ def rubric_from_dict(data: dict, source: str = "rubric") -> Rubric:
         unknown = sorted(set(parts_data) - set(PART_IDS))
         if unknown:
             raise RubricError(f"{source}.parts: unknown part '{unknown[0]}'; valid parts: {', '.join(PART_IDS)}")
-        # An optional part is on where the rubric names it (`megatron_mlp: {...}`), off where it is
-        # absent or null (an overlay turns it off with `megatron_mlp: null`).
         rubric.parts = {p: _build(PartPoints, parts_data.get(p) or {}, f"{source}.parts.{p}") for p in PART_IDS
                         if not BY_ID[p].optional or parts_data.get(p) is not None}
     if checks_data is not None:
@@ -240,18 +231,15 @@ def _validate(rubric: Rubric, source: str) -> None:
         where = f"{source}.checks[{i}] ({check.name})"
         if names.count(check.name) > 1:
             raise RubricError(f"{where}: the check name '{check.name}' is used twice; names must be unique")
-        for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps"):
+        for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps", "hidden_dim"):
             if getattr(check, key) < 1:
                 raise RubricError(f"{where}.{key}: must be at least 1")
-        for total, parts in (("global_batch_size", "world_size"), ("output_dim", "world_size"),
-                             ("global_batch_size", "accumulation_steps")):
+        splits = (("global_batch_size", "world_size"), ("output_dim", "world_size"),
+                  ("global_batch_size", "accumulation_steps"), *(s for p in rubric.parts for s in BY_ID[p].splits))
+        for total, parts in splits:
             if getattr(check, total) % getattr(check, parts):
                 raise RubricError(f"{where}: {total} ({getattr(check, total)}) is not divisible by "
                                   f"{parts} ({getattr(check, parts)})")
-        if "megatron_mlp" in rubric.parts:
-            if check.hidden_dim < 1 or check.hidden_dim % check.world_size:
-                raise RubricError(f"{where}: hidden_dim ({check.hidden_dim}) is not divisible by world_size "
-                                  f"({check.world_size}); Part 5 splits the MLP's hidden width over the ranks")
         if check.weight <= 0:
             raise RubricError(f"{where}.weight: must be positive")
         if check.nodes < 1 or check.world_size % check.nodes:

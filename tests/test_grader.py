@@ -11,6 +11,7 @@ import pytest
 from grader import kit, results as results_module
 from grader.batch.run import grade_batch
 from grader.rerun.executor import SandboxUnavailable
+from grader.parts import BY_ID
 from grader.rubric import load_rubric
 from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, graded_mutants, mutant_params, mutate,
                           refingerprint, skeleton, write_zip, zip_bytes)
@@ -21,7 +22,7 @@ LOGS = DATA / "logs"
 RUBRIC = load_rubric()
 WEIGHTS = {c.name: c.weight for c in RUBRIC.checks}
 POINTS = {part: (points.log, points.rerun) for part, points in RUBRIC.parts.items()}
-FULL = RUBRIC.max_score
+FULL = sum(p.log + p.rerun for p in RUBRIC.parts.values())   # the reference's score: bonus points included
 HIDDEN = [c for c in RUBRIC.checks if c.hidden]
 
 
@@ -91,7 +92,7 @@ def parts_status(result):
 def test_reference_scores_full_marks(graded):
     _, results, summary, _, _ = graded
     r = results["reference"]
-    assert (r["status"], r["score"], r["max_score"]) == ("graded", FULL, FULL), r["message"]
+    assert (r["status"], r["score"], r["max_score"]) == ("graded", FULL, RUBRIC.max_score), r["message"]
     assert set(parts_status(r).values()) == {"passed"}
     assert r["flags"] == []
     assert summary.trouble == 0
@@ -141,8 +142,7 @@ def test_each_mutant_fails_the_part_it_targets_with_its_diagnosis(graded, name):
 
 def test_a_part_left_todo_costs_only_that_part_and_names_the_todo(graded):
     r = graded[1]["tensor_parallel_todo"]
-    assert parts_status(r) == {"baseline": "passed", "grad_accumulation": "passed", "data_parallel": "passed",
-                               "tensor_parallel": "not_implemented"}
+    assert parts_status(r) == {**{p: "passed" for p in RUBRIC.part_ids}, "tensor_parallel": "not_implemented"}
     assert r["score"] == FULL - sum(POINTS["tensor_parallel"])
     assert r["parts"]["tensor_parallel"]["message"] == \
         "not implemented yet: TODO in FullColumnParallelLinear.forward: X = ... (1 line)"
@@ -207,14 +207,16 @@ def test_a_handin_written_to_the_handout_word_for_word_runs_on_cpu_and_its_f_bac
     """Every step passes on a CPU-only machine. The original handout's BroadcastParallel.backward
     calls `ReduceOp.SUM` without importing it: the step never runs it, the backward checks do."""
     r = graded[1]["handout_literal"]
+    optional = [p for p in RUBRIC.part_ids if BY_ID[p].optional]   # the handout has none: no such function
     assert parts_status(r) == {"baseline": "passed", "grad_accumulation": "passed", "data_parallel": "passed",
-                               "tensor_parallel": "crashed"}, r["parts"]
+                               "tensor_parallel": "crashed", **{p: "crashed" for p in optional}}, r["parts"]
     failing = [o for o in r["parts"]["tensor_parallel"]["checks"] if o["status"] != "passed"]
     backward = [c for c in RUBRIC.checks if c.kind == "backward"]
     assert [o["check"] for o in failing] == [c.name for c in backward] != []
     assert failing[0]["message"] == "crashed: NameError: name 'ReduceOp' is not defined"
     tp = [c for c in RUBRIC.checks if "tensor_parallel" in c.parts()]
     lost = POINTS["tensor_parallel"][1] * sum(c.weight for c in backward) / sum(c.weight for c in tp)
+    lost += sum(sum(POINTS[p]) for p in optional)
     assert r["score"] == pytest.approx(FULL - lost), (r["message"], r["notes"])   # the backward checks' share
     assert "modified_utils" in r["flags"]
 

@@ -19,15 +19,25 @@ PART5 = {"megatron_mlp": {"log": 2, "rerun": 8, "bonus": True}}
 MLP_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.part == "megatron_mlp")
 
 
-def test_the_course_rubric_leaves_part_5_off_and_a_rubric_turns_it_on_as_a_bonus():
+@pytest.mark.stock_rubric
+def test_the_stock_course_leaves_part_5_off():
     stock = load_rubric()
     assert "megatron_mlp" not in stock.parts and "megatron_mlp" not in stock.part_ids
     assert all("megatron_mlp" not in stock.parts_at(c) for c in stock.checks)
+
+
+def test_a_rubric_turns_part_5_on_as_a_bonus_and_off_with_null():
     data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
+    data["parts"].pop("megatron_mlp", None)
+    off = rubric_from_dict(data)
+    assert "megatron_mlp" not in off.part_ids and all("megatron_mlp" not in off.parts_at(c) for c in off.checks)
     data["parts"].update(PART5)
     on = rubric_from_dict(data)
-    assert on.part_ids[-1] == "megatron_mlp" and on.max_score == stock.max_score   # a bonus: on top
-    assert all("megatron_mlp" in on.parts_at(c) for c in on.checks)
+    assert on.part_ids[-1] == "megatron_mlp" and on.max_score == off.max_score   # a bonus: on top
+    assert all("megatron_mlp" in on.parts_at(c) for c in on.checks) and on.digest() != off.digest()
+    data["parts"]["megatron_mlp"] = None   # an overlay's way of turning it off
+    assert rubric_from_dict(data).digest() == off.digest()
+    data["parts"].update(PART5)
     data["checks"][0]["hidden_dim"] = 130
     with pytest.raises(RubricError, match="hidden_dim \\(130\\) is not divisible by world_size"):
         rubric_from_dict(data)
