@@ -111,6 +111,7 @@ def _log_evidence(result: HandinResult, unpacked, code_sha256: str, rubric) -> t
     log_report = unpacked.run.report if unpacked.run is not None else None
     if log_report is not None:
         result.log = log_report.to_dict()
+        result.log["parts"] = {p: e for p, e in result.log["parts"].items() if p in rubric.parts}   # the course's
     if "err" in files:
         err_report = parse_err(files["err"].read_bytes())
         result.err = err_report.to_dict()
