@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from grader.parts import PART_IDS, PARTS
+from grader.parts import CORE_PART_IDS, PARTS
 
 # ---- Every pattern of both files, in one place -------------------------------------------------
 
@@ -137,7 +137,7 @@ class LogReport(_Result):
     nodes: int | None = None         # distinct hosts of the ranks (or the [Job] header's nnodes)
     slurm: str = ""                  # what shows the run was a Slurm job ("" when nothing does)
     finished: bool = False           # every rank printed done, and the footer (if any) says status=0
-    parts: dict[str, PartEvidence] = field(default_factory=lambda: {p: PartEvidence(p) for p in PART_IDS})
+    parts: dict[str, PartEvidence] = field(default_factory=lambda: {p: PartEvidence(p) for p in CORE_PART_IDS})
     flags: list[LogFlag] = field(default_factory=list)
     unknown_prefixes: list[str] = field(default_factory=list)  # comparison prefixes naming no part
 
