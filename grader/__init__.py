@@ -5,11 +5,12 @@ The house, one room per job; a hand-in travels down the list:
     shared       kit (paths, atomic writes, the source digest), parts, rubric (and its limits),
                  results (statuses and result dataclasses), cli (the command line)
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
-                 its weights (executor, zygote, world, supervise, worker, layer, hooks, protocol,
-                 channel, sandbox, check; doctor says which sandbox layers work on a machine)
+                 its weights (executor, zygote, world, supervise, worker, layer, block, hooks,
+                 protocol, channel, sandbox, check; doctor says which sandbox layers work on a machine)
     pipeline/    grade one hand-in: handin (unpack), runs (a run's stdout and stderr, found by what
                  they hold), logfile and errfile (what they say), compare and diagnose (the
-                 weights), backward (the tensor-parallel layer's gradients), score, say (what a
+                 weights), backward (the tensor-parallel layer's gradients), megatron (the
+                 optional Part 5's block, step and gradients), score, say (what a
                  student may see of hidden checks), report, grade
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv and summary.md over every result in OUT (gradebook)

@@ -4,7 +4,7 @@ The rank joins a gloo world over a file store, loads `assignment4.py` next to th
 `utils.py`, and for each part sets the check's configuration on the module, calls the part's
 function with `seed=` and `device="cpu"`, and sends the returned weight, the collectives the
 part called, and any error over its result pipe (grader.rerun.protocol). At a backward check it
-runs Part 4's layer alone instead (grader.rerun.layer). It never compares anything: the verdict is
+runs Part 4's layer alone instead (grader.rerun.layer), or Part 5's block (grader.rerun.block). It never compares anything: the verdict is
 the grader's, in the grader's own process. Tracebacks keep the hand-in's own frames only
 (assignment4.py and utils.py, by file name): nothing of the grading machine's paths.
 
