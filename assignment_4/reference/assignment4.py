@@ -623,7 +623,7 @@ def main():
 # BEGIN PART megatron_mlp
 
     if rank == 0:
-        log(f"[Rank {rank}] Part 5 (optional): Megatron's MLP block, world size {world_size}.")
+        log(f"[Rank {rank}] Part 5: Megatron's MLP block (optional), world size {world_size}.")
     megatron_weights = run_part("MegatronMLP", megatron_mlp_single_step, seed=seed, device=device)
     if megatron_weights is not None:
         # The single-device MLP's step is Part 5's ground truth: W1 first, then W2.
