@@ -514,9 +514,9 @@ def megatron_mlp_single_step(seed=42, device=None):
     loss_fn = nn.MSELoss(reduction="mean")
 
     inputs, targets = create_batch(global_batch_size, input_dim, input_dim, seed=seed, device=device)
-    block_outputs = model(inputs)
-    check(block_outputs, (global_batch_size, input_dim))
-    loss = loss_fn(block_outputs, targets)
+    predictions = model(inputs)
+    check(predictions, (global_batch_size, input_dim))
+    loss = loss_fn(predictions, targets)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
