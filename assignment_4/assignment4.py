@@ -16,6 +16,9 @@ Part 1  single_step                          the single-device baseline
 Part 2  single_step_with_grad_accumulation   the same step from micro-batches, one after another
 Part 3  data_parallel_single_step            each rank takes a slice of the batch; gradients all-reduced
 Part 4  full_column_parallel_single_step     each rank holds a slice of W's columns; outputs all-gathered
+Part 5  megatron_mlp_single_step             (optional) Megatron's MLP block: W1 by columns, W2 by rows
+        a two-layer MLP, so it returns (W1, W2) and checks them against the single-device MLP's step
+        (mlp_single_step) with "[MegatronMLP][Rank r] Tensors match: ..." lines
 
 Fill in the lines marked TODO. Each TODO raises NotImplementedError until you replace it, and the
 script reports that part as not implemented yet and goes on with the next.
@@ -36,6 +39,8 @@ output_dim = 32           # targets per example: the columns of W; tensor parall
 seed = 42                 # seeds the initial weight and the batch, identically on every rank
 learning_rate = 0.5       # the SGD step size
 accumulation_steps = 4    # micro-batches per step in Part 2
+hidden_dim = 128          # Part 5: the MLP's hidden width h (W1 [input_dim, h], W2 [h, input_dim]);
+                          # tensor parallel splits it, so it must be divisible by the world size
 
 
 class CustomLinearLayer(nn.Module):
@@ -229,7 +234,7 @@ class GatherParallel(torch.autograd.Function):
     Megatron-LM's gather_from_model_parallel_region: each rank holds out_i [bsz, out_dim / p];
     forward concatenates them into out [bsz, out_dim] on every rank; backward hands each rank the
     columns of the gradient that belong to its own out_i. (It is not the paper's g, which all-reduces
-    in forward and is the identity in backward: g ends a row-parallel layer, which this assignment
+    in forward and is the identity in backward: g ends a row-parallel layer, which Part 4
     does not have.)
     """
 
@@ -340,6 +345,199 @@ def full_column_parallel_single_step(seed=42, device=None):
     return global_updated_weight
 
 
+### Part 5 (optional): Megatron's MLP block, column-parallel then row-parallel.
+# Megatron-LM's names for the four mappings (mpu/mappings.py): copy to the model-parallel region is
+# f (BroadcastParallel above), reduce from it is g (ReduceParallel below), scatter to it is what the
+# layers' constructors do to the full weights (each rank keeps its shard), gather from it is
+# GatherParallel above (Part 4's output) and the all-gather of the updated shards at the end.
+CopyToModelParallelRegion = BroadcastParallel
+
+
+class ReduceParallel(torch.autograd.Function):
+    """Forward: all-reduce (sum) over the ranks. Backward: identity.
+
+    The function g of Megatron-LM (reduce_from_model_parallel_region): after a row-parallel layer,
+    rank i holds a partial output Z_i [bsz, out_dim], its share of Z = sum_i Z_i; forward sums the
+    shares so that every rank holds Z. Z is a sum, so the gradient of each Z_i is the gradient of Z,
+    which every rank already holds whole: backward passes it on unchanged.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        if dist.get_world_size() == 1:
+            return x
+        # Sum a private copy over the ranks: the caller's tensor stays as it was.
+        # TODO: summed = a copy of x, summed in place over all ranks (2 lines)
+        raise NotImplementedError('TODO in ReduceParallel.forward: summed = a copy of x, summed in place over all ranks (2 lines)')
+        return summed
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # TODO: return ... (1 line)
+        raise NotImplementedError('TODO in ReduceParallel.backward: return ... (1 line)')
+
+
+ReduceFromModelParallelRegion = ReduceParallel
+
+
+class ColumnParallelLinear(nn.Module):
+    """Megatron-LM's column-parallel linear layer: Part 4's layer without the final all-gather.
+
+    W [in_dim, out_dim] is split along its columns, W = [W_0 | ... | W_{p-1}]; rank i holds W_i
+    [in_dim, out_dim / p] and returns out_i = X @ W_i [bsz, out_dim / p], its own columns of the
+    output, left split: the row-parallel layer after it takes exactly those columns.
+    """
+
+    def __init__(self, weight: torch.Tensor, world_size: int, rank: int):
+        super().__init__()
+        self.in_dim, self.out_dim = weight.shape
+        self.local_out_dim = divide(self.out_dim, world_size, "out_dim", "world_size")
+        start = rank * self.local_out_dim
+        self.W = nn.Parameter(weight[:, start:start + self.local_out_dim].clone().contiguous())
+
+    def forward(self, X):
+        """X [bsz, in_dim], the same on every rank -> out_i [bsz, out_dim / p]."""
+        local_bsz = X.shape[0]
+        check(X, (local_bsz, self.in_dim))
+        # f: identity forward; in backward the ranks' shares of the gradient of X are summed.
+        # TODO: X = ... (f, 1 line)
+        raise NotImplementedError('TODO in ColumnParallelLinear.forward: X = ... (f, 1 line)')
+        local_out = torch.einsum("bi,ij->bj", X, self.W).contiguous()
+        check(local_out, (local_bsz, self.local_out_dim))
+        return local_out
+
+
+class RowParallelLinear(nn.Module):
+    """Megatron-LM's row-parallel linear layer: out = H @ W with W split along its rows.
+
+    W [in_dim, out_dim] = [W_0; W_1; ...; W_{p-1}] (stacked); rank i holds the rows
+    [i * in_dim / p, (i + 1) * in_dim / p), W_i of shape [in_dim / p, out_dim], and takes H_i
+    [bsz, in_dim / p], the same columns of the input. Then H @ W = sum_i H_i @ W_i: each rank
+    computes its partial sum Z_i = H_i @ W_i [bsz, out_dim] and g (ReduceParallel) adds them up.
+
+    Parameters:
+        weight (torch.Tensor): the full weight matrix, shape [in_dim, out_dim]
+        world_size (int): number of ranks p; must divide in_dim
+        rank (int): this rank i
+    """
+
+    def __init__(self, weight: torch.Tensor, world_size: int, rank: int):
+        super().__init__()
+        self.in_dim, self.out_dim = weight.shape
+        self.local_in_dim = divide(self.in_dim, world_size, "in_dim", "world_size")
+        # This rank's rows of the full weight.
+        # TODO: start = ..., end = ... (2 lines)
+        raise NotImplementedError('TODO in RowParallelLinear.__init__: start = ..., end = ... (2 lines)')
+        self.W = nn.Parameter(weight[start:end, :].clone().contiguous())
+
+    def forward(self, H_local):
+        """H_i [bsz, in_dim / p] -> out [bsz, out_dim], the same on every rank."""
+        local_bsz = H_local.shape[0]
+        check(H_local, (local_bsz, self.local_in_dim))
+        # This rank's partial sum, then g: the sum of every rank's partial sum.
+        # TODO: partial = ..., out = ... (2 lines)
+        raise NotImplementedError('TODO in RowParallelLinear.forward: partial = ..., out = ... (2 lines)')
+        check(out, (local_bsz, self.out_dim))
+        return out
+
+
+class MegatronMLP(nn.Module):
+    """Megatron-LM's MLP block: out = GeLU(X @ W1) @ W2, no biases, with one all-reduce each way.
+
+    X [bsz, d] -> f -> ColumnParallelLinear W1_i [d, h / p] -> GeLU -> RowParallelLinear
+    W2_i [h / p, d] -> g -> out [bsz, d]. GeLU works element by element, so rank i can apply it to
+    its own columns H_i = X @ W1_i and hand GeLU(H_i) straight to its rows of W2: no all-gather in
+    between. f all-reduces the gradient of X in backward, g the output in forward.
+
+    Parameters:
+        w1 (torch.Tensor): [d, h], split by columns
+        w2 (torch.Tensor): [h, d], split by rows
+        world_size, rank: as for the layers; p must divide h
+    """
+
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, world_size: int, rank: int):
+        super().__init__()
+        self.fc1 = ColumnParallelLinear(w1, world_size, rank)   # first: its parameters come first
+        self.fc2 = RowParallelLinear(w2, world_size, rank)
+
+    def forward(self, X):
+        # TODO: out = ... (fc1, GeLU, fc2: 1 line)
+        raise NotImplementedError('TODO in MegatronMLP.forward: out = ... (fc1, GeLU, fc2: 1 line)')
+        return out
+
+
+def init_mlp_weights(seed):
+    """W1 [input_dim, hidden_dim] and W2 [hidden_dim, input_dim], drawn after torch.manual_seed(seed)
+    and scaled by 1/sqrt(fan_in), so that the activations stay of the order of 1."""
+    torch.manual_seed(seed)
+    w1 = torch.randn(input_dim, hidden_dim) / input_dim ** 0.5
+    w2 = torch.randn(hidden_dim, input_dim) / hidden_dim ** 0.5
+    return w1, w2
+
+
+def mlp_single_step(seed=42, device=None):
+    """Part 5's check: one SGD step of the same MLP, GeLU(X @ W1) @ W2, on one device.
+
+    Returns:
+        (updated_w1, updated_w2) of shapes [input_dim, hidden_dim] and [hidden_dim, input_dim]
+    """
+    device = get_device() if device is None else device
+    w1, w2 = init_mlp_weights(seed)
+    w1, w2 = nn.Parameter(w1.to(device)), nn.Parameter(w2.to(device))
+    optimizer = optim.SGD([w1, w2], lr=learning_rate)
+    inputs, targets = create_batch(global_batch_size, input_dim, input_dim, seed=seed, device=device)
+    loss = nn.MSELoss(reduction="mean")(nn.functional.gelu(inputs @ w1) @ w2, targets)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return w1.detach(), w2.detach()
+
+
+def megatron_mlp_single_step(seed=42, device=None):
+    """One SGD step of MegatronMLP on the whole batch, returning both full updated weights.
+
+    The batch is X [global_batch_size, input_dim] with targets Y of the same shape (the block maps
+    d features to d). Rank i updates W1_i [input_dim, hidden_dim / p] and W2_i
+    [hidden_dim / p, input_dim]; the updated shards are gathered into W1 [input_dim, hidden_dim]
+    (columns) and W2 [hidden_dim, input_dim] (rows).
+
+    Returns:
+        (updated_w1, updated_w2), the same on every rank
+    """
+    device = get_device() if device is None else device
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_hidden_dim = divide(hidden_dim, world_size, "hidden_dim", "world_size")
+
+    w1, w2 = init_mlp_weights(seed)
+    model = MegatronMLP(w1, w2, world_size, rank).to(device)
+    optimizer = optim.SGD(model.parameters(), lr=learning_rate)
+    loss_fn = nn.MSELoss(reduction="mean")
+
+    inputs, targets = create_batch(global_batch_size, input_dim, input_dim, seed=seed, device=device)
+    predictions = model(inputs)
+    check(predictions, (global_batch_size, input_dim))
+    loss = loss_fn(predictions, targets)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+    local_w1 = model.fc1.W.detach().contiguous()
+    local_w2 = model.fc2.W.detach().contiguous()
+    check(local_w1, (input_dim, local_hidden_dim))
+    check(local_w2, (local_hidden_dim, input_dim))
+    w1_shards = [torch.empty_like(local_w1) for _ in range(world_size)]
+    w2_shards = [torch.empty_like(local_w2) for _ in range(world_size)]
+    dist.all_gather(w1_shards, local_w1)
+    dist.all_gather(w2_shards, local_w2)
+    updated_w1 = torch.cat(w1_shards, dim=1)
+    # W2's shards are blocks of its rows.
+    # TODO: updated_w2 = ... (1 line)
+    raise NotImplementedError('TODO in megatron_mlp_single_step: updated_w2 = ... (1 line)')
+    check(updated_w1, (input_dim, hidden_dim))
+    check(updated_w2, (hidden_dim, input_dim))
+    return updated_w1, updated_w2
+
+
 def run_part(prefix, part, *args, **kwargs):
     """Call one part; log it as not implemented (and return None) while it still has a TODO."""
     try:
@@ -382,6 +580,14 @@ def main():
                                       seed=seed, device=device)
     if column_parallel_weight is not None:
         compare_tensors(expected, column_parallel_weight, prefix="FullColumnParallel")
+
+    if rank == 0:
+        log(f"[Rank {rank}] Part 5: Megatron's MLP block (optional), world size {world_size}.")
+    megatron_weights = run_part("MegatronMLP", megatron_mlp_single_step, seed=seed, device=device)
+    if megatron_weights is not None:
+        # The single-device MLP's step is Part 5's ground truth: W1 first, then W2.
+        for want, got in zip(mlp_single_step(seed=seed, device=device), megatron_weights):
+            compare_tensors(want, got, prefix="MegatronMLP")
 
     dist.barrier()
     dist.destroy_process_group()

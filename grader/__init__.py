@@ -6,12 +6,13 @@ The house, one room per job; a hand-in travels down the list:
                  results (statuses and result dataclasses, where a batch keeps them), plots (figures
                  by matplotlib, loaded only to draw; the lab's bandwidth plot uses it too), cli
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
-                 its weights (executor, zygote, world, supervise, worker, layer, hooks, protocol,
-                 channel, sandbox, scratch, memory, check; hidden keeps a hidden check's results
+                 its weights (executor, zygote, world, supervise, worker, layer, block, hooks,
+                 protocol, channel, sandbox, scratch, memory, check; hidden keeps a hidden check's results
                  free of a rank's words; doctor says which sandbox layers work on a machine)
     pipeline/    grade one hand-in: handin (unpack), runs (a run's stdout and stderr, found by what
                  they hold), logfile and errfile (what they say), compare and diagnose (the
-                 weights), backward (the tensor-parallel layer's gradients), score, say (what a
+                 weights), backward (the tensor-parallel layer's gradients), megatron (the
+                 optional Part 5's block, step and gradients), score, say (what a
                  student may see of hidden checks), report, grade
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv and summary.md over every result in OUT (gradebook)

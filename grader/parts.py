@@ -1,4 +1,9 @@
-"""The four parts of the assignment: the names every stage of the grader uses for them."""
+"""The parts of the assignment: the names every stage of the grader uses for them.
+
+Parts 1-4 are every course's. Part 5, Megatron's MLP block, is optional: a course turns it on by
+giving it points in its rubric (`parts: megatron_mlp: {...}`); without them it is neither run nor
+shown, and the student release carries no trace of it (grader.instructor.release).
+"""
 
 from dataclasses import dataclass
 
@@ -10,6 +15,9 @@ class Part:
     log_prefix: str    # the "[Prefix]" of its comparison lines in our log format
     function: str      # the function of assignment4.py that runs it
     scopes: tuple      # top-level names of the reference whose solutions make up the part
+    kinds: tuple = ("step",)   # the kinds of rubric check that run it (grader.rubric.KINDS)
+    optional: bool = False     # run and shown only where the course's rubric gives it points
+    splits: tuple = ()         # (size, by) of a check this part divides: each must divide by the other
 
 
 PARTS = (
@@ -19,7 +27,14 @@ PARTS = (
     Part("data_parallel", "Part 3: data parallel", "DataParallel", "data_parallel_single_step",
          ("data_parallel_single_step",)),
     Part("tensor_parallel", "Part 4: full column-parallel tensor parallel", "FullColumnParallel",
-         "full_column_parallel_single_step", ("FullColumnParallelLinear", "full_column_parallel_single_step")),
+         "full_column_parallel_single_step", ("FullColumnParallelLinear", "full_column_parallel_single_step"),
+         kinds=("step", "backward")),
+    Part("megatron_mlp", "Part 5 (optional): Megatron's MLP block", "MegatronMLP", "megatron_mlp_single_step",
+         ("ReduceParallel", "ColumnParallelLinear", "RowParallelLinear", "MegatronMLP",
+          "megatron_mlp_single_step"), kinds=("step", "backward"), optional=True,
+         splits=(("hidden_dim", "world_size"),)),
 )
 PART_IDS = tuple(p.id for p in PARTS)
+CORE_PART_IDS = tuple(p.id for p in PARTS if not p.optional)   # every course's parts
+OPTIONAL_PART_IDS = tuple(p.id for p in PARTS if p.optional)
 BY_ID = {p.id: p for p in PARTS}

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from grader import __version__, kit
-from grader.parts import PART_IDS
+
 
 
 class Status(str, Enum):
@@ -132,7 +132,7 @@ def new_result(student: str, source: str, sha256: str, rubric) -> HandinResult:
 
 def mark_not_run(result: HandinResult, rubric, message: str) -> None:
     """Every part of `result` not run, with `message` as the reason."""
-    for part in PART_IDS:
+    for part in rubric.part_ids:
         points = rubric.parts[part]
         result.parts[part] = PartResult(part=part, status=Status.NOT_RUN, score=0.0,
                                         max_score=points.log + points.rerun, rerun_points=0.0,

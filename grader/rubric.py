@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.parts import PART_IDS
+from grader.parts import BY_ID, CORE_PART_IDS, PART_IDS, PARTS
 
 DEFAULT_RUBRIC = kit.RUBRIC
 PUBLIC_RUBRIC = kit.PUBLIC_RUBRIC
@@ -52,6 +52,7 @@ class RubricError(ValueError):
 class PartPoints:
     log: float = 0.0     # for the hand-in's .log showing the part matching on every rank
     rerun: float = 0.0   # for the grader's own re-run matching the reference at every check
+    bonus: bool = False  # points on top of max_score: a hand-in without the part can still earn it all
 
 
 @dataclass
@@ -64,16 +65,17 @@ class Check:
     input_dim: int = 64
     output_dim: int = 32
     accumulation_steps: int = 4
+    hidden_dim: int = 128  # Part 5 only: the MLP's hidden width (W1 [input_dim, hidden_dim])
     hidden: bool = False   # named in feedback, its values never shown
     weight: float = 1.0    # share of each part's re-run points (of the parts it runs)
     nodes: int = 1         # the world laid out as this many nodes of world_size / nodes ranks each
                            # (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, SLURM_NODEID as on a cluster)
-    kind: str = "step"     # step: every part takes its SGD step; backward: Part 4's layer alone,
-                           # forward and backward, its output and gradients against the single-device layer's
+    kind: str = "step"     # step: every part takes its SGD step; backward: Part 4's layer (Part 5's block)
+                           # alone, forward and backward, against the single-device layer's (block's)
 
     def parts(self) -> tuple:
-        """The parts this check runs."""
-        return PART_IDS if self.kind == "step" else ("tensor_parallel",)
+        """The parts of every course this check runs (Rubric.parts_at adds the optional ones)."""
+        return tuple(p for p in CORE_PART_IDS if self.kind in BY_ID[p].kinds)
 
     def label(self) -> str:
         if self.hidden:
@@ -123,7 +125,7 @@ class Gradescope:
 
 @dataclass
 class Rubric:
-    parts: dict = field(default_factory=lambda: {p: PartPoints() for p in PART_IDS})
+    parts: dict = field(default_factory=lambda: {p: PartPoints() for p in CORE_PART_IDS})
     checks: list = field(default_factory=lambda: [Check()])
     tolerance: Tolerance = field(default_factory=Tolerance)
     learning_rate: float = 0.5   # the handout fixes it at 0.5; checks do not vary it
@@ -146,12 +148,25 @@ class Rubric:
         return next(c for c in self.checks if not c.hidden and c.kind == "step")
 
     @property
+    def part_ids(self) -> tuple:
+        """The parts this rubric grades: every course's, and the optional ones it names (null: off)."""
+        return tuple(p for p in PART_IDS if p in self.parts)
+
+    def parts_at(self, check: Check) -> tuple:
+        """The parts of this rubric that `check` runs."""
+        return tuple(p.id for p in PARTS if p.id in self.parts and check.kind in p.kinds)
+
+    @property
     def max_score(self) -> float:
-        return sum(p.log + p.rerun for p in self.parts.values())
+        return sum(p.log + p.rerun for p in self.parts.values() if not p.bonus)   # a bonus comes on top
 
     def digest(self) -> str:
-        """sha256 of the rubric's content: part of every cached result's key."""
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        """sha256 of the rubric's content (a cache key); a course without Part 5 keeps its old digest."""
+        data = dataclasses.asdict(self)
+        data["parts"] = {k: {n: v for n, v in p.items() if n != "bonus" or v} for k, p in data["parts"].items()}
+        data["checks"] = [{n: v for n, v in c.items() if n != "hidden_dim" or "megatron_mlp" in self.parts}
+                          for c in data["checks"]]
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
 
@@ -203,7 +218,8 @@ def rubric_from_dict(data: dict, source: str = "rubric") -> Rubric:
         unknown = sorted(set(parts_data) - set(PART_IDS))
         if unknown:
             raise RubricError(f"{source}.parts: unknown part '{unknown[0]}'; valid parts: {', '.join(PART_IDS)}")
-        rubric.parts = {p: _build(PartPoints, parts_data.get(p, {}), f"{source}.parts.{p}") for p in PART_IDS}
+        rubric.parts = {p: _build(PartPoints, parts_data.get(p) or {}, f"{source}.parts.{p}") for p in PART_IDS
+                        if not BY_ID[p].optional or parts_data.get(p) is not None}
     if checks_data is not None:
         if not isinstance(checks_data, list) or not checks_data:
             raise RubricError(f"{source}.checks: expected a non-empty list of checks")
@@ -239,11 +255,12 @@ def _validate(rubric: Rubric, source: str) -> None:
         where = f"{source}.checks[{i}] ({check.name})"
         if names.count(check.name) > 1:
             raise RubricError(f"{where}: the check name '{check.name}' is used twice; names must be unique")
-        for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps"):
+        for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps", "hidden_dim"):
             if getattr(check, key) < 1:
                 raise RubricError(f"{where}.{key}: must be at least 1")
-        for total, parts in (("global_batch_size", "world_size"), ("output_dim", "world_size"),
-                             ("global_batch_size", "accumulation_steps")):
+        splits = (("global_batch_size", "world_size"), ("output_dim", "world_size"),
+                  ("global_batch_size", "accumulation_steps"), *(s for p in rubric.parts for s in BY_ID[p].splits))
+        for total, parts in splits:
             if getattr(check, total) % getattr(check, parts):
                 raise RubricError(f"{where}: {total} ({getattr(check, total)}) is not divisible by "
                                   f"{parts} ({getattr(check, parts)})")

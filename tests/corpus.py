@@ -26,8 +26,9 @@ UTILS = ROOT / "assignment_4" / "utils.py"
 DATA = Path(__file__).resolve().parent / "data"
 # The configuration the diagnoses below name, and the numbers the "written into the code" mutants write.
 DEFAULT = load_rubric().default_check
-# Full marks under the course's rubric, as grading.json holds them and as grades.csv writes them.
-FULL = load_rubric().max_score
+# Full marks under the course's rubric, as grading.json holds them and as grades.csv writes them:
+# every part's points (a bonus part's too, where the course turns one on: then above max_score).
+FULL = sum(p.log + p.rerun for p in load_rubric().parts.values())
 FULL_CSV = f"{FULL:g}"
 # Short timeouts, so that a hand-in that hangs costs seconds, not minutes.
 FAST = {"timeouts": {"part": 3, "process_group": 2, "world_start": 30, "handin": 300}}
@@ -166,9 +167,33 @@ MUTANTS = {
     "dp_same_slice": Mutant("data_parallel", [
         ("    start_idx = rank * local_batch_size\n", "    start_idx = 0\n")],
         diagnosis="on every rank the update is the gradient of rank 0's slice of the batch alone"),
+    # Part 5 (optional), Megatron's MLP block: graded only where the rubric turns it on.
+    "mlp_no_g": Mutant("megatron_mlp", [
+        ("        out = ReduceFromModelParallelRegion.apply(partial)\n", "        out = partial\n")],
+        diagnosis="each rank used its own partial sum GeLU(X W1_r) W2_r as the block's output: g"),
+    "mlp_no_f": Mutant("megatron_mlp", [("        X = CopyToModelParallelRegion.apply(X)\n", "        X = X\n")],
+                       diagnosis="each rank's gradient of X is only its own columns' share: f", hidden_only=True),
+    "mlp_w2_cat_columns": Mutant("megatron_mlp", [
+        ("    updated_w2 = torch.cat(w2_shards, dim=0)\n", "    updated_w2 = torch.cat(w2_shards, dim=1)\n"),
+        ("    check(updated_w2, (hidden_dim, input_dim))\n", "")],   # the shape guard would say it first
+        diagnosis="W2's updated shards were put side by side as columns"),
+    "mlp_gelu_after_reduce": Mutant("megatron_mlp", [
+        ("        out = self.fc2(nn.functional.gelu(self.fc1(X)))\n",
+         "        out = nn.functional.gelu(self.fc2(self.fc1(X)))\n")],
+        diagnosis="GeLU is applied after the all-reduce"),
+    "mlp_gelu_on_partials": Mutant("megatron_mlp", [
+        ("        out = self.fc2(nn.functional.gelu(self.fc1(X)))\n", "        out = self.fc2(self.fc1(X))\n"),
+        ('        partial = torch.einsum("bi,ij->bj", H_local, self.W).contiguous()\n',
+         '        partial = nn.functional.gelu(torch.einsum("bi,ij->bj", H_local, self.W)).contiguous()\n')],
+        diagnosis="GeLU is applied to each rank's partial sum"),
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }
+
+
+def graded_mutants(rubric) -> list:
+    """The mutants whose part `rubric` grades (an optional part's only where it is on)."""
+    return [name for name, m in MUTANTS.items() if not m.part or m.part in rubric.parts]
 
 
 def mutant_params(names) -> list:

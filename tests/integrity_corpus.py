@@ -34,6 +34,14 @@ TODOS = {
     "f": "FullColumnParallelLinear.forward: X =",
     "g": "FullColumnParallelLinear.forward: out =",
     "shards": "full_column_parallel_single_step: weight_shards",
+    # Part 5 (optional): every style writes the reference's answers.
+    "reduce": "ReduceParallel.forward: summed",
+    "reduce_backward": "ReduceParallel.backward: return",
+    "mlp_f": "ColumnParallelLinear.forward: X =",
+    "rows": "RowParallelLinear.__init__: start",
+    "partial": "RowParallelLinear.forward: partial",
+    "block": "MegatronMLP.forward: out =",
+    "w2": "megatron_mlp_single_step: updated_w2",
 }
 
 # The answers of the reference, which most students write (the integrity report's base).
@@ -49,6 +57,14 @@ REFERENCE = {
     "f": "X = BroadcastParallel.apply(X)",
     "g": "out = GatherParallel.apply(local_out)",
     "shards": "weight_shards = [torch.empty_like(local_updated_weight) for _ in range(world_size)]",
+    "reduce": "summed = x.contiguous().clone()\ndist.all_reduce(summed, op=dist.ReduceOp.SUM)",
+    "reduce_backward": "return grad_output",
+    "mlp_f": "X = CopyToModelParallelRegion.apply(X)",
+    "rows": "start = rank * self.local_in_dim\nend = start + self.local_in_dim",
+    "partial": ('partial = torch.einsum("bi,ij->bj", H_local, self.W).contiguous()\n'
+                "out = ReduceFromModelParallelRegion.apply(partial)"),
+    "block": "out = self.fc2(nn.functional.gelu(self.fc1(X)))",
+    "w2": "updated_w2 = torch.cat(w2_shards, dim=0)",
 }
 
 # Six students, six styles. Each answer is correct; each style's own lines are its own.

@@ -18,7 +18,7 @@ from tests.corpus import ROOT
 KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "pyproject.toml")
 # The kit's tests run in the changed copy: the whole corpus graded and diagnosed, the rubric and the
 # release. (All of them hold there; these are the ones that read the rubric most.)
-SUITE = ("tests/test_compare.py", "tests/test_grader.py",
+SUITE = ("tests/test_compare.py", "tests/test_grader.py", "tests/test_megatron.py",
          "tests/test_end_to_end.py::test_importing_the_reference_has_no_side_effects",
          "tests/test_release.py::test_release_refuses_a_configuration_said_differently_and_names_file_and_value",
          "tests/test_release.py::test_the_release_ships_the_public_rubric_derived_from_the_graders")
@@ -37,12 +37,15 @@ def instructors_copy(tmp_path: Path) -> Path:
     return copy
 
 
-def customise(copy: Path) -> dict:
+def customise(copy: Path, part5: bool = False) -> dict:
     """What a new instructor changes: Part 1 raised by 3 points, a hidden check added, the default
-    batch doubled everywhere it is said, a looser tolerance. Returns the new default batch."""
+    batch doubled everywhere it is said, a looser tolerance; with `part5`, the optional Part 5
+    turned on as a bonus. Returns the new default batch."""
     rubric_path = copy / "grader" / "rubric.yaml"
     rubric = yaml.safe_load(rubric_path.read_text())
     rubric["parts"]["baseline"]["rerun"] += 3
+    if part5:
+        rubric["parts"]["megatron_mlp"] = {"log": 2, "rerun": 8, "bonus": True}
     added = f"wide-rows-{len(rubric['checks'])}"   # a name of its own, also in a course changed before
     rubric["checks"].append({"name": added, "hidden": True, "world_size": 2, "seed": 5,
                              "global_batch_size": 24, "input_dim": 9, "output_dim": 14, "accumulation_steps": 3})
@@ -70,9 +73,10 @@ def run(copy: Path, *args, timeout: int) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(900)
 @pytest.mark.torch
-def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path):
+@pytest.mark.parametrize("part5", [False, True], ids=["part5-off", "part5-on"])
+def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path, part5):
     copy = instructors_copy(tmp_path)
-    batch = customise(copy)
+    batch = customise(copy, part5)
     made = run(copy, "-m", "grader", "skeleton", timeout=60)
     assert made.returncode == 0 and "written" in made.stdout, made.stderr
     released = run(copy, "-m", "grader", "release", "--out", str(tmp_path / "release"), timeout=120)
@@ -82,6 +86,8 @@ def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path
         (ROOT / "grader" / "rubric.yaml").read_text())["parts"]["baseline"]["rerun"] + 3
     assert {c["global_batch_size"] for c in public["checks"]} == {batch["new"]}
     assert batch["added"] not in (tmp_path / "release" / "grader" / "rubric-public.yaml").read_text()
+    assert ("megatron_mlp" in public["parts"]) == part5
+    assert ("class RowParallelLinear" in (tmp_path / "release" / "assignment_4" / "assignment4.py").read_text()) == part5
 
     suite = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slurm", "-k", UNRELATED, *SUITE,
                 timeout=840)

@@ -22,7 +22,7 @@ from grader.cli import main
 from grader.grades.commands import make_gradebook
 from grader.grades.policy import PolicyError
 from grader.grades.sources import lms_marks
-from grader.parts import PART_IDS
+
 from grader.pipeline.handin import student_id
 from grader.pipeline.report import gradescope_results, limited_results, write_handin
 from grader.results import CheckOutcome, PartResult, Status, new_result
@@ -47,7 +47,7 @@ def sha(text: str) -> str:
 def result(key: str, source: str = None, lost: dict = None, status: str = "graded", digest: str = None):
     """A graded result as grading writes it: full marks but the points `lost` per part."""
     r = new_result(key, source or f"{key}.zip", digest or sha(key), RUBRIC)
-    for part in PART_IDS:
+    for part in RUBRIC.part_ids:
         points = RUBRIC.parts[part]
         full = points.log + points.rerun
         score = full - (lost or {}).get(part, 0)
@@ -55,7 +55,7 @@ def result(key: str, source: str = None, lost: dict = None, status: str = "grade
         checks = [CheckOutcome(check=c.name, hidden=c.hidden, world_size=c.world_size,
                                status=Status.PASSED if ok else Status.FAILED,
                                message="matches the reference" if ok else "the update is 2x the reference's")
-                  for c in RUBRIC.checks if part in c.parts()]
+                  for c in RUBRIC.checks if part in RUBRIC.parts_at(c)]
         r.parts[part] = PartResult(part=part, status=Status.PASSED if ok else Status.FAILED, score=float(score),
                                    max_score=full, rerun_points=float(max(0, score - points.log)),
                                    log_points=float(min(points.log, score)), message="passed all checks" if ok
@@ -428,7 +428,7 @@ def test_the_gradebook_covers_every_result_after_only_and_after_a_late_folder(ba
 def test_an_unreadable_zip_has_no_score_and_zeros_are_for_a_person(batch):
     _, out, _ = batch
     rows = rows_of(out / "grades.csv")
-    assert list(rows["alice"]) == ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
+    assert list(rows["alice"]) == ["student", "score", "max_score", "status", *RUBRIC.part_ids, "flags", "source"]
     broken = rows["broken"]
     assert (broken["score"], broken["status"], broken["source"]) == ("", "invalid", "broken.zip")
     look = (out / "summary.md").read_text().split("## For a person to look at")[1]

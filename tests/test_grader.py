@@ -13,9 +13,9 @@ import torch
 from grader import kit, results as results_module
 from grader.batch.run import grade_batch
 from grader.rerun.executor import SandboxUnavailable
-from grader.parts import PART_IDS
+from grader.parts import BY_ID
 from grader.rubric import load_rubric
-from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutant_params, mutate,
+from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, graded_mutants, mutant_params, mutate,
                           refingerprint, skeleton, write_zip, zip_bytes)
 
 LOGS = DATA / "logs"
@@ -24,7 +24,9 @@ LOGS = DATA / "logs"
 RUBRIC = load_rubric()
 WEIGHTS = {c.name: c.weight for c in RUBRIC.checks}
 POINTS = {part: (points.log, points.rerun) for part, points in RUBRIC.parts.items()}
-FULL = RUBRIC.max_score
+FULL = sum(p.log + p.rerun for p in RUBRIC.parts.values())   # the reference's score: bonus points included
+# The checked-in sample logs are runs of Parts 1-4: with an optional part on, its log points are not in them.
+SAMPLE_FULL = FULL - sum(RUBRIC.parts[p].log for p in RUBRIC.part_ids if BY_ID[p].optional)
 HIDDEN = [c for c in RUBRIC.checks if c.hidden]
 
 
@@ -37,12 +39,12 @@ def corpus(reference_run) -> dict:
     log, err = reference_run
     ref = REFERENCE.read_text()
     handins = {"reference": Files(code=ref, log=log, err=err)}
-    for name in MUTANTS:
+    for name in graded_mutants(RUBRIC):
         code = mutate(name)
         handins[name] = Files(code=code, log=refingerprint(log, code), err=err)
     skel = skeleton()
     handins["skeleton_forged_log"] = Files(code=skel, log=refingerprint(log, skel), err=err)
-    three = skeleton(filled=["baseline", "grad_accumulation", "data_parallel"])
+    three = skeleton(filled=["baseline", "grad_accumulation", "data_parallel", "megatron_mlp"])
     handins["tensor_parallel_todo"] = Files(code=three, log=refingerprint(log, three), err=err)
     handins["stale_log"] = Files(code=ref + "\n# tidied up after the run\n", log=log, err=err)
     handins["modified_utils"] = Files(code=ref, log=log, err=err,
@@ -87,14 +89,14 @@ def graded(reference_run, tmp_path_factory):
 
 
 def parts_status(result):
-    return {p: result["parts"][p]["status"] for p in PART_IDS}
+    return {p: result["parts"][p]["status"] for p in RUBRIC.part_ids}
 
 
 @pytest.mark.timeout(600)
 def test_reference_scores_full_marks(graded):
     _, results, summary, _, _ = graded
     r = results["reference"]
-    assert (r["status"], r["score"], r["max_score"]) == ("graded", FULL, FULL), r["message"]
+    assert (r["status"], r["score"], r["max_score"]) == ("graded", FULL, RUBRIC.max_score), r["message"]
     assert set(parts_status(r).values()) == {"passed"}
     assert r["flags"] == []
     assert summary.trouble == 0
@@ -117,7 +119,7 @@ def test_skeleton_scores_zero_and_its_forged_log_earns_nothing(graded):
     assert "log_not_reproduced" in r["flags"]
 
 
-@pytest.mark.parametrize("name", mutant_params(sorted(MUTANTS)))
+@pytest.mark.parametrize("name", mutant_params(sorted(graded_mutants(RUBRIC))))
 def test_each_mutant_fails_the_part_it_targets_with_its_diagnosis(graded, name):
     mutant = MUTANTS[name]
     r = graded[1][name]
@@ -145,8 +147,7 @@ def test_each_mutant_fails_the_part_it_targets_with_its_diagnosis(graded, name):
 
 def test_a_part_left_todo_costs_only_that_part_and_names_the_todo(graded):
     r = graded[1]["tensor_parallel_todo"]
-    assert parts_status(r) == {"baseline": "passed", "grad_accumulation": "passed", "data_parallel": "passed",
-                               "tensor_parallel": "not_implemented"}
+    assert parts_status(r) == {**{p: "passed" for p in RUBRIC.part_ids}, "tensor_parallel": "not_implemented"}
     assert r["score"] == FULL - sum(POINTS["tensor_parallel"])
     assert r["parts"]["tensor_parallel"]["message"] == \
         "not implemented yet: TODO in FullColumnParallelLinear.forward: X = ... (1 line)"
@@ -154,7 +155,7 @@ def test_a_part_left_todo_costs_only_that_part_and_names_the_todo(graded):
 
 def test_slurms_default_out_with_stderr_inside_scores_full_marks_and_says_which_file(graded):
     r = graded[1]["slurm_default_out"]
-    assert (r["score"], r["penalties"]) == (FULL, {}), (r["notes"], r["flags"])
+    assert (r["score"], r["penalties"]) == (SAMPLE_FULL, {}), (r["notes"], r["flags"])
     assert r["files"]["log"] == r["files"]["err"] == "slurm-48213.out"
     assert "missing_err" not in r["flags"] and r["log"]["slurm"] == "the job script's own lines"
     assert any("slurm-48213.out" in n and "its stderr is in the same file" in n for n in r["notes"]), r["notes"]
@@ -162,8 +163,8 @@ def test_slurms_default_out_with_stderr_inside_scores_full_marks_and_says_which_
 
 def test_of_two_runs_the_complete_one_of_this_code_counts(graded):
     r = graded[1]["two_runs"]
-    assert r["score"] == FULL and r["files"] == {"assignment": "assignment4.py", "utils": "utils.py",
-                                                "log": "output_2_48240.out", "err": "output_2_48240.err"}
+    assert r["score"] == SAMPLE_FULL and r["files"] == {
+        "assignment": "assignment4.py", "utils": "utils.py", "log": "output_2_48240.out", "err": "output_2_48240.err"}
     note = next(n for n in r["notes"] if "of 2 runs" in n)
     assert "used output_2_48240.out (a run of this assignment4.py (its code sha256), finished on 4 ranks)" in note
     assert "left aside: output_1_48199.out (other code)" in note
@@ -211,8 +212,9 @@ def test_a_handin_written_to_the_handout_word_for_word_runs_on_cpu_and_its_f_bac
     """Every step passes on a CPU-only machine. The original handout's BroadcastParallel.backward
     calls `ReduceOp.SUM` without importing it: the step never runs it, the backward checks do."""
     r = graded[1]["handout_literal"]
+    optional = [p for p in RUBRIC.part_ids if BY_ID[p].optional]   # the handout has none: no such function
     assert parts_status(r) == {"baseline": "passed", "grad_accumulation": "passed", "data_parallel": "passed",
-                               "tensor_parallel": "crashed"}, r["parts"]
+                               "tensor_parallel": "crashed", **{p: "crashed" for p in optional}}, r["parts"]
     failing = [o for o in r["parts"]["tensor_parallel"]["checks"] if o["status"] != "passed"]
     backward = [c for c in RUBRIC.checks if c.kind == "backward"]
     assert [o["check"] for o in failing] == [c.name for c in backward] != []
@@ -221,6 +223,7 @@ def test_a_handin_written_to_the_handout_word_for_word_runs_on_cpu_and_its_f_bac
     assert "in backward" in failing[0]["message"] and "ReduceOp" not in failing[0]["message"]
     tp = [c for c in RUBRIC.checks if "tensor_parallel" in c.parts()]
     lost = POINTS["tensor_parallel"][1] * sum(c.weight for c in backward) / sum(c.weight for c in tp)
+    lost += sum(sum(POINTS[p]) for p in optional)
     assert r["score"] == pytest.approx(FULL - lost), (r["message"], r["notes"])   # the backward checks' share
     assert "modified_utils" in r["flags"]
 
@@ -228,7 +231,7 @@ def test_a_handin_written_to_the_handout_word_for_word_runs_on_cpu_and_its_f_bac
 def test_grades_csv_has_a_row_per_handin_and_a_column_per_part(graded):
     out, results, _, _, _ = graded
     rows = list(csv.DictReader((out / "grades.csv").open()))
-    assert list(rows[0]) == ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
+    assert list(rows[0]) == ["student", "score", "max_score", "status", *RUBRIC.part_ids, "flags", "source"]
     assert {row["student"] for row in rows} == set(results)
     ref = next(row for row in rows if row["student"] == "reference")
     assert (ref["score"], ref["baseline"], ref["tensor_parallel"], ref["status"]) == (
@@ -247,14 +250,14 @@ def test_results_json_follows_gradescope_schema(graded):
         for test in doc["tests"]:
             assert test["status"] in ("passed", "failed") and "max_score" in test
         names = [t["name"] for t in doc["tests"]]
-        for part in PART_IDS:
+        for part in RUBRIC.part_ids:
             assert any(n.startswith(part) and "re-run" in n for n in names)
             assert any(n.startswith(part) and "log" in n for n in names)
     doc = json.loads((out / "students" / "dp_summed" / "results.json").read_text())
     dp = next(t for t in doc["tests"] if t["name"].startswith("data_parallel") and "re-run" in t["name"])
     assert dp["status"] == "failed" and f"summed over the {RUBRIC.default_check.world_size} ranks" in dp["output"]
     hidden = [t for t in doc["tests"] if t["name"].endswith("hidden checks")]
-    assert len(hidden) == sum(1 for part in PART_IDS if any(part in c.parts() for c in HIDDEN))
+    assert len(hidden) == sum(1 for part in RUBRIC.part_ids if any(part in RUBRIC.parts_at(c) for c in HIDDEN))
     assert {t["visibility"] for t in hidden} == {"after_due_date"}
     shown = json.dumps({k: v for k, v in doc.items() if k != "extra_data"})
     assert "hidden check 1" in shown and not any(c.name in shown for c in HIDDEN)
@@ -376,7 +379,7 @@ def test_a_second_run_only_grades_what_changed(graded):
     first = json.loads(before)
     for volatile in ("graded_at", "seconds"):
         first.pop(volatile), after.pop(volatile)
-    for part in PART_IDS:
+    for part in RUBRIC.part_ids:
         for o in first["parts"][part]["checks"] + after["parts"][part]["checks"]:
             o.pop("traceback", None)
             o.pop("max_abs_diff", None)   # the data is drawn afresh for every world: the same verdicts, other numbers

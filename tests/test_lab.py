@@ -173,7 +173,13 @@ def _parallel_mlps(rank, world_size, cfg):
         out["tensor without f"] = tensor_parallel.run_tensor_parallel(rank, world_size, cfg, device="cpu")
     finally:
         tensor_parallel.CopyToParallelRegion.apply = apply
-    return {k: (r.loss, r.local_loss, [g.tolist() for g in r.grads]) for k, r in out.items()}
+    traffic = {}
+    for name, run in (("tensor", tensor_parallel.run_tensor_parallel), ("megatron", tensor_parallel.run_megatron)):
+        out[name] = run(rank, world_size, cfg, device="cpu")
+        traffic[name] = list(tensor_parallel.TRAFFIC.calls), tensor_parallel.TRAFFIC.sent(world_size)
+    result = {k: (r.loss, r.local_loss, [g.tolist() for g in r.grads]) for k, r in out.items()}
+    result["traffic"] = traffic
+    return result
 
 
 def single_process(cfg):
@@ -208,6 +214,22 @@ def test_parallel_mlps_match_the_single_process_loss_and_gradients(world_size):
             assert len(got_grads) == len(want), f"{name} on rank {rank}"
             for i, (g, w) in enumerate(zip(got_grads, want)):
                 torch.testing.assert_close(torch.tensor(g, dtype=torch.float64), w, **TOL, msg=lambda m: f"{name}, rank {rank}, W_{i}: {m}")
+        # Megatron's layout: columns of the first layer of each pair, rows of the second.
+        megatron = [g[rank * k:(rank + 1) * k, :] if i % 2 else g[:, rank * k:(rank + 1) * k]
+                    for i, g in enumerate(grads)]
+        got_loss, _, got_grads = got["megatron"]
+        assert got_loss == pytest.approx(loss, rel=1e-5) and len(got_grads) == layers
+        for g, w in zip(got_grads, megatron):
+            torch.testing.assert_close(torch.tensor(g, dtype=torch.float64), w, **TOL)
+        # What each layout hands the collectives per step: per layer an all-gather of [B, d/n] and
+        # (but the first) an all-reduce of [B, d]; per pair an all-reduce of [B, d] each way (but
+        # the first pair's backward). 4 bytes a number.
+        full, piece = 4 * MLP["batch_size"] * d, 4 * MLP["batch_size"] * k
+        calls, sent = got["traffic"]["tensor"]
+        assert sorted(calls) == sorted([("all_gather", piece)] * layers + [("all_reduce", full)] * (layers - 1))
+        assert sent == layers * (n - 1) * piece + (layers - 1) * 2 * (n - 1) * full // n
+        calls, sent = got["traffic"]["megatron"]
+        assert calls == [("all_reduce", full)] * (layers - 1) and sent < got["traffic"]["tensor"][1]
         # Without f the last layer is still right, and every other layer wrong.
         broken = [torch.tensor(g, dtype=torch.float64) for g in got["tensor without f"][2]]
         torch.testing.assert_close(broken[-1], expected["tensor"][-1], **TOL)

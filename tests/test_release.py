@@ -20,6 +20,8 @@ from grader.batch.run import grade_batch
 from grader import kit
 from grader.instructor.config import reference_constants
 from grader.instructor.release import ReleaseError, build_release, find_leaks
+from grader.instructor.skeleton import make_skeleton
+from grader.parts import OPTIONAL_PART_IDS
 from grader.rubric import load_rubric, public_rubric, rubric_from_dict
 from tests.corpus import FULL_CSV, REFERENCE, ROOT, fast_rubric
 
@@ -47,7 +49,10 @@ def test_the_release_holds_the_kit_and_the_student_tools(release):
     assert {"README.md", "requirements.txt", "assignment_4/assignment4.py", "assignment_4/utils.py",
             "assignment_4/README.md", "slurm/run-local.sh", "slurm/common.sh", "slurm/submit.py",
             "grader/rubric-public.yaml"} <= names
-    assert (release / "assignment_4" / "assignment4.py").read_bytes() == SKELETON.read_bytes()
+    # The committed skeleton, less the optional parts the course leaves off.
+    without = tuple(p for p in OPTIONAL_PART_IDS if p not in load_rubric().parts)
+    assert (release / "assignment_4" / "assignment4.py").read_text() == make_skeleton(REFERENCE.read_text(),
+                                                                                      "assignment4.py", without=without)
     assert not any(n.startswith(("tests/", "student/")) for n in names)
     assert os.access(release / "slurm" / "run-local.sh", os.X_OK)
 
@@ -351,3 +356,72 @@ def test_a_hidden_check_named_with_a_common_word_is_refused_with_rename_the_chec
     from grader.instructor.release import _rename_hint
     hint = _rename_hint(leaks)
     assert f"hidden check '{hidden}' is named in 3 files" in hint and "rename the check in grader/rubric.yaml" in hint
+
+
+PART5_WORDS = ("megatron_mlp", "MegatronMLP", "RowParallelLinear", "ReduceParallel", "hidden_dim", "Part 5",
+               "BEGIN PART", "END PART")
+
+
+def test_a_course_that_leaves_part_5_off_ships_no_trace_of_it(release, tmp_path):
+    """The stock course leaves the optional Part 5 off: the skeleton, the handout, the README and
+    the public rubric never name it, and a trace left in refuses the release."""
+    assert "megatron_mlp" not in load_rubric().parts
+    files = files_of(release)
+    for name in ("README.md", "assignment_4/assignment4.py", "assignment_4/README.md", "grader/rubric-public.yaml"):
+        for word in PART5_WORDS:
+            assert word not in files[name], (name, word)
+    ast.parse(files["assignment_4/assignment4.py"])
+    assert "class FullColumnParallelLinear" in files["assignment_4/assignment4.py"]
+    leaky = tmp_path / "leaky"
+    shutil.copytree(release, leaky)
+    handout = leaky / "assignment_4" / "README.md"
+    handout.write_text(handout.read_text() + "\n## Part 5 (optional): Megatron's MLP block\n")
+    leaks = find_leaks(leaky, without=("megatron_mlp",))
+    assert leaks == ["assignment_4/README.md: names Part 5 (optional): Megatron's MLP block, which this course "
+                     "leaves off ('Part 5')"]
+
+
+def _part5_solution(reference: str) -> set:
+    """The solution lines of Part 5: in a SOLUTION block inside its PART blocks, nowhere else."""
+    parts = "".join(re.findall(r"# BEGIN PART megatron_mlp\n(.*?)# END PART megatron_mlp", reference, re.S))
+    blocks = re.findall(r"# BEGIN SOLUTION[^\n]*\n(.*?)# END SOLUTION", parts, re.S)
+    given = {line.strip() for line in SKELETON.read_text().splitlines()}
+    return {line.strip() for block in blocks for line in block.splitlines()} - given - {""}
+
+
+@pytest.mark.timeout(900)
+def test_a_course_with_part_5_ships_it_and_check_grades_it(tmp_path, reference_run_files):
+    copy = kit_copy(tmp_path)
+    rubric = copy / "grader" / "rubric.yaml"
+    data = yaml.safe_load(rubric.read_text())
+    data["parts"]["megatron_mlp"] = {"log": 2, "rerun": 8, "bonus": True}
+    rubric.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / "release"
+    build_release(out, root=copy)
+    files = files_of(out)
+    assert files["assignment_4/assignment4.py"] == SKELETON.read_text()   # the committed skeleton, Part 5 in
+    assert "raise NotImplementedError('TODO in RowParallelLinear.forward" in files["assignment_4/assignment4.py"]
+    assert "## Part 5 (optional, bonus)" in files["assignment_4/README.md"]
+    assert not any("BEGIN PART" in text or "END PART" in text for text in files.values())
+    public = yaml.safe_load(files["grader/rubric-public.yaml"])
+    assert public["parts"]["megatron_mlp"] == {"log": 2.0, "rerun": 8.0, "bonus": True}
+    assert all(c["hidden_dim"] == 128 for c in public["checks"])
+    # The scan covers Part 5's solution as it covers Parts 1-4's.
+    solution = _part5_solution(REFERENCE.read_text())
+    assert "out = ReduceFromModelParallelRegion.apply(partial)" in solution and len(solution) >= 6
+    assert not any(line in text for line in solution for text in files.values())
+    (out / "notes.md").write_text("        out = ReduceFromModelParallelRegion.apply(partial)\n")
+    assert "notes.md: has the solution line 'out = ReduceFromModelParallelRegion.apply(partial)'" in \
+        find_leaks(out, copy)
+    # A student's check grades Part 5: the solution pasted in passes it, with its log.
+    (out / "notes.md").unlink()
+    shutil.copyfile(REFERENCE, out / "assignment_4" / "assignment4.py")
+    for path in reference_run_files:
+        shutil.copyfile(path, out / path.name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "A4_"))}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", PYTHONPATH=str(out))
+    checked = subprocess.run([sys.executable, "-m", "grader", "check"], cwd=out, env=env, capture_output=True,
+                             text=True, timeout=600)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    row = next(line for line in checked.stdout.splitlines() if line.startswith("Part 5"))
+    assert "passed  passed" in row, checked.stdout

@@ -8,19 +8,21 @@ import pytest
 
 from grader import cli
 from grader.rerun.executor import make_executor
-from grader.parts import BY_ID, PART_IDS
+from grader.parts import BY_ID
 from grader.results import Status
 from grader.instructor.release import public_rubric_text
 from grader.rubric import load_public_rubric, load_rubric
 from grader.rubric import public_rubric as public_rubric_of
 from grader.student.check import check, format_report
-from tests.corpus import DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, mutate, refingerprint, write_zip
+from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, graded_mutants, mutate, refingerprint,
+                          write_zip)
 
 # "hang" sleeps in the tensor-parallel part: it waits out the part's wall clock at all three
 # public checks, twice each (a failing check is run again), about 20 s that show nothing the
 # deadlock mutant (a timeout, named and diagnosed) does not show already.
 # Mutants that only a hidden check catches pass every public check: that is their point.
-CHECKED = [name for name in sorted(MUTANTS) if name != "hang" and not MUTANTS[name].hidden_only]
+CHECKED = [name for name in sorted(graded_mutants(load_rubric())) if name != "hang" and not MUTANTS[name].hidden_only]
+PART_IDS = load_rubric().part_ids   # the parts the course grades, and so check shows
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from pathlib import Path
 from grader.analytics.page import write_report
 from grader.kit import atomic_write
 from grader.names import cell, inert, result_files
-from grader.parts import PART_IDS, PARTS
+from grader.parts import BY_ID, PART_IDS, PARTS
 from grader.pipeline.handin import id_match
 from grader.pipeline.report import gradebook_view, redact, student_of
 
@@ -87,14 +87,17 @@ def look_reasons(view: dict) -> list:
 def grades_csv(views: list) -> str:
     twice = duplicates(views)
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    # An optional part has its column only where some hand-in was graded on it.
+    graded = [p for p in PART_IDS if not BY_ID[p].optional or any(p in r["parts"] for r in views)]
+    columns = [c for c in CSV_COLUMNS if c not in PART_IDS or c in graded]
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for r in sorted(views, key=lambda r: (student_of(r["student"]), r["source"])):
         flags = r["flags"] + (["duplicate"] if student_of(r["student"]) in twice else [])
         row = {"student": cell(student_of(r["student"])), "score": "" if r["score"] is None else _fmt(r["score"]),
                "max_score": _fmt(r["max_score"]), "status": r["status"], "flags": ";".join(flags),
                "source": cell(r["source"])}
-        for part in PART_IDS:
+        for part in graded:
             p = r["parts"].get(part)
             row[part] = "" if p is None or r["score"] is None else _fmt(p["score"])
         writer.writerow(row)
@@ -135,6 +138,8 @@ def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)"
     lines += ["## Parts", "", "| part | passed | pass rate | most common failures |", "| --- | --- | --- | --- |"]
     for part in PARTS:
         outcomes = [r["parts"][part.id] for r in scored if part.id in r["parts"]]
+        if part.optional and not any(part.id in r["parts"] for r in views):
+            continue   # a part this course leaves off
         passed = sum(p["status"] == "passed" for p in outcomes)
         rate = f"{100 * passed / len(outcomes):.0f}%" if outcomes else "-"
         reasons = Counter(_reason(p) for p in outcomes if p["status"] != "passed")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from grader.rubric import load_rubric, public_rubric
 
-KEYS = ("global_batch_size", "input_dim", "output_dim", "seed", "accumulation_steps")
+KEYS = ("global_batch_size", "input_dim", "output_dim", "seed", "accumulation_steps", "hidden_dim")
 # What the handout says, by pattern: each group is the value of the key beside it.
 HANDOUT = (
     (r"\[input_dim, output_dim\] = \[(\d+), (\d+)\]", ("input_dim", "output_dim")),

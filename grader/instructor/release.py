@@ -14,6 +14,11 @@ writes
                                        line offers only check and package; rubric-public.yaml,
                                        derived from rubric.yaml (rubric.public_rubric), in its place
 
+A course whose rubric leaves an optional part off (Part 5, grader.parts) gets a release without
+it: the skeleton and the handout are written without the part's `BEGIN PART`/`END PART` blocks,
+the public rubric has neither its points nor its settings, and the scan refuses a release in
+which the skeleton, the handout, the README or the public rubric still names it.
+
 It is refused (ReleaseError) when the committed skeleton is not what the reference generates, when
 the reference's configuration, the rubric's default check and the handout disagree,
 when the public rubric cannot be derived (a public check that does not divide at one of
@@ -37,6 +42,7 @@ import yaml
 
 from grader import kit
 from grader.instructor import skeleton
+from grader.parts import BY_ID, OPTIONAL_PART_IDS, PART_IDS
 from grader.instructor.config import config_drift
 from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, Rubric, load_rubric, public_rubric
 
@@ -68,10 +74,23 @@ PUBLIC_HEADER = """\
 """
 
 
+# Check keys only an optional part reads: left out of a public rubric whose course leaves it off.
+PART_KEYS = {"megatron_mlp": ("hidden_dim",)}
+
+
+def parts_off(rubric: Rubric) -> tuple:
+    """The optional parts `rubric` leaves off."""
+    return tuple(p for p in OPTIONAL_PART_IDS if p not in rubric.parts)
+
+
 def public_rubric_text(rubric: Rubric) -> str:
     """The public rubric of `rubric` as the YAML file the student release ships."""
     data = dataclasses.asdict(public_rubric(rubric))
     del data["gradescope"]
+    for part in parts_off(rubric):
+        for check in data["checks"]:
+            for key in PART_KEYS.get(part, ()):
+                check.pop(key, None)
     return PUBLIC_HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=200)
 
 
@@ -104,13 +123,31 @@ def hidden_patterns(rubric_path=DEFAULT_RUBRIC) -> dict:
     return patterns
 
 
-def find_leaks(folder: Path, root: Path = ROOT) -> list:
-    """Every place in `folder` where the solution or a hidden check shows: ["path: what"]."""
+# Where students read about the assignment: what must not name a part the course leaves off.
+STUDENT_FACING = ("README.md", "assignment_4/assignment4.py", "assignment_4/README.md", f"grader/{PUBLIC_RUBRIC.name}")
+
+
+def part_traces(part: str) -> re.Pattern:
+    """What names an optional part: its id, function, log prefix, scopes, number and keys."""
+    p = BY_ID[part]
+    words = [p.id, p.function, p.log_prefix, *p.scopes, *PART_KEYS.get(part, ())]
+    number = 1 + PART_IDS.index(part)
+    return re.compile("|".join([rf"\b{re.escape(w)}\b" for w in words] + [rf"\bPart {number}\b"]))
+
+
+def find_leaks(folder: Path, root: Path = ROOT, without=()) -> list:
+    """Every place in `folder` where the solution or a hidden check shows, or where a student-facing
+    file names an optional part in `without` (one the course leaves off): ["path: what"]."""
     solution = solution_lines((root / "assignment_4" / "reference" / "assignment4.py").read_text())
     hidden = hidden_patterns(root / "grader" / "rubric.yaml")
+    traces = {part: part_traces(part) for part in without}
     leaks = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = path.relative_to(folder).as_posix()
+        if rel in STUDENT_FACING:
+            text = path.read_bytes().decode("utf-8", "replace")
+            leaks += [f"{rel}: names {BY_ID[part].title}, which this course leaves off ({m.group(0)!r})"
+                      for part, pattern in traces.items() if (m := pattern.search(text))]
         if "reference" in path.relative_to(folder).parts or rel == "grader/rubric.yaml":
             leaks.append(f"{rel}: must not be in a release")
         text = path.read_bytes().decode("utf-8", "replace")
@@ -148,6 +185,18 @@ def _is_release(folder: Path) -> bool:
 def build_release(out, root: Path = ROOT, replace: bool = False) -> Release:
     """Write the student release into `out` (a new or empty folder; with `replace`, also one that
     holds an earlier release); see the module docstring."""
+
+
+def _copy_text(src: Path, dst: Path, written: list, out: Path, without: tuple) -> None:
+    """Copy `src`, without its optional-part markers and the blocks of the parts in `without`."""
+    text = src.read_text()
+    if "BEGIN PART" not in text:
+        return _copy(src, dst, written, out)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    kit.atomic_write(dst, skeleton.strip_parts(text, without, src.name))
+    written.append(dst.relative_to(out).as_posix())
+
+
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (replace and _is_release(out)))):
         raise ReleaseError(f"{out} is not an empty folder" + (" nor a release" if replace else "")
@@ -160,13 +209,15 @@ def build_release(out, root: Path = ROOT, replace: bool = False) -> Release:
     if mismatched:
         raise ReleaseError("the configuration is said differently in different places; make them agree:\n  "
                            + "\n  ".join(mismatched))
-    public = public_rubric_text(load_rubric(root / "grader" / DEFAULT_RUBRIC.name))
+    rubric = load_rubric(root / "grader" / DEFAULT_RUBRIC.name)
+    public = public_rubric_text(rubric)
+    without = parts_off(rubric)
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = out.parent / f".{out.name}.new-{os.getpid()}"   # made as mkdir makes folders (the umask's mode)
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
     try:
-        release = _write(staged, root, public)
+        release = _write(staged, root, public, without)
         _swap(staged, out)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
@@ -185,14 +236,20 @@ def _swap(staged: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write(out: Path, root: Path, public: str) -> Release:
+def _write(out: Path, root: Path, public: str, without: tuple) -> Release:
     release = Release(out=out, rooms=list(ROOMS))
     written = release.files
     for name in ("README.md", "requirements.txt"):
-        _copy(root / "student" / name, out / name, written, out)
+        _copy_text(root / "student" / name, out / name, written, out, without)
     _copy(root / "pyproject.toml", out / "pyproject.toml", written, out)
+    reference = (root / "assignment_4" / "reference" / "assignment4.py").read_text()
     for name in HANDOUT:
-        _copy(root / "assignment_4" / name, out / "assignment_4" / name, written, out)
+        if name == "assignment4.py":   # the committed skeleton, less the parts the course leaves off
+            kit.atomic_write(out / "assignment_4" / name, skeleton.make_skeleton(reference, "assignment4.py",
+                                                                                 without=without))
+            written.append(f"assignment_4/{name}")
+        else:
+            _copy_text(root / "assignment_4" / name, out / "assignment_4" / name, written, out, without)
     for path in sorted([*(root / "slurm").rglob("*"), *(root / "lab").rglob("*")]):
         rel = path.relative_to(root).as_posix()
         if path.is_file() and not JUNK.search(rel):
@@ -201,7 +258,7 @@ def _write(out: Path, root: Path, public: str) -> Release:
         _copy(root / "grader" / rel, out / "grader" / rel, written, out)
     kit.atomic_write(out / "grader" / PUBLIC_RUBRIC.name, public)
     written.append(f"grader/{PUBLIC_RUBRIC.name}")
-    leaks = find_leaks(out, root)
+    leaks = find_leaks(out, root, without)
     if leaks:
         raise ReleaseError("the release would leak (nothing was left written):\n  " + "\n  ".join(leaks)
                            + _rename_hint(leaks))

@@ -12,6 +12,9 @@ becomes, at the same indentation,
     raise NotImplementedError("TODO in single_step: inputs, targets = ... (1 line)")
 
 and a `# BEGIN REFERENCE ONLY` ... `# END REFERENCE ONLY` block disappears with its markers.
+An optional part's lines sit between `# BEGIN PART <id>` and `# END PART <id>` (`<!-- ... -->` in
+Markdown): the committed skeleton keeps them (without the markers); a course whose rubric leaves
+the part off gets them dropped, markers and all (`strip_parts`), in its release.
 Everything else is copied byte for byte, so the skeleton keeps every signature, docstring and
 given line of the reference.
 
@@ -29,6 +32,7 @@ _BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION:\s*(?P<todo>\S.*?)\s*$")
 _END = re.compile(r"^\s*# END SOLUTION\s*$")
 _REF_BEGIN = re.compile(r"^\s*# BEGIN REFERENCE ONLY\s*$")
 _REF_END = re.compile(r"^\s*# END REFERENCE ONLY\s*$")
+_PART = re.compile(r"^\s*(?:#|<!--)\s*(?P<edge>BEGIN|END) PART (?P<part>\w+)\s*(?:-->)?\s*$")
 _SCOPE = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?:def|class)\s+(?P<name>\w+)")
 
 
@@ -36,12 +40,36 @@ class SkeletonError(ValueError):
     """The reference's markers are malformed (unclosed, nested, or without a TODO text)."""
 
 
-def make_skeleton(reference: str, source_name: str = "reference", keep=()) -> str:
+def strip_parts(text: str, without=(), source_name: str = "text") -> str:
+    """`text` without its optional-part markers, and without the lines of the parts in `without`."""
+    out, open_part = [], None
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        marker = _PART.match(line)
+        if marker is None:
+            if open_part is None or open_part not in without:
+                out.append(line)
+            continue
+        if marker["edge"] == "BEGIN":
+            if open_part is not None:
+                raise SkeletonError(f"{source_name}:{number}: part '{marker['part']}' opens inside part '{open_part}'")
+            open_part = marker["part"]
+        elif marker["part"] != open_part:
+            raise SkeletonError(f"{source_name}:{number}: END PART {marker['part']} closes no open part")
+        else:
+            open_part = None
+    if open_part is not None:
+        raise SkeletonError(f"{source_name}: part '{open_part}' is never closed")
+    return "".join(out)
+
+
+def make_skeleton(reference: str, source_name: str = "reference", keep=(), without=()) -> str:
     """Return the skeleton text for the reference text `reference`.
 
     `keep` names top-level functions or classes whose solutions stay in (their markers are
-    dropped): the skeleton with those parts already filled in.
+    dropped): the skeleton with those parts already filled in. `without` names optional parts
+    (grader.parts) left out altogether.
     """
+    reference = strip_parts(reference, without, source_name)
     keep = set(keep)
     out = []
     scopes = []          # (indent, name) of the enclosing def/class lines

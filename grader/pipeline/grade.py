@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.parts import PART_IDS
-from grader.pipeline import backward, compare, handin as handins
+from grader.pipeline import backward, compare, handin as handins, megatron
 from grader.pipeline.errfile import parse_err
 from grader.pipeline.logtext import read_log
 from grader.pipeline.runs import rule_of
@@ -44,21 +44,26 @@ def _utils_notes(student_utils: Path) -> list:
 
 
 def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None) -> dict:
-    """Re-run `parts` (those the check runs) at `check` and judge them. A failure is run once more:
-    a flip to passed is flagged flaky (the failure stands, for a person to look at); when the
-    machinery failed, the second run decides, since the first said nothing about the code.
+    """Re-run `parts` (those of the rubric the check runs) at `check` and judge them. A failure is
+    run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at);
+    when the machinery failed, the second run decides, since the first said nothing about the code.
     `passed`: part -> the checks it passed already (grader.pipeline.diagnose uses them)."""
-    parts = [p for p in parts if p in check.parts()]
-    judge = backward.judge if check.kind == "backward" else compare.judge
+    parts = [p for p in parts if p in rubric.parts_at(check)]
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
 
     def verdict(p, run):
-        # The reference is computed from the data this very run was served (every world draws its own).
-        exp = None
-        if run.status == Status.PASSED:
-            exp = backward.expected_layer(check, run.data) if check.kind == "backward" else \
-                compare.expected(check, rubric.learning_rate, run.data, p)
+        # The reference is computed from the data this very run was served (every world draws its own);
+        # Part 5's block runs on the handout's seeded data.
+        if p == "megatron_mlp":
+            exp = megatron.seeded(check, rubric.learning_rate)
+            judge = megatron.judge_backward if check.kind == "backward" else megatron.judge_step
+        else:
+            exp = None
+            if run.status == Status.PASSED:
+                exp = backward.expected_layer(check, run.data) if check.kind == "backward" else \
+                    compare.expected(check, rubric.learning_rate, run.data, p)
+            judge = backward.judge if check.kind == "backward" else compare.judge
         return judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ()))
 
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
@@ -106,6 +111,7 @@ def _log_evidence(result: HandinResult, unpacked, code_sha256: str, rubric) -> t
     log_report = unpacked.run.report if unpacked.run is not None else None
     if log_report is not None:
         result.log = log_report.to_dict()
+        result.log["parts"] = {p: e for p, e in result.log["parts"].items() if p in rubric.parts}   # the course's
     if "err" in files:
         err_report = parse_err(read_log(files["err"]))
         result.err = err_report.to_dict()
@@ -121,11 +127,11 @@ def _log_evidence(result: HandinResult, unpacked, code_sha256: str, rubric) -> t
 def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: Path, deadline: float) -> dict:
     """Every part at every check of the rubric that runs it, within the hand-in's time: part -> [CheckOutcome]."""
     code = rerun.prepare_code(assignment)
-    outcomes = {p: [] for p in PART_IDS}
-    passed = {p: [] for p in PART_IDS}
+    outcomes = {p: [] for p in rubric.part_ids}
+    passed = {p: [] for p in rubric.part_ids}
     for check in rubric.checks:
         if time.monotonic() > deadline:
-            for p in check.parts():
+            for p in rubric.parts_at(check):
                 outcomes[p].append(CheckOutcome(check=check.name, hidden=check.hidden,
                                                 world_size=check.world_size, status=Status.TIMEOUT,
                                                 message=f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))

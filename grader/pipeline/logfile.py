@@ -161,6 +161,9 @@ def _parse_log(data, min_world_size, report: LogReport, budget: Budget) -> None:
     ws = report.world_size
     everyone = list(range(ws)) if ws else []
     for p in PART_IDS:   # the handout's baseline and accumulation: rank 0 only, initial vs updated weight
+        if BY_ID[p].optional and not per[p]:
+            report.parts.pop(p, None)   # an optional part the run never reached: no evidence either way
+            continue
         handout = p in unprefixed or (report.dialect is Dialect.HANDOUT and p in HANDOUT_RANK0_PARTS)
         report.parts[p] = _judge(p, per[p], [0] if handout else everyone, handout and p == "baseline")
     _log_flags(report, inits, stated, header_ws, min_world_size, statuses, footer_missing,

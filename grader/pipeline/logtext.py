@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from grader.parts import PART_IDS, PARTS
+from grader.parts import CORE_PART_IDS, PARTS
 
 # ---- Every pattern of both files, in one place -------------------------------------------------
 
@@ -153,7 +153,7 @@ class LogReport(_Result):
     nodes: int | None = None         # distinct hosts of the ranks (or the [Job] header's nnodes)
     slurm: str = ""                  # what shows the run was a Slurm job ("" when nothing does)
     finished: bool = False           # every rank printed done, and the footer (if any) says status=0
-    parts: dict[str, PartEvidence] = field(default_factory=lambda: {p: PartEvidence(p) for p in PART_IDS})
+    parts: dict[str, PartEvidence] = field(default_factory=lambda: {p: PartEvidence(p) for p in CORE_PART_IDS})
     flags: list[LogFlag] = field(default_factory=list)
     unknown_prefixes: list[str] = field(default_factory=list)  # comparison prefixes naming no part
 

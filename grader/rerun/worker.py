@@ -6,7 +6,7 @@ check's configuration on the module, serves the part's data (grader.rerun.secret
 `utils.create_batch`, calls the part's function with `seed=` and `device="cpu"`, and sends the
 returned weight (with the Run's token, the collectives the part called and any error) over its
 result pipe (grader.rerun.protocol). At a backward check it runs Part 4's layer alone instead
-(grader.rerun.layer). It never compares anything: the verdict is the grader's, in the grader's own
+(grader.rerun.layer), or Part 5's block (grader.rerun.block). It never compares anything: the verdict is the grader's, in the grader's own
 process, and nothing said here is believed but the tensors, which only the part's work makes right.
 Tracebacks keep the hand-in's own frames only (assignment4.py and utils.py, by file name).
 
@@ -29,8 +29,8 @@ import types
 import torch
 import torch.distributed as dist
 
-from grader.parts import BY_ID
-from grader.rerun import channel, layer, protocol, secret
+from grader.parts import BY_ID, CORE_PART_IDS
+from grader.rerun import block, channel, layer, protocol, secret
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.protocol import ErrorInfo, RankStatus
 
@@ -133,7 +133,7 @@ def layout(check: dict, rank: int, world_size: int) -> tuple:
 def configure(module, check: dict, rank: int, world_size: int) -> None:
     """Set the check's configuration on the module, and the globals handout-style code reads."""
     values = {k: check[k] for k in ("global_batch_size", "input_dim", "output_dim", "seed",
-                                    "accumulation_steps")}
+                                    "accumulation_steps", "hidden_dim") if k in check}
     node, local_rank, per_node = layout(check, rank, world_size)
     values.update(world_size=world_size, rank=rank, local_rank=local_rank, local_world_size=per_node,
                   local_batch_size=check["global_batch_size"] // world_size)
@@ -204,9 +204,16 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, data: secret
     try:
         if check.get("backward"):
             with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
-                tensors = layer.forward_and_backward(module, check, data)
+                if part_id == "megatron_mlp":
+                    tensors = block.forward_and_backward(module, check)
+                else:
+                    tensors = layer.forward_and_backward(module, check, data)
             result.weight = channel.encode_tensor(tensors.pop("output"))
             result.extra = {name: channel.encode_tensor(t) for name, t in tensors.items()}
+        elif part_id == "megatron_mlp":   # two weights: W1 in weight, W2 in extra
+            with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
+                w1, w2 = block.returned_weights(function(**_kwargs_for(function, wanted)))
+            result.weight, result.extra = channel.encode_tensor(w1), {"w2": channel.encode_tensor(w2)}
         else:
             with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
                 returned = function(**_kwargs_for(function, wanted))
@@ -302,6 +309,8 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
             except Exception as e:  # noqa: BLE001 - the data pipe is the hand-in's to break once it has run
                 result = protocol.Result(part=order.part, status=RankStatus.CRASHED, error=_error(e))
             else:
+                if order.part not in CORE_PART_IDS:
+                    served["data"] = None   # an optional part (Part 5's block) runs on the handout's seeded data
                 result = run_part(module, order.part, job.check, comm, served["data"])
             served["data"] = None
             result.part, result.token = order.part, order.token
