@@ -96,7 +96,7 @@ def graded_on(reference_run, tmp_path_factory):
         write_zip(inbox / f"{name}.zip", Files(code=code, log=refingerprint(log, code), err=err))
     out = tmp / "out"
     grade_batch([inbox], out, jobs=2, rubric_path=rubric_path, progress=False)
-    results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+    results = {p.parent.name: json.loads(p.read_text()) for p in (out / "students").glob("*/grading.json")}
     return results, load_rubric(rubric_path), out
 
 

@@ -260,7 +260,7 @@ def _grade_in_order(config, ta, reference_run, tmp: Path, handins: dict) -> dict
     else:
         proc = subprocess.run([sys.executable, *args], cwd=kit, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/grading.json")}
+    return {p.parent.name: json.loads(p.read_text()) for p in (out / "students").glob("*/grading.json")}
 
 
 @pytest.mark.timeout(900)

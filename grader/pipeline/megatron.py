@@ -8,8 +8,11 @@ The block, for X [B, d], W1 [d, h], W2 [h, d] split over p ranks (W1 by columns,
     L   = 1/(B d) sum (Z - Y)^2    the MSE loss; one SGD step: W <- W - lr dL/dW on every shard
 
 Everything here is a pure function of (W1, W2, X, Y or G, lr, p), in float64 in the grader's own
-process: `seeded` draws them from a check's seed as the handout draws them, and whatever serves a
-re-run other data can build a `Block` from that data instead. Each usual mistake is a `Mistake`,
+process: `seeded` draws them from a check's seed as the handout draws them (the step checks), and
+`served` takes them from the secret data a backward check's ranks were served (grader.rerun.secret:
+each rank's own shards real, noise elsewhere), so only a block whose ranks all-reduce passes there;
+a step computed on one rank passes the step checks, which is why the backward checks carry half of
+a part's points in the stock rubric's weights. No collective a rank reports decides anything. Each usual mistake is a `Mistake`,
 the block computed the way that mistake computes it; a wrong result is held against each in turn,
 and the one it equals is named. Gradients come from autograd on the float64 block, the mistake's
 graph and all: rank r's loss is the one its own output gives, and it steps its own shards only.
@@ -21,9 +24,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grader.pipeline.compare import collectives, comm_check, unfinished, weight_digest
+from grader.pipeline.compare import collectives, unfinished, weight_digest
 from grader.pipeline.diagnose import close
 from grader.pipeline.say import Say
+from grader.rerun import secret
 from grader.rerun.layer import output_gradient
 from grader.results import CheckOutcome, Status
 
@@ -50,6 +54,15 @@ def seeded(check, lr: float) -> Block:
     y = torch.randn(b, d, generator=gen)
     g = output_gradient(check.seed, b, d)
     return Block(*(t.double() for t in (w1, w2, x, y, g)), lr=lr)
+
+
+def served(check, lr: float, data) -> Block:
+    """The block of a backward check as the ranks were served it (grader.rerun.secret.block): the
+    real X, W1 and W2 of `data` (the check's protocol.PartSecret), and G."""
+    b, d, h = check.global_batch_size, check.input_dim, check.hidden_dim
+    x, w1, w2 = secret.block(data, b, d, h)
+    g = output_gradient(check.seed, b, d)
+    return Block(*(t.double() for t in (w1, w2, x, torch.zeros(b, d), g)), lr=lr)
 
 
 class Mistake(enum.Enum):
@@ -162,19 +175,6 @@ def _step_diagnosis(w1, w2, b: Block, p: int, tol, expected: tuple) -> str:
     return "both weights differ from the single-device MLP's step, and from every usual mistake's"
 
 
-def _comm(check, ranks: dict, numel: int, what: str, gathers: bool) -> tuple:
-    """(ok, message): every rank all-reduced at least `numel` numbers (and gathered, if `gathers`)."""
-    if check.world_size == 1:
-        return True, ""
-    for rank, r in sorted(ranks.items()):
-        ops = [str(c.get("op")) for c in r.comm]
-        reduced = sum(int(c.get("numel") or 0) for c in r.comm if c.get("op") == "all_reduce")
-        if reduced < numel or (gathers and not any("all_gather" in op for op in ops)):
-            seen = ", ".join(sorted(set(ops))) or "no collective at all"
-            return False, f"rank {rank} {what} (collectives called: {seen})"
-    return True, ""
-
-
 def judge_step(run, b: Block, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of Part 5 at a step check: both gathered weights on every rank."""
     say = say or Say(check)
@@ -196,11 +196,6 @@ def judge_step(run, b: Block, part: str, check, tol, say: Say = None, passed=())
         if not (close(w1, want[0], tol) and close(w2, want[1], tol)):
             failing.append(rank)
     outcome.max_abs_diff, outcome.failing_ranks = worst, failing
-    ok, message = comm_check(part, check, run.ranks)
-    if ok:
-        ok, message = _comm(check, run.ranks, b.x.numel(), "never all-reduced the block's output (g) in forward, "
-                            "or never all-gathered the weight shards", gathers=True)
-    outcome.comm_ok, outcome.comm_message = ok, message
     if failing:
         first = run.ranks[failing[0]]
         w2 = first.extra.get("w2")
@@ -209,9 +204,6 @@ def judge_step(run, b: Block, part: str, check, tol, say: Say = None, passed=())
                              if w2 is None else _step_diagnosis(first.weight, w2, b, p, tol, want))
         outcome.weight_digest = weight_digest(run.ranks)
         outcome.message = f"wrong weights on {say.ranks(failing, len(run.ranks))}: {outcome.diagnosis}"
-    elif not ok:
-        outcome.status = Status.FAILED
-        outcome.message = f"right weights, but {say.text(message)}"
     else:
         outcome.message = ("matches the single-device MLP's step on every rank" if check.hidden or p == 1
                            else f"matches the single-device MLP's step on all {p} ranks")
@@ -262,14 +254,9 @@ def judge_backward(run, b: Block, part: str, check, tol, say: Say = None, passed
     found = {rank: text for rank, r in sorted(run.ranks.items())
              if (text := _backward_problem(r, rank, b, p, tol, say))}
     outcome.failing_ranks = sorted(found)
-    ok, comm = _comm(check, run.ranks, 2 * b.x.numel(), "did not all-reduce both the output (g, forward) and "
-                     "the gradient of X (f, backward)", gathers=False)
     if found:
         outcome.status, outcome.diagnosis = Status.FAILED, found[min(found)]
         outcome.message = f"the block is wrong on {say.ranks(sorted(found), len(run.ranks))}: {outcome.diagnosis}"
-    elif not ok:
-        outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, comm
-        outcome.message = f"right gradients, but {say.text(comm)}"
     else:
         outcome.message = "the block's output and gradients match the single-device block's on every rank"
     return outcome

@@ -13,26 +13,24 @@ What comes back, for the grader to compare with the single-device block in its o
     w2_grad     the gradient of the rank's W2 shard, [hidden_dim / p, input_dim]
 
 The shards are the block's parameters in the order it registers them (fc1's, then fc2's). Every
-value the block starts from comes from `block_inputs`, one place.
+value the block starts from comes from `block_inputs`, one place: X, W1 and W2 are the part's
+secret data (grader.rerun.secret.block), real in the rank's own shards only, so that the output and
+the gradient of X are right only where the ranks really all-reduce; G is the check's.
 """
 
 import torch
 import torch.distributed as dist
 
+from grader.rerun import secret
 from grader.rerun.layer import output_gradient
 
 
-def block_inputs(check: dict) -> dict:
-    """W1, W2, X and G of a backward check, as the handout's init_mlp_weights and create_batch
-    draw them (G from its own generator, seeded with the check's seed + 1)."""
-    import utils  # the trusted copy, next to the hand-in's assignment4.py
+def block_inputs(check: dict, data) -> dict:
+    """W1, W2 and X of a backward check as this rank is handed them (`data`: the Run's PartSecret),
+    and G from its own generator, seeded with the check's seed + 1."""
     seed, batch = check["seed"], check["global_batch_size"]
-    d, h = check["input_dim"], check["hidden_dim"]
-    torch.manual_seed(seed)
-    w1 = torch.randn(d, h) / d ** 0.5
-    w2 = torch.randn(h, d) / h ** 0.5
-    inputs, _ = utils.create_batch(batch, d, d, seed=seed, device="cpu")
-    return {"w1": w1, "w2": w2, "x": inputs, "g": output_gradient(seed, batch, d)}
+    x, w1, w2 = secret.block(data, batch, check["input_dim"], check["hidden_dim"], dist.get_rank())
+    return {"w1": w1, "w2": w2, "x": x, "g": output_gradient(seed, batch, check["input_dim"])}
 
 
 def returned_weights(value) -> tuple:
@@ -46,12 +44,12 @@ def returned_weights(value) -> tuple:
     return value[0], value[1]
 
 
-def forward_and_backward(module, check: dict) -> dict:
+def forward_and_backward(module, check: dict, data) -> dict:
     """Run the hand-in's block on every rank; return its output and the gradients (see above)."""
     block_class = getattr(module, "MegatronMLP", None)
     if not isinstance(block_class, type):
         raise TypeError("assignment4.py has no class MegatronMLP")
-    given = block_inputs(check)
+    given = block_inputs(check, data)
     batch, d = given["x"].shape
     x = given["x"].detach().clone().requires_grad_(True)
     block = block_class(given["w1"], given["w2"], dist.get_world_size(), dist.get_rank())

@@ -101,6 +101,23 @@ def tensors(secret: PartSecret, layout_: str, batch: int, input_dim: int, output
     return PartData(x=x, w0=split) if layout_ == WEIGHT else PartData(x=x, y=split)
 
 
+def block(secret: PartSecret, batch: int, d: int, h: int, rank=None) -> tuple:
+    """Part 5's block at a backward check: (X [B, d], W1 [d, h], W2 [h, d]), the real ones (`rank`
+    None) or rank `rank`'s view: the real X, and real values only in its own columns of W1 and its
+    own rows of W2 ([r*h/p, (r+1)*h/p)), its own noise elsewhere, so the block's output (g) and the
+    gradient of X (f) are right only if the ranks all-reduce. Scaled by 1/sqrt(fan_in), as
+    init_mlp_weights scales."""
+    p = max(1, len(secret.blocks))
+    share = h // p
+    w1, w2 = (torch.empty(d, h), torch.empty(h, d)) if rank is None else _noise(secret.noise[rank], (d, h), (h, d))
+    for k in range(p):
+        if rank is None or k == rank:
+            g = torch.Generator().manual_seed(secret.blocks[k])
+            w1[:, k * share:(k + 1) * share] = torch.randn(d, share, generator=g)
+            w2[k * share:(k + 1) * share] = torch.randn(share, d, generator=g)
+    return _randn(secret.seed, batch, d), w1 / d ** 0.5, w2 / h ** 0.5
+
+
 def _noise(seed: int, *shapes) -> list:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(*shape, generator=g) for shape in shapes]

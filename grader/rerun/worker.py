@@ -187,8 +187,8 @@ def _is_dist_failure(exc: BaseException) -> bool:
         s in text for s in ("gloo", "timed out", "connection closed", "connection reset"))
 
 
-def run_part(module, part_id: str, check: dict, comm: CommRecorder, data: secret.PartData) -> protocol.Result:
-    """Call one part on `data` (this rank's view); return its Result (ok / not_implemented /
+def run_part(module, part_id: str, check: dict, comm: CommRecorder, data) -> protocol.Result:
+    """Call one part on `data` (this rank's view: a secret.PartData, or Part 5's PartSecret); return its Result (ok / not_implemented /
     crashed / dist_error / oom)."""
     part = BY_ID[part_id]
     function = getattr(module, part.function, None)
@@ -205,7 +205,7 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, data: secret
         if check.get("backward"):
             with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
                 if part_id == "megatron_mlp":
-                    tensors = block.forward_and_backward(module, check)
+                    tensors = block.forward_and_backward(module, check, data)
                 else:
                     tensors = layer.forward_and_backward(module, check, data)
             result.weight = channel.encode_tensor(tensors.pop("output"))
@@ -309,9 +309,12 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
             except Exception as e:  # noqa: BLE001 - the data pipe is the hand-in's to break once it has run
                 result = protocol.Result(part=order.part, status=RankStatus.CRASHED, error=_error(e))
             else:
+                data = served["data"]
                 if order.part not in CORE_PART_IDS:
-                    served["data"] = None   # an optional part (Part 5's block) runs on the handout's seeded data
-                result = run_part(module, order.part, job.check, comm, served["data"])
+                    # Part 5: its step runs on the handout's seeded data, its block alone on its own
+                    # view of the secret (grader.rerun.block)
+                    served["data"], data = None, order.data
+                result = run_part(module, order.part, job.check, comm, data)
             served["data"] = None
             result.part, result.token = order.part, order.token
             report(result)
