@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from grader.batch.run import grade_batch
 from grader.names import cell, inert
 from grader.pipeline.handin import HandinError, unpack
 from grader.pipeline.intake import find_handins
@@ -224,6 +223,7 @@ def test_inert_names_for_markdown_and_csv():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.torch
 def test_ids_named_like_outputs_and_hostile_names_give_one_inert_row_each(tmp_path, capsys):
     """Unreadable hand-ins only: the batch writes their rows without re-running anything."""
     inbox = tmp_path / "inbox"
@@ -235,6 +235,7 @@ def test_ids_named_like_outputs_and_hostile_names_give_one_inert_row_each(tmp_pa
     out = tmp_path / "out"
     out.mkdir()
     (out / "grades.csv").write_text("stale\n")
+    from grader.batch.run import grade_batch   # it needs torch: the torch-free runs leave this test out
     summary = grade_batch([inbox], out, progress=False)
     assert summary.statuses == {"invalid": len(names)}
     table = list(csv.reader((out / "grades.csv").open()))
@@ -249,6 +250,7 @@ def test_ids_named_like_outputs_and_hostile_names_give_one_inert_row_each(tmp_pa
     assert json.loads((out / "students" / "grades.csv" / "grading.json").read_text())["source"] == "grades.csv.zip"
 
 
+@pytest.mark.torch
 def test_the_console_and_summary_say_what_fits_no_student(tmp_path, capsys):
     from grader.cli import main
     download = tmp_path / "submissions"
@@ -268,6 +270,7 @@ def test_the_console_and_summary_say_what_fits_no_student(tmp_path, capsys):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.torch
 def test_a_canvas_download_is_graded_one_row_per_student_and_its_feedback_goes_back(tmp_path, capsys):
     """The issue's download, graded for real: a student of loose files, a late zip, a stray page."""
     from grader.cli import main

@@ -17,7 +17,7 @@ import pytest
 
 from grader.batch.run import grade_batch
 from grader.names import result_files, student_dir
-from grader.parts import PART_IDS
+from grader.parts import CORE_PART_IDS
 from grader.pipeline.grade import judge_check
 from grader.rerun.check import prepare_code
 from grader.rerun.executor import WarmExecutor
@@ -192,7 +192,7 @@ def parallel_checks(part, kinds=("step",)) -> list:
 def assert_graded(result):
     """A score is written: nothing the hand-in did became the machine's failure."""
     assert result["status"] == "graded" and result["score"] is not None, result["message"]
-    for part in PART_IDS:
+    for part in CORE_PART_IDS:
         assert all(c["status"] != "infra_error" for c in result["parts"][part]["checks"])
 
 
@@ -244,7 +244,7 @@ def test_an_infrastructure_error_claimed_after_loading_is_the_handins_crash(forg
 def test_a_stall_after_the_last_part_keeps_every_finished_part_and_costs_seconds(forged):
     result = forged["stall_after_last_part"]
     assert_graded(result)
-    for part in PART_IDS:
+    for part in CORE_PART_IDS:
         assert result["parts"][part]["status"] == "passed", part
     # Each of the checks' worlds waits 5 s for the end that never comes, not the executor's minutes.
     assert result["seconds"] < 200

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.parts import PART_IDS
+from grader.parts import CORE_PART_IDS
 from tests.corpus import ROOT, fast_rubric, write_zip
 from tests.hostile import ATTACKS, build
 
@@ -153,5 +153,5 @@ def test_a_hand_in_graded_by_the_installed_kit_cannot_read_its_rubric_or_referen
     baseline = result["parts"]["baseline"]
     attack = ATTACKS["read_secrets"]
     assert baseline["status"] in attack.status and attack.words in baseline["message"], baseline["message"]
-    assert {p: result["parts"][p]["status"] for p in PART_IDS if p != "baseline"} == \
-        {p: "passed" for p in PART_IDS if p != "baseline"}
+    assert {p: result["parts"][p]["status"] for p in CORE_PART_IDS if p != "baseline"} == \
+        {p: "passed" for p in CORE_PART_IDS if p != "baseline"}
