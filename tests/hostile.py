@@ -41,7 +41,7 @@ ATTACKS = {
         "import os, time\nif dist.get_rank() == 0:\n    pid = os.fork()\n    if pid == 0:\n        os.setsid()\n"
         "        if os.fork() == 0:\n            time.sleep(10 ** 6)\n        os._exit(0)\n    os.waitpid(pid, 0)\n"),
     # 2. exhaust the machine
-    "fork_bomb": Attack("import os\nwhile True:\n    os.fork()\n", ("crashed", "timeout")),
+    "fork_bomb": Attack("import os\nwhile True:\n    os.fork()\n", ("crashed", "timeout", "oom")),   # oom: its processes together past the world's memory
     "huge_tensor": Attack("torch.ones(1 << 30, dtype=torch.float32)\n", ("oom",), "out of memory"),
     "huge_list": Attack("hog = [0] * (10 ** 10)\n", ("oom",), "out of memory"),
     "disk_filler": Attack(

@@ -13,7 +13,7 @@ import torch
 from grader import kit, results as results_module
 from grader.batch.run import grade_batch
 from grader.rerun.executor import SandboxUnavailable
-from grader.parts import BY_ID
+from grader.parts import BY_ID, CORE_PART_IDS
 from grader.rubric import load_rubric
 from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, graded_mutants, mutant_params, mutate,
                           refingerprint, skeleton, write_zip, zip_bytes)
@@ -325,7 +325,7 @@ def test_the_report_has_the_numbers_of_grades_csv_and_the_results(graded):
                 "passed": sum(o["status"] == "passed" for o in outcomes), "ran": len(outcomes)}, (check.name, part)
     assert [c["check"] for c in numbers["checks"]] == [c.name for c in RUBRIC.checks]
     # Diagnoses: each mutant's, under its part, with the hand-in that has it.
-    for part in PART_IDS:
+    for part in CORE_PART_IDS:
         expected = {}
         for student, r in results.items():
             said = [o["diagnosis"] for o in r["parts"][part]["checks"] if o["diagnosis"] and o["status"] != "passed"]
@@ -340,8 +340,8 @@ def test_the_report_has_the_numbers_of_grades_csv_and_the_results(graded):
     # Co-failure: hand-ins with a score wrong at both parts (the diagonal: wrong at the part).
     scored = [r for r in results.values() if r["score"] is not None]
     matrix = numbers["cofailure"]["matrix"]
-    for i, p in enumerate(PART_IDS):
-        for j, q in enumerate(PART_IDS):
+    for i, p in enumerate(CORE_PART_IDS):
+        for j, q in enumerate(CORE_PART_IDS):
             assert matrix[i][j] == sum({p, q} <= _wrong_at(r) for r in scored), (p, q)
     wrong_checks = {s: {o["check"] for p in r["parts"].values() for o in p["checks"]
                         if o["status"] in ("failed", "crashed", "timeout", "oom")} for s, r in results.items()
@@ -349,7 +349,7 @@ def test_the_report_has_the_numbers_of_grades_csv_and_the_results(graded):
     names = numbers["cofailure"]["checks"]
     assert numbers["cofailure"]["by_check"] == [[sum({c, d} <= w for w in wrong_checks.values()) for d in names]
                                                 for c in names]
-    assert matrix[PART_IDS.index("data_parallel")][PART_IDS.index("data_parallel")] >= len(
+    assert matrix[CORE_PART_IDS.index("data_parallel")][CORE_PART_IDS.index("data_parallel")] >= len(
         [m for m in MUTANTS.values() if m.part == "data_parallel" and m.status != "not_implemented"])
     # The reference passes every check: nobody-passes is never said of this rubric.
     assert not [x for x in numbers["look_at"] if x["why"].startswith("nobody passes")]
@@ -452,7 +452,7 @@ def test_a_result_graded_without_the_sandbox_is_never_reused_by_a_sandboxed_run(
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
     reference = inbox / "reference.zip"
-    mode = lambda: json.loads((copy / "reference" / "grading.json").read_text())["isolation"]["mode"]  # noqa: E731
+    mode = lambda: json.loads((copy / "students" / "reference" / "grading.json").read_text())["isolation"]["mode"]  # noqa: E731
     assert mode() == "auto"
     off = grade_batch([reference], copy, rubric_path=rubric, sandbox="off", progress=False)
     assert (off.graded, off.cached, mode()) == (1, 0, "off")

@@ -126,9 +126,7 @@ def test_a_refused_release_leaves_the_previous_one_in_place_and_a_good_one_repla
     shutil.copytree(release, out)
     before = _snapshot(out)
     # A kit whose job scripts hold a solution line: refused at the last step, the leak scan.
-    kit_copy = tmp_path / "kit"
-    for name in ("assignment_4", "grader", "slurm", "lab", "student"):
-        shutil.copytree(ROOT / name, kit_copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    kit_copy = kit_copy_of(tmp_path)
     (kit_copy / "slurm" / "notes.md").write_text("    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n")
     with pytest.raises(ReleaseError, match="would leak"):
         build_release(out, root=kit_copy, replace=True)
@@ -304,7 +302,7 @@ def test_a_student_follows_the_release_readme_literally_from_a_fresh_folder(rele
     assert not (folder / "build").exists()                               # the launcher left no folder
 
 
-def kit_copy(tmp_path) -> Path:
+def kit_copy_of(tmp_path) -> Path:
     """The parts of the kit a release is built from, copied: an instructor's working copy."""
     copy = tmp_path / "kit"
     for part in ("assignment_4", "grader", "slurm", "lab", "student"):
@@ -315,7 +313,7 @@ def kit_copy(tmp_path) -> Path:
 
 def test_release_refuses_a_configuration_said_differently_and_names_file_and_value(tmp_path):
     from grader.instructor.skeleton import make_skeleton
-    copy = kit_copy(tmp_path)
+    copy = kit_copy_of(tmp_path)
     reference = copy / "assignment_4" / "reference" / "assignment4.py"
     batch = reference_constants(reference)["global_batch_size"]
     default = load_rubric().default_check
@@ -333,7 +331,7 @@ def test_release_refuses_a_configuration_said_differently_and_names_file_and_val
 
 def test_release_refuses_a_handout_that_tells_of_other_public_checks(tmp_path):
     """The handout tells students the world sizes `check` runs at; the public rubric decides them."""
-    copy = kit_copy(tmp_path)
+    copy = kit_copy_of(tmp_path)
     rubric = copy / "grader" / "rubric.yaml"
     data = yaml.safe_load(rubric.read_text())
     size = load_rubric().default_check.world_size
@@ -391,7 +389,7 @@ def _part5_solution(reference: str) -> set:
 
 @pytest.mark.timeout(900)
 def test_a_course_with_part_5_ships_it_and_check_grades_it(tmp_path, reference_run_files):
-    copy = kit_copy(tmp_path)
+    copy = kit_copy_of(tmp_path)
     rubric = copy / "grader" / "rubric.yaml"
     data = yaml.safe_load(rubric.read_text())
     data["parts"]["megatron_mlp"] = {"log": 2, "rerun": 8, "bonus": True}

@@ -206,7 +206,7 @@ def test_nothing_escaped(hostile):
     assert hostile["listener"].connections == 0 and hostile["listener"].received == b""
     assert hostile["escaped"] == []
     assert leftover_processes() == []
-    for path in [hostile["out"] / "reference" / "results.json", hostile["out"] / "grades.csv",
+    for path in [hostile["out"] / "students" / "reference" / "results.json", hostile["out"] / "grades.csv",
                  hostile["kit"] / "grader" / "rubric.yaml"]:
         assert "TAMPERED" not in path.read_text()
 
@@ -374,7 +374,9 @@ def test_a_world_that_fans_out_stays_within_its_memory(config, tmp_path_factory)
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     assert measured["status"] == "oom", measured
     assert "the ranks and their children used more than 2400 MB" in measured["detail"], measured
-    assert measured["raised_mb"] <= 2400, measured
+    # Measured machine-wide: what the rest of the machine (another test process) does meanwhile
+    # moves it by a few hundred MB either way; the fan-out alone would take several GB.
+    assert measured["raised_mb"] <= 2400 + 512, measured
 
 
 def test_the_leftover_check_counts_a_tests_own_orphans_and_no_one_elses():
