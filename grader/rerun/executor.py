@@ -67,13 +67,9 @@ def refusal(problems: list) -> str:
 
 
 class Counted:
-    """Counts the worlds an executor ran and the seconds they took, as seen from the grader.
-
-    `key` is the data key its worlds derive their data from (grader.rerun.secret): a batch's, given
-    to every executor of the batch, or one of the executor's own, fresh."""
+    """Counts the worlds an executor ran and the seconds they took, as seen from the grader."""
     worlds = 0
     world_seconds = 0.0
-    key: bytes = None
 
     def run_world(self, job: WorldJob) -> WorldReport:
         started = time.monotonic()
@@ -95,7 +91,7 @@ class WarmExecutor(Counted):
     def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
         assert sandbox in SANDBOX_MODES, sandbox
         self.sandbox = sandbox
-        self.key = key or secret.new_key()
+        self.key = key or secret.new_key()   # its worlds' data key (grader.rerun.secret): the batch's, or its own
         self.limits = limits or Limits()
         self.isolation = {}
         self._proc = None
@@ -242,8 +238,7 @@ class WarmExecutor(Counted):
         self._numbered += 1
         number = self._numbered
         try:
-            # The zygote forks on the first and only the world's own process reads the job; it reads
-            # the data key, a frame of its own, only once it has forked the world's ranks.
+            # The zygote forks on the first; the world's own process reads the job, then its ranks forked, the key.
             for message in (protocol.WorldRequest(), job, protocol.DataKey(key=self.key.hex())):
                 channel.send_framed(self._proc.stdin.fileno(), number, protocol.encode(message))
         except OSError as e:
@@ -316,7 +311,6 @@ class TorchrunExecutor(Counted):
         def output():
             with open(log_path, "rb") as f:
                 return {0: f.read()[-supervise.OUTPUT_TAIL:].decode("utf-8", "replace")}
-        # Supervised in the grader's own process, which nothing of the hand-in shares: the key is at hand.
         return supervise.supervise(job, fds, orders, [proc.pid], proc.pid, supervise.draw_secrets(job, self.key),
                                    collect_output=output, launcher_exited=lambda: proc.poll() is not None)
 
@@ -325,7 +319,6 @@ class TorchrunExecutor(Counted):
 
 
 def make_executor(name: str, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
-    """An executor; `key`: the data key of its worlds (grader.rerun.secret; None: a fresh one)."""
     if name == "warm":
         return WarmExecutor(sandbox, limits, key)
     if name == "torchrun":

@@ -6,16 +6,19 @@ leader derives its seeds after it has forked the ranks, serves each rank its own
 starts (grader.rerun.supervise), and reports the seeds to the grader, which computes every expected
 value from them in its own process (grader.pipeline.compare, backward).
 
-The seeds come from a data key: 32 random bytes the grader keeps (a batch's lives in OUT/.data-key,
-readable by its owner alone, so that regrades and later hand-ins into the same OUT run on the same
-data and the same wrong code gives the same wrong weight; a student's `check` makes a fresh one in
-memory). Each seed is HMAC-SHA256(key, "<check>|<part>|<what>") (`derive`): <check> is the world's
-size and its check's configuration, <what> names the shared seed, a rank's block or a rank's noise.
-So a part's data is the same for every hand-in of a batch at the same check, and no rank can know
-it: nothing public decides it without the key. The key reaches a world's leader as a frame of its
-own after the job (grader.rerun.executor), read only once the ranks are forked, never inherited by
-them; without one (it did not come) the leader draws the seeds with os.urandom, as fresh as before.
-The report still carries the seeds: the leader is the grader's, and the grader judges from them.
+The seeds come from a data key: 32 random bytes the grader keeps. A batch's lives in OUT/.data-key,
+readable by its owner alone, so regrades and later hand-ins into the same OUT run on the same data
+and the same wrong code gives the same wrong weight (grading.json's weight_digest); a student's
+`check`, a Gradescope run and any executor given no key make a fresh one in memory. Each seed is
+HMAC-SHA256(key, "<check>|<part>|<what>") (`derive`): <check> is the world's size and its check's
+configuration, <what> names the shared seed, a rank's block or a rank's noise. So a part's data is
+the same for every hand-in of a batch at one check, and no rank can know it: nothing public decides
+it without the key. The key reaches a world's leader as a frame of its own after the job
+(grader.rerun.executor), read only once the ranks are forked, so no rank inherits it; where none
+comes, the leader draws the seeds with os.urandom instead, fresh for the world.
+
+The seeds, not the key, go back in the world's report, and the grader judges from them: the leader
+is the grader's own code, and the rest of the grader (compare, diagnose, backward) needs no key.
 
 What a rank of p sees, per part (B x I inputs X, B x O targets Y; W0 the initial weight):
 
@@ -31,7 +34,7 @@ What a rank of p sees, per part (B x I inputs X, B x O targets Y; W0 the initial
                                   and whose other columns are its own noise: the gathered output and
                                   the all-reduced gradient of X are right only if the ranks communicate
 
-Each part of each world has seeds of its own, so nothing one part saw helps in another. The
+Each part has seeds of its own (at each check), so nothing one part saw helps in another. The
 initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as the handout writes it.
 Every value is drawn in float32 on the CPU, as utils.create_batch draws; the grader widens to float64.
 """
