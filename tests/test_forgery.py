@@ -277,23 +277,28 @@ def test_a_whole_batch_data_parallel_step_with_an_all_reduce_of_nothing_earns_on
 
 
 @pytest.mark.timeout(300)
-def test_every_world_serves_fresh_data_so_a_weight_cannot_be_replayed(tmp_path):
-    """Two runs of the same part draw different data: the reference passes both, and one run's
-    weights judged against the other's data fail."""
+def test_data_is_the_keys_so_a_weight_cannot_be_replayed_under_another(tmp_path):
+    """Two keys give different data, the same key the same: the reference passes every run, the same
+    key's two runs agree to the bit, and one key's weights judged against the other's data fail."""
+    from grader.rerun import check as rerun
+    from grader.rerun import secret
+    from grader.pipeline import compare
     rubric = load_rubric(fast_rubric(tmp_path))
     check = next(c for c in rubric.checks if c.name == "two-ranks")
     code = prepare_code(REFERENCE)
-    executor = WarmExecutor("best")
-    try:
-        from grader.rerun import check as rerun
-        from grader.pipeline import compare
-        first = rerun.run_check(executor, code, check, rubric, tmp_path, ["data_parallel"])["data_parallel"]
-        second = rerun.run_check(executor, code, check, rubric, tmp_path, ["data_parallel"])["data_parallel"]
-    finally:
-        executor.close()
-    assert first.data != second.data
-    for run in (first, second):
+    key = secret.new_key()
+    runs = []
+    for k in (key, key, secret.new_key()):
+        executor = WarmExecutor("best", key=k)
+        try:
+            runs.append(rerun.run_check(executor, code, check, rubric, tmp_path, ["data_parallel"])["data_parallel"])
+        finally:
+            executor.close()
+    first, again, other_key = runs
+    assert first.data == again.data and first.data != other_key.data
+    assert all(first.ranks[r].weight.equal(again.ranks[r].weight) for r in first.ranks)
+    for run in runs:
         exp = compare.expected(check, rubric.learning_rate, run.data, "data_parallel")
         assert compare.judge(run, exp, "data_parallel", check, rubric.tolerance).status == Status.PASSED
-    other = compare.expected(check, rubric.learning_rate, second.data, "data_parallel")
+    other = compare.expected(check, rubric.learning_rate, other_key.data, "data_parallel")
     assert compare.judge(first, other, "data_parallel", check, rubric.tolerance).status == Status.FAILED

@@ -60,6 +60,19 @@ def test_a_writer_killed_in_the_middle_of_a_frame_costs_only_that_frame():
     assert pairs[0][1]["abort"]["detail"] == "killed" and reader.skipped == 1
 
 
+def test_what_a_dead_leader_left_unread_is_stepped_over_and_the_next_request_read_exactly():
+    """The zygote's reader: the job and data key of a world whose leader died before reading them
+    are stepped over unread; the next world's request is read and not a byte of the frame after it."""
+    read, write = os.pipe()
+    key = protocol.DataKey(key="ab" * 32)
+    data = frame(5, job(["baseline"])) + frame(5, key) + frame(6, protocol.WorldRequest()) + frame(6, key)
+    os.write(write, data)
+    os.close(write)
+    assert channel.read_framed(read, skip_world=5) == (6, {"type": "world"})
+    assert os.read(read, len(data)) == frame(6, key)
+    os.close(read)
+
+
 def test_a_frame_whose_bytes_changed_is_stepped_over():
     bad = bytearray(frame(3, report("y")))
     bad[-5] ^= 1
@@ -69,14 +82,16 @@ def test_a_frame_whose_bytes_changed_is_stepped_over():
 
 
 # A zygote whose leader of world 1 reported and was then killed: it sends the world's report twice
-# (the leader's, then its own), as a real zygote does in that case. Every frame is a real one.
+# (the leader's, then its own), as a real zygote does in that case. Every frame is a real one. Its
+# leaders read no data key: the zygote steps over each, as a real one does after a leader that died.
 TWICE = textwrap.dedent("""
     import sys
     from grader.rerun import channel, protocol
     send = lambda world, message: channel.send_framed(1, world, protocol.encode(message))
     send(0, protocol.Hello(isolation={"sandbox": "none"}))
+    world = None
     while True:
-        frame = channel.read_framed(0)
+        frame = channel.read_framed(0, skip_world=world)   # the data key its leader left unread
         if frame is None or frame[1]["type"] == "exit":
             break
         world, job = frame[0], channel.read_framed(0)[1]

@@ -280,3 +280,43 @@ def test_the_command_loads_no_torch():
 def test_a_folder_that_was_not_graded_is_refused(tmp_path, capsys):
     assert main(["integrity", str(tmp_path)]) == 2
     assert "no students/*/grading.json" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(600)
+def test_the_same_wrong_code_graded_for_real_gets_one_digest_listed_and_regraded_alike(tmp_path):
+    """Every world of a batch runs on the data of OUT's key: two hand-ins of the same wrong code get
+    the same weight_digest at a check, the command lists them with the same wrong weight, and a
+    regrade into the same OUT reproduces every digest."""
+    import json
+    import stat
+    from grader.batch.run import grade_batch
+    from tests.corpus import MUTANTS, fast_rubric
+    inbox, out = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    wrong = mutate("dp_summed")   # and acc_unscaled: usual mistakes in two parts, listed on that alone
+    for old, new in MUTANTS["acc_unscaled"].edits:
+        wrong = wrong.replace(old, new)
+    for seed, name in enumerate(("same_a", "same_b"), start=140):
+        code = wrong + f"# {name}\n"
+        write_zip(inbox / f"{name}.zip", Files(code=code, log=run_log(code, seed), err=run_err(seed)))
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}])
+
+    def digests():
+        found = {}
+        for name in ("same_a", "same_b"):
+            result = json.loads((out / "students" / name / "grading.json").read_text())
+            found[name] = {(part, o["check"]): o["weight_digest"] for part, p in result["parts"].items()
+                           for o in p["checks"] if o.get("weight_digest")}
+        return found
+
+    grade_batch([inbox], out, rubric_path=rubric, progress=False)
+    assert stat.S_IMODE((out / ".data-key").stat().st_mode) == 0o600
+    first = digests()
+    assert first["same_a"] and first["same_a"] == first["same_b"]
+    assert {("data_parallel", "default"), ("grad_accumulation", "default")} <= set(first["same_a"])
+    run_integrity(out, [inbox], rubric_path=rubric)
+    rows = {(r["student_a"], r["student_b"]): r for r in csv.DictReader((out / "integrity.csv").open())}
+    assert "the same wrong weight" in rows[("same_a", "same_b")]["evidence"]
+    key = (out / ".data-key").read_bytes()
+    grade_batch([inbox], out, rubric_path=rubric, progress=False, force=True)
+    assert (out / ".data-key").read_bytes() == key and digests() == first

@@ -3,9 +3,12 @@
 Before grading, the reference solution is re-run at every check through the same machinery (the
 canary). If it does not pass, nothing can be trusted: every hand-in is recorded `infra_error` and
 no score is written. A crash while grading one hand-in becomes that hand-in's result; the batch
-goes on. Every hand-in's files are written as soon as it is graded.
+goes on. Every hand-in's files are written as soon as it is graded. Every world of a batch runs on
+the data of OUT's data key (OUT/.data-key, grader.rerun.secret), so the same code gives the same
+weight in every hand-in and every regrade into OUT.
 """
 
+import os
 import queue
 import shutil
 import sys
@@ -17,10 +20,44 @@ from pathlib import Path
 from grader import kit
 from grader.pipeline import report
 from grader.pipeline.grade import grade_handin, judge_check
+from grader.rerun import secret
 from grader.rerun.check import prepare_code
 from grader.rerun.executor import make_executor
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status, new_result, ungraded
+
+
+DATA_KEY = ".data-key"
+
+
+def data_key(out: Path) -> bytes:
+    """The batch's data key (grader.rerun.secret): OUT/.data-key, made on the first `grade` into
+    OUT (hex, readable by its owner alone) and read by every later one, and by every array task,
+    so regrades and later hand-ins run on the same data."""
+    path = Path(out) / DATA_KEY
+    if not path.exists():
+        fresh = path.with_name(f"{DATA_KEY}.{os.getpid()}.{threading.get_ident()}")
+        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secret.new_key().hex().encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(fresh, path)   # whole or not at all; the first of two at once wins
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(fresh)
+    text = path.read_text().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != secret.KEY_BYTES:
+        raise ValueError(f"{path} is not a data key ({2 * secret.KEY_BYTES} hex digits); delete it to start "
+                         f"a new one (the batch's data then changes)")
+    return key
 
 
 def canary(executor, rubric, scratch: Path) -> str:
@@ -69,17 +106,22 @@ def infra_result(h, rubric, message: str):
 def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = "warm", sandbox: str = "auto",
                   progress: bool = True, first=None) -> tuple:
     """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
-    it is graded. Returns ({student: its gradebook view}, worlds run, their seconds). `first`: an
-    executor already started (the batch's probe of the sandbox), used and closed here."""
+    it is graded, every world on the data of OUT's data key (`data_key`). Returns ({student: its
+    gradebook view}, worlds run, their seconds). `first`: an executor already started (the batch's
+    probe of the sandbox), used and closed here."""
     results, worlds, world_seconds = {}, 0, 0.0
     if not todo:
         if first is not None:
             first.close()
         return results, worlds, world_seconds
+    key = data_key(out)
+    if first is not None:
+        first.key = key   # it has run no world yet
     scratch = Path(scratch_dir("a4-grade-"))
     bar = Progress(len(todo), progress)
     executors = ([first] if first is not None else []) + [
-        make_executor(executor, sandbox, rubric.limits) for _ in range(max(1, min(jobs, len(todo))) - (first is not None))]
+        make_executor(executor, sandbox, rubric.limits, key)
+        for _ in range(max(1, min(jobs, len(todo))) - (first is not None))]
     idle = queue.Queue()
     for ex in executors:
         idle.put(ex)

@@ -18,6 +18,9 @@
   (grader.kit.source_digest) are not graded again (their grading.json is reused) unless `force`.
 - The hand-ins left are graded on this machine (grader.batch.local: the canary first, `jobs` at
   once) or by the tasks of a Slurm job array (grader.batch.array).
+- Every world runs on the data of OUT's data key (OUT/.data-key, made by the first `grade` into OUT,
+  readable by its owner alone; grader.rerun.secret): the same wrong code gives the same weight in
+  every hand-in and every regrade into OUT. Deleting it gives the next run new data.
 - Every hand-in's files are written as soon as it is graded, atomically; then grades.csv and
   summary.md from every result in OUT, whatever this invocation graded (grader.batch.gradebook).
 - A refused `grade` changes nothing in OUT: the paths, the rubric and (on this machine) the sandbox
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.batch import gradebook
-from grader.batch.local import grade_handins
+from grader.batch.local import data_key, grade_handins
 from grader.kit import write_json
 from grader.names import result_files, student_dir, students_dir
 from grader.rerun.executor import make_executor
@@ -183,6 +186,8 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
         if first is not None:
             first.start()
         out.mkdir(parents=True, exist_ok=True)
+        if todo:
+            data_key(out)   # made here, before any array task needs it
         weights = {c.name: c.weight for c in rubric.checks}
         for h in items:
             if h.student in replaces:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.rerun import bwrap, channel, memory, protocol
+from grader.rerun import bwrap, channel, memory, protocol, secret
 from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
 from grader.rerun.world import infra_report, write_code
@@ -88,9 +88,10 @@ class WarmExecutor(Counted):
     """
     name = "warm"
 
-    def __init__(self, sandbox: str = "auto", limits: Limits = None):
+    def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
         assert sandbox in SANDBOX_MODES, sandbox
         self.sandbox = sandbox
+        self.key = key or secret.new_key()   # its worlds' data key (grader.rerun.secret): the batch's, or its own
         self.limits = limits or Limits()
         self.isolation = {}
         self._proc = None
@@ -237,8 +238,8 @@ class WarmExecutor(Counted):
         self._numbered += 1
         number = self._numbered
         try:
-            # Two messages: the zygote forks on the first and only the world's own process reads the job.
-            for message in (protocol.WorldRequest(), job):
+            # The zygote forks on the first; the world's own process reads the job, then its ranks forked, the key.
+            for message in (protocol.WorldRequest(), job, protocol.DataKey(key=self.key.hex())):
                 channel.send_framed(self._proc.stdin.fileno(), number, protocol.encode(message))
         except OSError as e:
             self._kill()
@@ -274,8 +275,9 @@ class TorchrunExecutor(Counted):
                  "limits": "address space, processes, file size, CPU time, 1 thread per rank",
                  "problems": ["the torchrun executor runs hand-in code without a sandbox"]}
 
-    def __init__(self, sandbox: str = "auto", limits: Limits = None):
+    def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
         self.sandbox = sandbox
+        self.key = key or secret.new_key()
 
     def start(self) -> dict:
         if self.sandbox == "auto":
@@ -309,16 +311,16 @@ class TorchrunExecutor(Counted):
         def output():
             with open(log_path, "rb") as f:
                 return {0: f.read()[-supervise.OUTPUT_TAIL:].decode("utf-8", "replace")}
-        return supervise.supervise(job, fds, orders, [proc.pid], proc.pid, supervise.draw_secrets(job),
+        return supervise.supervise(job, fds, orders, [proc.pid], proc.pid, supervise.draw_secrets(job, self.key),
                                    collect_output=output, launcher_exited=lambda: proc.poll() is not None)
 
     def close(self):
         pass
 
 
-def make_executor(name: str, sandbox: str = "auto", limits: Limits = None):
+def make_executor(name: str, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
     if name == "warm":
-        return WarmExecutor(sandbox, limits)
+        return WarmExecutor(sandbox, limits, key)
     if name == "torchrun":
-        return TorchrunExecutor(sandbox, limits)
+        return TorchrunExecutor(sandbox, limits, key)
     raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")

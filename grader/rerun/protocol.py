@@ -1,6 +1,6 @@
 """What crosses a process boundary while hand-in code is re-run: the messages, typed, and one codec.
 
-    grader (executor)  --WorldRequest, WorldJob, Exit-->  zygote / world leader
+    grader (executor)  --WorldRequest, WorldJob, DataKey, Exit-->  zygote / world leader
     grader (executor)  <--Hello, WorldReport--            zygote / world leader
     world supervisor   --Run (part, token, the part's data) / Finish-->  each rank (its data pipe)
     world supervisor   <--Joined, Loading, Ready, Result..., Done / LoadFailed / InfraError--  each rank
@@ -81,6 +81,14 @@ class WorldJob:
 @dataclass
 class WorldRequest:
     TYPE: typing.ClassVar[str] = "world"   # the zygote forks on this; only the fork reads the job
+
+
+@dataclass
+class DataKey:
+    """The batch's data key (grader.rerun.secret), hex: sent after the job, read by the world's
+    leader only once it has forked the ranks."""
+    TYPE: typing.ClassVar[str] = "data_key"
+    key: str = ""
 
 
 @dataclass
@@ -197,7 +205,7 @@ class WorldReport:
     secrets: dict[str, PartSecret] = field(default_factory=dict)   # part -> the data its ranks were served
 
 
-Message = Union[WorldJob, WorldRequest, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,
+Message = Union[WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,
                 LoadFailed, InfraError, WorldReport]
 TYPES = {cls.TYPE: cls for cls in typing.get_args(Message)}
 RANK_MESSAGES = (Joined, Loading, Ready, Result, Done, LoadFailed, InfraError)

@@ -1,10 +1,24 @@
-"""The data a part runs on: drawn fresh for every world, known whole to the grader alone.
+"""The data a part runs on: derived from the grader's secret key, known whole to the grader alone.
 
 A rank's weight can only be judged by what the rank could not have produced without doing the
 part's parallel work. So the batch a part trains on is not the handout's seeded one: the world's
-leader draws its seeds (os.urandom) after it has forked the ranks, serves each rank its own view
-when the part starts (grader.rerun.supervise), and reports the seeds to the grader, which computes
-every expected value from them in its own process (grader.pipeline.compare, backward).
+leader derives its seeds after it has forked the ranks, serves each rank its own view when the part
+starts (grader.rerun.supervise), and reports the seeds to the grader, which computes every expected
+value from them in its own process (grader.pipeline.compare, backward).
+
+The seeds come from a data key: 32 random bytes the grader keeps. A batch's lives in OUT/.data-key,
+readable by its owner alone, so regrades and later hand-ins into the same OUT run on the same data
+and the same wrong code gives the same wrong weight (grading.json's weight_digest); a student's
+`check`, a Gradescope run and any executor given no key make a fresh one in memory. Each seed is
+HMAC-SHA256(key, "<check>|<part>|<what>") (`derive`): <check> is the world's size and its check's
+configuration, <what> names the shared seed, a rank's block or a rank's noise. So a part's data is
+the same for every hand-in of a batch at one check, and no rank can know it: nothing public decides
+it without the key. The key reaches a world's leader as a frame of its own after the job
+(grader.rerun.executor), read only once the ranks are forked, so no rank inherits it; where none
+comes, the leader draws the seeds with os.urandom instead, fresh for the world.
+
+The seeds, not the key, go back in the world's report, and the grader judges from them: the leader
+is the grader's own code, and the rest of the grader (compare, diagnose, backward) needs no key.
 
 What a rank of p sees, per part (B x I inputs X, B x O targets Y; W0 the initial weight):
 
@@ -20,11 +34,14 @@ What a rank of p sees, per part (B x I inputs X, B x O targets Y; W0 the initial
                                   and whose other columns are its own noise: the gathered output and
                                   the all-reduced gradient of X are right only if the ranks communicate
 
-Each part of each world has seeds of its own, so nothing one part saw helps in another. The
+Each part has seeds of its own (at each check), so nothing one part saw helps in another. The
 initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as the handout writes it.
 Every value is drawn in float32 on the CPU, as utils.create_batch draws; the grader widens to float64.
 """
 
+import hashlib
+import hmac
+import json
 import os
 import types
 from dataclasses import dataclass
@@ -47,11 +64,32 @@ def _seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1   # a torch.Generator takes up to 2**63
 
 
+KEY_BYTES = 32
+
+
+def new_key() -> bytes:
+    """A fresh data key (one per batch, or per student `check`)."""
+    return os.urandom(KEY_BYTES)
+
+
 def draw(part: str, world_size: int, backward: bool) -> PartSecret:
     """Fresh seeds for one part of one world (call only after the ranks are forked)."""
     split = layout(part, backward) != WHOLE
     return PartSecret(seed=_seed(), blocks=[_seed() for _ in range(world_size)] if split else [],
                       noise=[_seed() for _ in range(world_size)] if split else [])
+
+
+def derive(key: bytes, check: dict, part: str, world_size: int) -> PartSecret:
+    """The seeds of `part` at a check (its configuration `check`, a WorldJob's, at `world_size`
+    ranks) under data key `key`: the same for every world of the key, unknowable without it."""
+    label = json.dumps({"check": check, "world_size": world_size}, sort_keys=True, separators=(",", ":"))
+
+    def seed(what: str) -> int:
+        digest = hmac.new(key, f"{label}|{part}|{what}".encode(), hashlib.sha256).digest()
+        return int.from_bytes(digest[:8], "little") >> 1   # a torch.Generator takes up to 2**63
+    split = layout(part, bool(check.get("backward"))) != WHOLE
+    return PartSecret(seed=seed("seed"), blocks=[seed(f"block|{r}") for r in range(world_size)] if split else [],
+                      noise=[seed(f"noise|{r}") for r in range(world_size)] if split else [])
 
 
 def view(secret: PartSecret, rank: int) -> PartSecret:

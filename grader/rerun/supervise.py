@@ -261,9 +261,11 @@ class _Watch:
             self.stop(StopReason.LOAD_FAILED, None, message.error.exception, error=message.error)
 
 
-def draw_secrets(job: WorldJob) -> dict:
-    """Fresh data for every part of the world (grader.rerun.secret). Call only once the ranks are
-    forked: no rank may inherit it."""
+def draw_secrets(job: WorldJob, key: bytes = None) -> dict:
+    """The data of every part of the world (grader.rerun.secret): derived from the data `key`, or
+    fresh where there is none. Call only once the ranks are forked: no rank may inherit it."""
+    if key:
+        return {part: secret.derive(key, job.check, part, job.world_size) for part in job.parts}
     return {part: secret.draw(part, job.world_size, bool(job.check.get("backward"))) for part in job.parts}
 
 

@@ -5,9 +5,10 @@ imported torch and nothing of any hand-in): it enters the world's namespaces (gr
 writes the hand-in's code into the world's folder, forks `world_size` ranks, each with its limits, stdout and stderr going to a file of its own, and
 hands them to grader.rerun.supervise, which decides when the world ends and at which part.
 
-Only then, with every rank forked, does the leader draw the parts' data (grader.rerun.secret):
-no rank holds it but the view the supervisor sends it, and the leader cannot be read by the
-ranks (it is not dumpable). The data's seeds go back to the grader in the world's report.
+Only then, with every rank forked, does the leader read the data key the grader sent after the job
+and derive the parts' data from it (grader.rerun.secret): no rank holds it but the view the
+supervisor sends it, and the leader cannot be read by the ranks (it is not dumpable). The data's
+seeds go back to the grader in the world's report.
 
 The caller (grader.rerun.check) starts a new world for the parts after the one that ended a world,
 so a part that crashes or hangs costs only that part.
@@ -73,8 +74,9 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
     return pid, read_fd, data_write
 
 
-def run_world(job: WorldJob, uid: int, limits: Limits) -> WorldReport:
-    """Fork the world's ranks, supervise them to the end, and return the world's report."""
+def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None) -> WorldReport:
+    """Fork the world's ranks, supervise them to the end, and return the world's report.
+    `read_key` reads the data key (grader.rerun.secret) once the ranks are forked (None: fresh data)."""
     from grader.rerun import memory, worker
     prepared = worker.prepare(job)
     sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)   # what the ranks start stays below us, for the watchdog
@@ -85,8 +87,9 @@ def run_world(job: WorldJob, uid: int, limits: Limits) -> WorldReport:
         pgid = pgid or pid
         pids.append(pid)
     outputs = [os.path.join(job.work_dir, f"rank{rank}.out") for rank in range(job.world_size)]
+    key = read_key() if read_key else None   # only now: no rank holds it
     with memory.Watchdog(limits.memory_mb * job.world_size, outputs):
-        return supervise(job, fds, orders, pids, pgid, draw_secrets(job))
+        return supervise(job, fds, orders, pids, pgid, draw_secrets(job, key))
 
 
 def write_code(job: WorldJob, code_dir: str) -> str:
@@ -115,9 +118,10 @@ def _as_init(job: WorldJob):
     return lost_report(job, f"the world's supervisor ended with {code}")
 
 
-def lead_world(job: WorldJob, isolation, reply) -> None:
-    """The life of a world's leader: namespaces, code, ranks, supervision, report (`reply` sends it
-    to the grader, marked as this world's). Never returns."""
+def lead_world(job: WorldJob, isolation, reply, read_key=None) -> None:
+    """The life of a world's leader: namespaces, code, ranks, the data key (`read_key`, once the
+    ranks are forked), supervision, report (`reply` sends it to the grader, marked as this world's).
+    Never returns."""
     report = None
     try:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -137,7 +141,7 @@ def lead_world(job: WorldJob, isolation, reply) -> None:
             if uid != os.getuid():
                 os.chown(job.work_dir, uid, uid)
             sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
-            report = run_world(job, uid, limits)
+            report = run_world(job, uid, limits, read_key)
     except sandbox.SandboxError as e:
         report = infra_report(job, f"the sandbox could not be set up: {e}")
     except BaseException as e:  # noqa: BLE001 - the grader must always get a report

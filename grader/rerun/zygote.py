@@ -2,7 +2,8 @@
 executor's helper) or `--torchrun-rank JOB_FILE` (one rank under torchrun).
 
 The zygote imports torch once, takes one tiny step so the lazy imports are paid, freezes its heap,
-and then, for each world asked of it, forks a leader that alone reads the job (grader.rerun.world).
+and then, for each world asked of it, forks a leader that alone reads the job (grader.rerun.world)
+and, once it has forked the world's ranks, the data key sent after it (grader.rerun.secret).
 
 Everything it and the leaders send the executor is a frame marked with the world it belongs to
 (grader.rerun.channel): the world's report, from its leader (or from the zygote when the leader was
@@ -25,10 +26,28 @@ def _reply(fd: int, world: int):
     return lambda message: channel.send_framed(fd, world, protocol.encode(message))
 
 
-def receive_framed(allowed):
-    """The next frame on stdin, decoded: (world, message), or (0, None) at end of file."""
-    frame = channel.read_framed(0)
+def receive_framed(allowed, skip_world: int = None):
+    """The next frame on stdin, decoded: (world, message), or (0, None) at end of file. Frames of
+    world `skip_world` are stepped over unread (channel.read_framed)."""
+    frame = channel.read_framed(0, skip_world)
     return (0, None) if frame is None else (frame[0], protocol.decode(frame[1], allowed))
+
+
+KEY_WAIT = 10.0
+
+
+def read_key():
+    """In a world's leader, once its ranks are forked: the data key the executor sent after the job
+    (grader.rerun.secret), or None if none came (the leader then draws fresh seeds)."""
+    import select
+    try:
+        if not select.select([0], [], [], KEY_WAIT)[0]:
+            return None
+        frame = channel.read_framed(0)
+        message = None if frame is None else protocol.decode(frame[1], (protocol.DataKey,))
+        return bytes.fromhex(message.key) if message is not None and len(message.key) == 64 else None
+    except (OSError, ValueError):   # ChannelError is a ValueError
+        return None
 
 
 def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
@@ -56,15 +75,19 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     isolation = sandbox.probe(mode, kit_root, sandbox_name)
     hello = protocol.Hello(isolation=isolation.summary())
     _reply(control_out, 0)(hello)
+    last = None
     while True:
-        number, request = receive_framed((protocol.WorldRequest, protocol.Exit))
+        # What the last world's leader left unread (its job or data key, if it died first) is
+        # stepped over unread: no world's key is ever in the zygote's memory, nor in what it forks.
+        number, request = receive_framed((protocol.WorldRequest, protocol.Exit), skip_world=last)
         if not isinstance(request, protocol.WorldRequest):
             return
+        last = number
         reply = _reply(control_out, number)
         pid = os.fork()
         if pid == 0:
             _, job = receive_framed((protocol.WorldJob,))
-            world.lead_world(job, isolation, reply)
+            world.lead_world(job, isolation, reply, read_key)
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if code != 0:
             # The leader was killed, perhaps before it could report: say so, so the grader need not
