@@ -6,16 +6,17 @@ The house, one room per job; a hand-in travels down the list:
                  results (statuses and result dataclasses, where a batch keeps them), plots (figures
                  by matplotlib, loaded only to draw; the lab's bandwidth plot uses it too), cli
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
-                 its weights (executor, zygote, world, supervise, worker, layer, block, hooks,
-                 protocol, channel, sandbox, scratch, memory, check; hidden keeps a hidden check's results
-                 free of a rank's words; doctor says which sandbox layers work on a machine)
-    pipeline/    grade one hand-in: handin (unpack), runs (a run's stdout and stderr, found by what
-                 they hold), logfile and errfile (what they say), compare and diagnose (the
-                 weights), backward (the tensor-parallel layer's gradients), megatron (the
-                 optional Part 5's block, step and gradients), score, say (what a
-                 student may see of hidden checks), report, grade
+                 its weights (executor, torchrun, zygote, world, supervise, worker, source, secret,
+                 layer, block, hooks, protocol, channel, sandbox, scratch, memory, check; hidden
+                 keeps a hidden check's results free of a rank's words; doctor says which sandbox
+                 layers work on a machine)
+    pipeline/    grade one hand-in: intake and download (what a download holds), handin (unpack),
+                 runs (a run's stdout and stderr, found by what they hold), logtext, logfile and
+                 errfile (what they say), compare and diagnose (the weights), backward (the
+                 tensor-parallel layer's gradients), megatron (the optional Part 5's block), score,
+                 say (what a student may see of hidden checks), report, grade
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
-                 grades.csv and summary.md over every result in OUT (gradebook)
+                 grades.csv, summary.md and the staff report over every result in OUT (gradebook)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
                  extensions, overrides), submission times, roster, LMS files (book, policy, sources,
                  lms), and what a regrade moved (diff)

@@ -4,8 +4,8 @@
   of any hand-in or of the reference; every world's ranks are forked from it, so a world costs a
   fork and a gloo rendezvous instead of `world_size` Python start-ups. Each world is a fresh set
   of processes: nothing a hand-in does survives into the next one.
-- `torchrun`: `torchrun --standalone` per world, every rank importing torch again: the cold path,
-  kept as the baseline of the throughput benchmark.
+- `torchrun` (grader.rerun.torchrun): `torchrun --standalone` per world, every rank importing
+  torch again: the cold path, kept as the baseline of the throughput benchmark.
 
 Both run the same rank code (grader.rerun.worker) and the same supervision
 (grader.rerun.supervise), and return the same WorldReport. One executor runs one world at a time; `--jobs N` makes N of them.
@@ -13,7 +13,6 @@ Both run the same rank code (grader.rerun.worker) and the same supervision
 
 import collections
 import dataclasses
-import json
 import os
 import random
 import select
@@ -30,7 +29,7 @@ from grader.limits import Limits
 from grader.rerun import bwrap, channel, memory, protocol, secret
 from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
-from grader.rerun.world import infra_report, write_code
+from grader.rerun.world import infra_report
 
 EXECUTORS = ("warm", "torchrun")   # and "slurm": grader.batch.array spreads hand-ins over a job array
 ENTRY = "grader.rerun.zygote"      # the module both executors start: the zygote, or a torchrun rank
@@ -267,60 +266,10 @@ class WarmExecutor(Counted):
             self._cgroup = None
 
 
-class TorchrunExecutor(Counted):
-    """No namespaces: each rank is its own torchrun child. Only the per-rank limits apply."""
-    name = "torchrun"
-    isolation = {"mode": "off", "sandbox": "none", "processes": "process group", "network": "NOT isolated",
-                 "files": "NOT isolated", "user": "the grader's own user",
-                 "limits": "address space, processes, file size, CPU time, 1 thread per rank",
-                 "problems": ["the torchrun executor runs hand-in code without a sandbox"]}
-
-    def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
-        self.sandbox = sandbox
-        self.key = key or secret.new_key()
-
-    def start(self) -> dict:
-        if self.sandbox == "auto":
-            raise SandboxUnavailable(refusal(["the torchrun executor (the benchmark's baseline) has no sandbox"]))
-        return self.isolation
-
-    def _run_world(self, job: WorldJob) -> WorldReport:
-        from grader.rerun import supervise
-        work = job.work_dir
-        job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(work, "code")))
-        world_size = job.world_size
-        fifos = [os.path.join(work, f"rank{r}.fifo") for r in range(world_size)]
-        data_fifos = [os.path.join(work, f"rank{r}.data") for r in range(world_size)]
-        for path in fifos + data_fifos:
-            os.mkfifo(path, 0o600)
-        # Opened for reading and writing, a FIFO never blocks the opener; the rank reads its end.
-        orders = {r: os.open(path, os.O_RDWR | os.O_NONBLOCK) for r, path in enumerate(data_fifos)}
-        job_file = os.path.join(work, "job.json")
-        with open(job_file, "w") as f:
-            json.dump(protocol.encode(job), f)
-        log_path = os.path.join(work, "torchrun.out")
-        torchrun = str(Path(sys.executable).with_name("torchrun"))
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([torchrun, "--standalone", "--nnodes=1", f"--nproc_per_node={world_size}",
-                                     "-m", ENTRY, "--torchrun-rank", job_file],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=_child_env(), cwd=str(kit.ROOT), start_new_session=True)
-        # A FIFO opened without blocking reads nothing, and no end of file, until its rank opens it.
-        fds = {r: os.open(path, os.O_RDONLY | os.O_NONBLOCK) for r, path in enumerate(fifos)}
-
-        def output():
-            with open(log_path, "rb") as f:
-                return {0: f.read()[-supervise.OUTPUT_TAIL:].decode("utf-8", "replace")}
-        return supervise.supervise(job, fds, orders, [proc.pid], proc.pid, supervise.draw_secrets(job, self.key),
-                                   collect_output=output, launcher_exited=lambda: proc.poll() is not None)
-
-    def close(self):
-        pass
-
-
 def make_executor(name: str, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
     if name == "warm":
         return WarmExecutor(sandbox, limits, key)
     if name == "torchrun":
+        from grader.rerun.torchrun import TorchrunExecutor   # the cold path, loaded when it is asked for
         return TorchrunExecutor(sandbox, limits, key)
     raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")

@@ -6,31 +6,31 @@ check's configuration on the module, serves the part's data (grader.rerun.secret
 `utils.create_batch`, calls the part's function with `seed=` and `device="cpu"`, and sends the
 returned weight (with the Run's token, the collectives the part called and any error) over its
 result pipe (grader.rerun.protocol). At a backward check it runs Part 4's layer alone instead
-(grader.rerun.layer), or Part 5's block (grader.rerun.block). It never compares anything: the verdict is the grader's, in the grader's own
-process, and nothing said here is believed but the tensors, which only the part's work makes right.
+(grader.rerun.layer), or Part 5's block (grader.rerun.block). It never compares anything: the
+verdict is the grader's, in the grader's own process, and nothing said here is believed but the
+tensors, which only the part's work makes right.
 Tracebacks keep the hand-in's own frames only (assignment4.py and utils.py, by file name).
 
 Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
 - top-level script code (initialising, calling the parts, printing) is not executed; imports,
-  definitions and plain assignments are (compile_assignment);
+  definitions and plain assignments are (grader.rerun.source);
 - "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (grader.rerun.hooks); the
   GPU index asked for is reported, for the multi-node check's LOCAL_WORLD_SIZE.
 """
 
-import ast
 import datetime
 import inspect
 import os
 import sys
 import time
 import traceback
-import types
 
 import torch
 import torch.distributed as dist
 
 from grader.parts import BY_ID, CORE_PART_IDS
 from grader.rerun import block, channel, layer, protocol, secret
+from grader.rerun.source import compile_assignment, load_source, run_assignment
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.protocol import ErrorInfo, RankStatus
 
@@ -48,66 +48,6 @@ def warm_up() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-
-
-def _calls_local_function(node, local_names) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in local_names
-               for n in ast.walk(node))
-
-
-def script_statements_removed(tree: ast.Module) -> list:
-    """Drop the top-level statements that would run the script; return the line numbers dropped.
-
-    Kept: imports, function and class definitions, the docstring, and assignments that call no
-    function of the module itself (so `rank, local_rank, world_size = init_distributed()` and
-    `local_batch_size = global_batch_size // world_size` stay; `w = single_step()` goes).
-    """
-    local_names = {n.name for n in tree.body
-                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    kept, dropped = [], []
-    for i, node in enumerate(tree.body):
-        keep = isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
-                                 ast.AsyncFunctionDef, ast.ClassDef))
-        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            keep = not _calls_local_function(node, local_names)
-        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            keep = True
-        if isinstance(node, ast.Try):
-            inner = node.body + [s for h in node.handlers for s in h.body]
-            keep = all(isinstance(s, (ast.Import, ast.ImportFrom, ast.Pass, ast.Assign)) for s in inner)
-        (kept if keep else dropped).append(node)
-    tree.body = kept
-    return [node.lineno for node in dropped]
-
-
-def compile_assignment(path: str) -> tuple:
-    """The hand-in's assignment4.py compiled without its script statements: (code, lines skipped)."""
-    with open(path, "rb") as f:
-        source = f.read()
-    tree = ast.parse(source, filename=path)
-    skipped = script_statements_removed(tree)
-    return compile(tree, path, "exec"), skipped
-
-
-def run_assignment(code, path: str):
-    """Execute compiled assignment code as the module `assignment4`; return the module."""
-    module = types.ModuleType("assignment4")
-    module.__file__ = path
-    sys.modules["assignment4"] = module
-    exec(code, module.__dict__)
-    return module
-
-
-def load_source(name: str, path: str):
-    """Import the file at `path` as the module `name` from its source alone: no bytecode cache is
-    read (one a hand-in planted beside it, say) or written."""
-    with open(path, "rb") as f:
-        code = compile(f.read(), path, "exec", dont_inherit=True)
-    module = types.ModuleType(name)
-    module.__file__ = path
-    sys.modules[name] = module
-    exec(code, module.__dict__)
-    return module
 
 
 def prepare(job: protocol.WorldJob) -> dict:
