@@ -145,9 +145,28 @@ def assigned_attributes(stmts: list) -> set:
     return found
 
 
+def _unwrapped(stmt: list) -> list:
+    """`stmt` without the parentheses around a tuple it assigns to: `(a, b) = x` is `a, b = x`, and
+    `for (a, b) in x:` is `for a, b in x:` (formatters differ on them: Python 3.10's ast.unparse
+    writes them, later ones do not)."""
+    start, after = (1, "in") if stmt and stmt[0].string == "for" else (0, "=")
+    if len(stmt) <= start or stmt[start].string != "(":
+        return stmt
+    depth = 0
+    for j in range(start, len(stmt)):
+        depth += stmt[j].string in ("(", "[", "{")
+        depth -= stmt[j].string in (")", "]", "}")
+        if depth == 0:
+            if j + 1 < len(stmt) and stmt[j + 1].string == after and stmt[j + 1].type in (tokenize.OP, tokenize.NAME):
+                return stmt[:start] + stmt[start + 1:j] + stmt[j + 1:]
+            return stmt
+    return stmt
+
+
 def normalise(stmt, keep: set, attributes: set) -> tuple:
     """(tokens, lines): a statement's tokens with the code's own names as V, numbers as N and strings
     as S (see the module docstring), and the source line of each."""
+    stmt = _unwrapped(stmt)
     tokens, lines, depth, in_fstring = [], [], 0, 0
     is_def = stmt[0].string in ("def", "class", "async", "lambda")
     for i, tok in enumerate(stmt):
