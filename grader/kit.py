@@ -32,7 +32,7 @@ FOLDERS = (GRADER, ASSIGNMENT, ROOT / "slurm", ROOT / "lab")
 
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
 SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "names.py", "parts.py", "plots.py",
-          "results.py", "rubric.py")
+          "results.py", "rubric.py", "typed.py")
 ROOMS = ("rerun", "pipeline", "batch", "student", "gradescope", "instructor", "integrity", "grades", "analytics")
 
 

@@ -16,11 +16,10 @@ import dataclasses
 import hashlib
 import json
 import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader import kit
+from grader import kit, typed
 from grader.limits import Limits
 from grader.parts import BY_ID, CORE_PART_IDS, PART_IDS, PARTS
 
@@ -171,40 +170,8 @@ class Rubric:
 
 
 def _build(cls, data, where: str):
-    """Build dataclass `cls` from the mapping `data`, refusing unknown keys and wrong types."""
-    if not isinstance(data, dict):
-        raise RubricError(f"{where}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(cls))}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise RubricError(f"{where}: unknown key '{unknown[0]}'; valid keys: {', '.join(fields)}")
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for name, value in data.items():
-        values[name] = _convert(hints[name], value, f"{where}.{name}")
-    return cls(**values)
-
-
-def _convert(kind, value, where):
-    if dataclasses.is_dataclass(kind):
-        return _build(kind, value, where)
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise RubricError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise RubricError(f"{where}: expected a whole number, got {value!r}")
-        return value
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RubricError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if kind is str:
-        if not isinstance(value, str):
-            raise RubricError(f"{where}: expected text, got {value!r}")
-        return value
-    return value
+    """Dataclass `cls` from the mapping `data` (grader.typed): unknown keys and wrong types refused."""
+    return typed.build(cls, data, where, RubricError)
 
 
 def rubric_from_dict(data: dict, source: str = "rubric") -> Rubric:

@@ -561,3 +561,12 @@ def test_feedback_goes_back_as_each_lms_bulk_upload_wants_it(tmp_path, capsys):
     sheet = list(csv.DictReader(io.StringIO((tmp_path / "worksheet-import.csv").read_text())))
     assert sheet[0]["Feedback comments"] == "Autograder: 90 / 100. What was checked and why: assignment4-feedback.md."
     assert sheet[2]["Feedback comments"] == ""   # 1003 handed in nothing graded here
+
+
+def test_a_wrong_key_in_a_policy_file_is_one_line_naming_the_file_the_key_and_the_valid_keys(tmp_path):
+    from grader.grades.policy import KEYS, load_policy
+    path = policy_file(tmp_path, late_penalty=10)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert str(info.value) == f"{path}: unknown key 'late_penalty'; valid keys: {', '.join(KEYS)}"
+    assert "\n" not in str(info.value) and "late_penalty_per_day" in str(info.value)

@@ -37,7 +37,7 @@ from grader import kit
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What the zygote imports, and no more: no rubric, no kit paths, nothing of the pipeline.
-ENGINE = ("__init__.py", "limits.py", "parts.py", "rerun/*.py")
+ENGINE = ("__init__.py", "limits.py", "parts.py", "typed.py", "rerun/*.py")
 PASSWD = "a4:x:{uid}:{gid}:a4 sandbox:/tmp:/bin/false\n"
 CLONE_NEWUSER = 0x10000000
 
