@@ -35,6 +35,13 @@ def result_files(out) -> list:
     return sorted(p for p in students_dir(out).glob("*/grading.json") if not p.parent.name.startswith("."))
 
 
+def gradescope_user(user: dict) -> str:
+    """The student id of one of `users` in Gradescope's submission_metadata.json: its `sid` (the
+    course's id), else its `email`, else its Gradescope `id`; '' if none. Grading names a submission
+    by it and the gradebook matches submission times by it, so both call this."""
+    return str(user.get("sid") or user.get("email") or user.get("id") or "").strip()
+
+
 def plain(text) -> str:
     """`text` with control and format characters (newlines, escapes, bidi overrides) made spaces."""
     return "".join(" " if unicodedata.category(c)[0] == "C" else c for c in str(text))
