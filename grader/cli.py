@@ -65,8 +65,10 @@ def _grade_arguments(p) -> None:
                         "task grading a chunk of hand-ins on its node (DIR on a shared file system)")
     slurm = p.add_argument_group("with --executor slurm")
     slurm.add_argument("--partition", help="Slurm partition of the array tasks")
-    slurm.add_argument("--array-parallelism", type=int, default=16, metavar="K", help="tasks running at once (16)")
-    slurm.add_argument("--chunk", type=int, default=10, metavar="N", help="hand-ins per task (10)")
+    from grader import batch   # the room's package: its defaults, nothing imported
+    slurm.add_argument("--array-parallelism", type=int, default=batch.ARRAY_PARALLELISM, metavar="K",
+                       help="tasks running at once (default %(default)s)")
+    slurm.add_argument("--chunk", type=int, default=batch.CHUNK, metavar="N", help="hand-ins per task (default %(default)s)")
     slurm.add_argument("--slurm-time", type=int, metavar="MIN", help="time limit of a task (default from --chunk)")
     slurm.add_argument("--slurm-mem-gb", type=int, metavar="GB",
                        help="memory of a task (default: the partition's; a task needs about jobs x 4 GB)")
@@ -80,11 +82,12 @@ def _grade_arguments(p) -> None:
 
 
 def _gradescope_arguments(p) -> None:
-    p.add_argument("--submission", default="/autograder/submission", metavar="DIR",
-                   help="the student's files (default: Gradescope's /autograder/submission)")
-    p.add_argument("--results", default="/autograder/results/results.json", metavar="FILE",
-                   help="where results.json goes (default: Gradescope's)")
-    p.add_argument("--metadata", default="/autograder/submission_metadata.json", metavar="FILE",
+    from grader import gradescope   # the room's package: its defaults, nothing imported
+    p.add_argument("--submission", default=gradescope.SUBMISSION, metavar="DIR",
+                   help="the student's files (default: Gradescope's %(default)s)")
+    p.add_argument("--results", default=gradescope.RESULTS, metavar="FILE",
+                   help="where results.json goes (default: Gradescope's %(default)s)")
+    p.add_argument("--metadata", default=gradescope.METADATA, metavar="FILE",
                    help="Gradescope's submission metadata, for the student's id")
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
     p.add_argument("--protect", action="store_true",

@@ -11,7 +11,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -94,16 +93,21 @@ def grader_files(rooms, grader: Path = GRADER) -> list:
 def pinned(*names: str, requirements: Path = REQUIREMENTS) -> str:
     """The `name==version` lines of requirements.txt for `names`, in that order, one per line, each
     with its environment marker (a name pinned per Python version has a line for each)."""
+    from packaging.requirements import Requirement   # pinned in requirements.txt; read as pip reads it
+    from packaging.utils import canonicalize_name
     lines = {}
     for line in requirements.read_text().splitlines():
-        match = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s;#]+)\s*(;[^#]*)?", line)
-        if match:
-            marker = f"; {match.group(3)[1:].strip()}" if match.group(3) else ""
-            lines.setdefault(match.group(1).lower(), []).append(f"{match.group(1)}=={match.group(2)}{marker}\n")
-    missing = [n for n in names if n.lower() not in lines]
+        line = line.split(" #")[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        req = Requirement(line)
+        if len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==":
+            marker = f"; {req.marker}" if req.marker else ""
+            lines.setdefault(canonicalize_name(req.name), []).append(f"{req.name}{req.specifier}{marker}\n")
+    missing = [n for n in names if canonicalize_name(n) not in lines]
     if missing:
         raise KeyError(f"{requirements} pins no {', '.join(missing)}")
-    return "".join(line for n in names for line in lines[n.lower()])
+    return "".join(line for n in names for line in lines[canonicalize_name(n)])
 
 
 def read_yaml(path: Path, what: str, error: type):
@@ -154,16 +158,16 @@ def fit_text(text: str) -> str:
     return text if len(data) <= FILE_BYTES else data[:FILE_BYTES].decode("utf-8", "ignore") + "\n\n" + CUT + "\n"
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename: a reader sees the old file or
-    the new one, never half of one. The file gets the mode the user's umask gives new files, so a
-    shared grading folder stays readable to the other TAs."""
+def atomic_write(path: Path, text) -> None:
+    """Write `text` (str, or bytes written as they are) to `path` through a temporary file and a
+    rename: a reader sees the old file or the new one, never half of one. The file gets the mode the
+    user's umask gives new files, so a shared grading folder stays readable to the other TAs."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8", newline="")) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

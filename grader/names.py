@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 
 STUDENTS = "students"   # OUT/students/<key>/: one folder per hand-in
+SEP = "~"               # a further hand-in of a student is graded as "<id>~<sha256[:8]>" (grader.batch.run)
 MARKDOWN = re.compile(r"([\\`*\[\]<>#!|~])")   # what can start markup anywhere in a line (not `_`: ids have it)
 LINE_START = re.compile(r"^(\s*)([-+=])")   # what starts a list item or underlines a heading
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
@@ -28,6 +29,11 @@ def students_dir(out) -> Path:
 def student_dir(out, key: str) -> Path:
     """The folder of the hand-in graded as `key` (a student id, or `<id>~<digest>`)."""
     return students_dir(out) / key
+
+
+def student_of(key: str) -> str:
+    """The student id of a result's key (its folder name, grading.json's `student`)."""
+    return key.split(SEP)[0]
 
 
 def result_files(out) -> list:

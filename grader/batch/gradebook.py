@@ -31,7 +31,8 @@ from grader.kit import atomic_write
 from grader.names import cell, inert, result_files
 from grader.parts import BY_ID, PART_IDS, PARTS
 from grader.pipeline.handin import id_match
-from grader.pipeline.report import gradebook_view, redact, student_of
+from grader.names import student_of
+from grader.pipeline.report import gradebook_view, redact
 
 CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
 MARKED = re.compile(r"<!-- ([\w-]+): begin -->.*?<!-- \1: end -->", re.S)   # other commands' sections

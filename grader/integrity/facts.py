@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.integrity.code import Base, OwnCode, own_code
-from grader.names import result_files
+from grader.names import result_files, student_of
 from grader.pipeline import handin as handins, intake
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.logtext import CLAIM, as_bytes, squash
 from grader.pipeline.runs import rule_of
-from grader.pipeline.report import student_of
-from grader.names import result_files
 from grader.results import ToDict
 
 MAX_CODE_BYTES = 512 * 1024   # more of assignment4.py than this is not compared (the reference is 17 KB)

@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Optional, Union
 
 from grader import typed
+from grader.limits import PART_SECONDS, WORLD_START_SECONDS
 from grader.rerun import channel
 
 
@@ -56,8 +57,8 @@ class ErrorInfo:
 
 @dataclass
 class Timeouts:
-    world_start: float = 60.0
-    part: float = 20.0                 # each part, from the moment the supervisor starts it on a rank
+    world_start: float = WORLD_START_SECONDS
+    part: float = PART_SECONDS         # each part, from the moment the supervisor starts it on a rank
     done: float = 5.0                  # after the last part's result, until the rank says it is done
 
 
