@@ -173,7 +173,7 @@ COMMANDS = {
                   "re-running code), and write the final gradebook and, with --lms, the file to import."),
     "diff": ("grades", "grader.grades.commands:diff_command", _diff_arguments,
              "what a regrade moved: scores and part statuses, old and new; exit 1 when a score went down", None),
-    "doctor": ("batch", "grader.rerun.doctor:doctor_command", _doctor_arguments,
+    "doctor": ("rerun", "grader.rerun.doctor:doctor_command", _doctor_arguments,
                "say which sandbox layers work on this machine, and why not", None),
     "gradescope": ("gradescope", "grader.gradescope.run:run", _gradescope_arguments,
                    "grade one submission inside Gradescope's autograder", None),

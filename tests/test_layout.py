@@ -127,3 +127,18 @@ def test_the_command_line_loads_no_torch_and_no_room():
     assert torch_loaded == "False"
     # skeleton --check ran: its room, and only its room, was loaded
     assert rooms == "['grader.instructor.commands', 'grader.instructor.skeleton']", rooms
+
+
+def test_the_sandbox_stages_what_the_zygote_imports_and_no_more():
+    from grader.rerun.bwrap import ENGINE
+    found, todo = set(), ["grader.rerun.zygote"]
+    while todo:
+        module = todo.pop()
+        if module in found or module not in modules():
+            continue
+        found.add(module)
+        for name in imports(modules()[module]):
+            parts = name.split(".")
+            todo += [".".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[0] == "grader"]
+    staged = {str(modules()[m].relative_to(GRADER)) for m in found}
+    assert set(ENGINE) == staged, f"stage {sorted(staged - set(ENGINE))}, not {sorted(set(ENGINE) - staged)}"
