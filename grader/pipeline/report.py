@@ -29,12 +29,6 @@ from grader.parts import BY_ID
 REPLACED = ".replaced"   # earlier results replaced by a student's newer hand-in, under OUT/students
 
 
-def redact(text: str) -> str:
-    """Every number of `text` as "#": for grouping messages that differ only in their numbers
-    (summary.md's common failures), never to hide a hidden check's values (grader.pipeline.say does)."""
-    return re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", text or "")
-
-
 def _check_line(o, label: str = None) -> str:
     name = label or (f"hidden check `{o['check']}`" if o["hidden"] else
                      f"check `{o['check']}` (world size {o['world_size']})")
