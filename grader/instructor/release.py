@@ -182,11 +182,6 @@ def _is_release(folder: Path) -> bool:
     return (folder / "grader" / PUBLIC_RUBRIC.name).is_file() and (folder / "assignment_4").is_dir()
 
 
-def build_release(out, root: Path = ROOT, replace: bool = False) -> Release:
-    """Write the student release into `out` (a new or empty folder; with `replace`, also one that
-    holds an earlier release); see the module docstring."""
-
-
 def _copy_text(src: Path, dst: Path, written: list, out: Path, without: tuple) -> None:
     """Copy `src`, without its optional-part markers and the blocks of the parts in `without`."""
     text = src.read_text()
@@ -197,6 +192,9 @@ def _copy_text(src: Path, dst: Path, written: list, out: Path, without: tuple) -
     written.append(dst.relative_to(out).as_posix())
 
 
+def build_release(out, root: Path = ROOT, replace: bool = False) -> Release:
+    """Write the student release into `out` (a new or empty folder; with `replace`, also one that
+    holds an earlier release); see the module docstring."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (replace and _is_release(out)))):
         raise ReleaseError(f"{out} is not an empty folder" + (" nor a release" if replace else "")
