@@ -82,8 +82,8 @@ def convert(kind, value, where: str, error=ValueError, key: bool = False):
             raise error(f"{where}: expected a mapping, got {type(value).__name__}")
         if not args:
             return value
-        return {convert(args[0], k, f"{where} key", error, key=True): convert(args[1], v, f"{where}.{k}", error)
-                for k, v in value.items()}
+        return {convert(args[0], k, f"{where} key", error, key=True):
+                convert(args[1], v, f"{where}.{str(k)[:40]}", error) for k, v in value.items()}
     if kind is bool:
         if not isinstance(value, bool):
             raise error(f"{where}: expected true or false, got {_shown(value)}")
