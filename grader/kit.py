@@ -26,6 +26,14 @@ UTILS = ASSIGNMENT / "utils.py"                            # the provided copy: 
 RUBRIC = GRADER / "rubric.yaml"                            # the graders': public and hidden checks
 PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the release's, written from RUBRIC
 REQUIREMENTS = ROOT / "requirements.txt"
+# Where Gradescope's container puts a submission and its metadata, and where it reads the results
+# (grader.gradescope.run.grade_submission's defaults, and the command line's).
+GRADESCOPE_SUBMISSION = "/autograder/submission"
+GRADESCOPE_RESULTS = "/autograder/results/results.json"
+GRADESCOPE_METADATA = "/autograder/submission_metadata.json"
+# The job array's shape (grader.batch.array.grade_on_slurm's defaults, and the command line's).
+ARRAY_PARALLELISM = 16   # tasks running at once
+ARRAY_CHUNK = 10         # hand-ins per task
 # The kit's own folders under ROOT: what a sandbox hides when ROOT is a site-packages it binds.
 FOLDERS = (GRADER, ASSIGNMENT, ROOT / "slurm", ROOT / "lab")
 
@@ -88,26 +96,6 @@ def grader_files(rooms, grader: Path = GRADER) -> list:
         files += sorted(p.relative_to(grader) for p in (grader / room).rglob("*")
                         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
     return files
-
-
-def pinned(*names: str, requirements: Path = REQUIREMENTS) -> str:
-    """The `name==version` lines of requirements.txt for `names`, in that order, one per line, each
-    with its environment marker (a name pinned per Python version has a line for each)."""
-    from packaging.requirements import Requirement   # pinned in requirements.txt; read as pip reads it
-    from packaging.utils import canonicalize_name
-    lines = {}
-    for line in requirements.read_text().splitlines():
-        line = line.split(" #")[0].strip()
-        if not line or line.startswith(("#", "-")):
-            continue
-        req = Requirement(line)
-        if len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==":
-            marker = f"; {req.marker}" if req.marker else ""
-            lines.setdefault(canonicalize_name(req.name), []).append(f"{req.name}{req.specifier}{marker}\n")
-    missing = [n for n in names if canonicalize_name(n) not in lines]
-    if missing:
-        raise KeyError(f"{requirements} pins no {', '.join(missing)}")
-    return "".join(line for n in names for line in lines[canonicalize_name(n)])
 
 
 def read_yaml(path: Path, what: str, error: type):

@@ -19,7 +19,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from grader import batch, kit
+from grader import kit
 from grader.batch.local import grade_handins, infra_result
 from grader.names import student_dir
 from grader.pipeline import report
@@ -47,8 +47,8 @@ def _fresh(out: Path, h, since: str):
 
 
 def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = 2,
-                   progress: bool = True, partition: str = None, array_parallelism: int = batch.ARRAY_PARALLELISM,
-                   chunk: int = batch.CHUNK, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
+                   progress: bool = True, partition: str = None, array_parallelism: int = kit.ARRAY_PARALLELISM,
+                   chunk: int = kit.ARRAY_CHUNK, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
     """Grade `todo` through a job array; return {student: result dict} for every hand-in in it."""
     import submitit
     if not todo:

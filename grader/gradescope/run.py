@@ -19,7 +19,7 @@ import socket
 import traceback
 from pathlib import Path
 
-from grader import gradescope, kit
+from grader import kit
 from grader.kit import write_json
 from grader.names import gradescope_user
 from grader.pipeline.grade import grade_handin
@@ -72,8 +72,8 @@ def network_state(isolation: dict) -> str:
             f"reach the internet (Gradescope's container offers no isolation of the network)")
 
 
-def grade_submission(submission=gradescope.SUBMISSION, results=gradescope.RESULTS, metadata=gradescope.METADATA,
-                     rubric_path=None,
+def grade_submission(submission=kit.GRADESCOPE_SUBMISSION, results=kit.GRADESCOPE_RESULTS,
+                     metadata=kit.GRADESCOPE_METADATA, rubric_path=None,
                      protect_files: bool = False) -> dict:
     """Grade one Gradescope submission folder and write its results.json; return what was written."""
     submission, results = Path(submission), Path(results)
