@@ -5,7 +5,7 @@
 
 Builds synthetic hand-ins from the test corpus (the reference, the skeleton and fast-failing
 mutants, each with a real run's log), grades them all with the warm executor and a few with the
-torchrun baseline (each re-run at the rubric's default plus 3 hidden checks), and prints:
+torchrun baseline (each re-run at every check of grader/rubric.yaml), and prints:
 hand-ins per minute for both and their ratio; the time per world against the fork-and-gloo floor
 measured on the spot; the grader's memory at the start, its peak and its end, and the helpers'
 peak; and the log parser's speed on a 100 MB log. Not a test: the figures depend on the machine
@@ -35,6 +35,7 @@ import torch.distributed as dist  # noqa: E402
 from grader.rerun import worker  # noqa: E402
 from grader.pipeline.logfile import parse_log  # noqa: E402
 from grader.batch.run import grade_batch  # noqa: E402
+from grader.rubric import load_rubric  # noqa: E402
 from tests.corpus import REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
 
 MUTANTS = ["dp_summed", "acc_unscaled", "baseline_wrong_sign", "tp_own_shard_only", "baseline_no_step",
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
         grader_mb, helper_mb = memory.grader, memory.helpers
         tenth = max(len(grader_mb) // 10, 1)
         print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), "
-              f"each re-run at 4 checks; --jobs {args.jobs}")
+              f"each re-run at {len(load_rubric().checks)} checks; --jobs {args.jobs}")
         isolation = json.loads(next((tmp / "warm" / "students").glob("*/grading.json")).read_text())["isolation"]
         print(f"sandbox:           {isolation.get('sandbox', 'none')}: {isolation.get('files')}; "
               f"{isolation.get('network')}; {isolation.get('processes')}; {isolation.get('user')}")

@@ -20,6 +20,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from grader import kit
+
 HERE = Path(__file__).resolve().parent
 EXECUTOR_CHOICES = ("warm", "torchrun", "slurm")   # grader.rerun.executor.EXECUTORS and the job array
 PATH_HELP = ("the folder with your assignment4.py (default: assignment_4/, else the current folder), "
@@ -65,8 +67,9 @@ def _grade_arguments(p) -> None:
                         "task grading a chunk of hand-ins on its node (DIR on a shared file system)")
     slurm = p.add_argument_group("with --executor slurm")
     slurm.add_argument("--partition", help="Slurm partition of the array tasks")
-    slurm.add_argument("--array-parallelism", type=int, default=16, metavar="K", help="tasks running at once (16)")
-    slurm.add_argument("--chunk", type=int, default=10, metavar="N", help="hand-ins per task (10)")
+    slurm.add_argument("--array-parallelism", type=int, default=kit.ARRAY_PARALLELISM, metavar="K",
+                       help="tasks running at once (default %(default)s)")
+    slurm.add_argument("--chunk", type=int, default=kit.ARRAY_CHUNK, metavar="N", help="hand-ins per task (default %(default)s)")
     slurm.add_argument("--slurm-time", type=int, metavar="MIN", help="time limit of a task (default from --chunk)")
     slurm.add_argument("--slurm-mem-gb", type=int, metavar="GB",
                        help="memory of a task (default: the partition's; a task needs about jobs x 4 GB)")
@@ -80,11 +83,11 @@ def _grade_arguments(p) -> None:
 
 
 def _gradescope_arguments(p) -> None:
-    p.add_argument("--submission", default="/autograder/submission", metavar="DIR",
-                   help="the student's files (default: Gradescope's /autograder/submission)")
-    p.add_argument("--results", default="/autograder/results/results.json", metavar="FILE",
-                   help="where results.json goes (default: Gradescope's)")
-    p.add_argument("--metadata", default="/autograder/submission_metadata.json", metavar="FILE",
+    p.add_argument("--submission", default=kit.GRADESCOPE_SUBMISSION, metavar="DIR",
+                   help="the student's files (default: Gradescope's %(default)s)")
+    p.add_argument("--results", default=kit.GRADESCOPE_RESULTS, metavar="FILE",
+                   help="where results.json goes (default: Gradescope's %(default)s)")
+    p.add_argument("--metadata", default=kit.GRADESCOPE_METADATA, metavar="FILE",
                    help="Gradescope's submission metadata, for the student's id")
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
     p.add_argument("--protect", action="store_true",
@@ -170,7 +173,7 @@ COMMANDS = {
                   "re-running code), and write the final gradebook and, with --lms, the file to import."),
     "diff": ("grades", "grader.grades.commands:diff_command", _diff_arguments,
              "what a regrade moved: scores and part statuses, old and new; exit 1 when a score went down", None),
-    "doctor": ("batch", "grader.rerun.doctor:doctor_command", _doctor_arguments,
+    "doctor": ("rerun", "grader.rerun.doctor:doctor_command", _doctor_arguments,
                "say which sandbox layers work on this machine, and why not", None),
     "gradescope": ("gradescope", "grader.gradescope.run:run", _gradescope_arguments,
                    "grade one submission inside Gradescope's autograder", None),

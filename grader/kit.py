@@ -11,7 +11,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -27,12 +26,20 @@ UTILS = ASSIGNMENT / "utils.py"                            # the provided copy: 
 RUBRIC = GRADER / "rubric.yaml"                            # the graders': public and hidden checks
 PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the release's, written from RUBRIC
 REQUIREMENTS = ROOT / "requirements.txt"
+# Where Gradescope's container puts a submission and its metadata, and where it reads the results
+# (grader.gradescope.run.grade_submission's defaults, and the command line's).
+GRADESCOPE_SUBMISSION = "/autograder/submission"
+GRADESCOPE_RESULTS = "/autograder/results/results.json"
+GRADESCOPE_METADATA = "/autograder/submission_metadata.json"
+# The job array's shape (grader.batch.array.grade_on_slurm's defaults, and the command line's).
+ARRAY_PARALLELISM = 16   # tasks running at once
+ARRAY_CHUNK = 10         # hand-ins per task
 # The kit's own folders under ROOT: what a sandbox hides when ROOT is a site-packages it binds.
 FOLDERS = (GRADER, ASSIGNMENT, ROOT / "slurm", ROOT / "lab")
 
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
 SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "names.py", "parts.py", "plots.py",
-          "results.py", "rubric.py")
+          "results.py", "rubric.py", "typed.py")
 ROOMS = ("rerun", "pipeline", "batch", "student", "gradescope", "instructor", "integrity", "grades", "analytics")
 
 
@@ -91,21 +98,6 @@ def grader_files(rooms, grader: Path = GRADER) -> list:
     return files
 
 
-def pinned(*names: str, requirements: Path = REQUIREMENTS) -> str:
-    """The `name==version` lines of requirements.txt for `names`, in that order, one per line, each
-    with its environment marker (a name pinned per Python version has a line for each)."""
-    lines = {}
-    for line in requirements.read_text().splitlines():
-        match = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s;#]+)\s*(;[^#]*)?", line)
-        if match:
-            marker = f"; {match.group(3)[1:].strip()}" if match.group(3) else ""
-            lines.setdefault(match.group(1).lower(), []).append(f"{match.group(1)}=={match.group(2)}{marker}\n")
-    missing = [n for n in names if n.lower() not in lines]
-    if missing:
-        raise KeyError(f"{requirements} pins no {', '.join(missing)}")
-    return "".join(line for n in names for line in lines[n.lower()])
-
-
 def read_yaml(path: Path, what: str, error: type):
     """The YAML document at `path` (a rubric, a policy, ...); `error` naming the file when it cannot
     be read or parsed."""
@@ -154,16 +146,16 @@ def fit_text(text: str) -> str:
     return text if len(data) <= FILE_BYTES else data[:FILE_BYTES].decode("utf-8", "ignore") + "\n\n" + CUT + "\n"
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename: a reader sees the old file or
-    the new one, never half of one. The file gets the mode the user's umask gives new files, so a
-    shared grading folder stays readable to the other TAs."""
+def atomic_write(path: Path, text) -> None:
+    """Write `text` (str, or bytes written as they are) to `path` through a temporary file and a
+    rename: a reader sees the old file or the new one, never half of one. The file gets the mode the
+    user's umask gives new files, so a shared grading folder stays readable to the other TAs."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8", newline="")) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 
 STUDENTS = "students"   # OUT/students/<key>/: one folder per hand-in
+SEP = "~"               # a further hand-in of a student is graded as "<id>~<sha256[:8]>" (grader.batch.run)
 MARKDOWN = re.compile(r"([\\`*\[\]<>#!|~])")   # what can start markup anywhere in a line (not `_`: ids have it)
 LINE_START = re.compile(r"^(\s*)([-+=])")   # what starts a list item or underlines a heading
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
@@ -30,9 +31,21 @@ def student_dir(out, key: str) -> Path:
     return students_dir(out) / key
 
 
+def student_of(key: str) -> str:
+    """The student id of a result's key (its folder name, grading.json's `student`)."""
+    return key.split(SEP)[0]
+
+
 def result_files(out) -> list:
     """Every OUT/students/<key>/grading.json, in key order (folders set aside start with `.`)."""
     return sorted(p for p in students_dir(out).glob("*/grading.json") if not p.parent.name.startswith("."))
+
+
+def gradescope_user(user: dict) -> str:
+    """The student id of one of `users` in Gradescope's submission_metadata.json: its `sid` (the
+    course's id), else its `email`, else its Gradescope `id`; '' if none. Grading names a submission
+    by it and the gradebook matches submission times by it, so both call this."""
+    return str(user.get("sid") or user.get("email") or user.get("id") or "").strip()
 
 
 def plain(text) -> str:

@@ -1,13 +1,12 @@
 """What grading produces, as data: statuses and the results of checks, parts and hand-ins."""
 
-import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
-from grader import __version__, kit
+from grader import __version__, kit, typed
 
 
 
@@ -29,21 +28,9 @@ class Status(str, Enum):
         return self.value
 
 
-def _plain(value):
-    if isinstance(value, Enum):
-        return value.value
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 class ToDict:
     def to_dict(self) -> dict:
-        return _plain(self)
+        return typed.plain(self)
 
 
 @dataclass

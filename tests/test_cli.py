@@ -32,3 +32,20 @@ def test_help_loads_no_room(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert all(name in out for name in cli.COMMANDS)
+
+
+def test_the_command_line_defaults_are_the_functions_defaults():
+    import inspect
+
+    from grader.batch.array import grade_on_slurm
+    from grader.batch.run import grade_batch
+    from grader.gradescope.run import grade_submission
+    parser = cli.build_parser()
+    grade = parser.parse_args(["grade", "x", "--out", "o"])
+    for option, parameter in [("jobs", "jobs"), ("executor", "executor"), ("sandbox", "sandbox"),
+                              ("array_parallelism", "array_parallelism"), ("chunk", "chunk")]:
+        function = grade_batch if parameter in inspect.signature(grade_batch).parameters else grade_on_slurm
+        assert getattr(grade, option) == inspect.signature(function).parameters[parameter].default, option
+    gradescope = parser.parse_args(["gradescope"])
+    for option in ("submission", "results", "metadata"):
+        assert getattr(gradescope, option) == inspect.signature(grade_submission).parameters[option].default, option

@@ -1,5 +1,7 @@
 """Judging re-run weights: the closed form on the data a part was served, and the diagnoses of the usual mistakes."""
 
+import re
+
 import pytest
 import torch
 import yaml
@@ -279,3 +281,26 @@ def test_a_rubric_file_that_is_not_yaml_names_the_file(tmp_path):
     path.write_text("parts: [unclosed\n")
     with pytest.raises(RubricError, match=f"{path}: not valid YAML"):
         load_rubric(path)
+
+
+def test_a_wrong_key_in_a_rubric_file_is_one_line_naming_the_file_the_key_and_the_valid_keys(tmp_path):
+    path = tmp_path / "rubric.yaml"
+    path.write_text("tolerance: {rtol: 1.0e-4, atoll: 1.0e-5}\n")
+    with pytest.raises(RubricError) as info:
+        load_rubric(path)
+    assert str(info.value) == f"{path}.tolerance: unknown key 'atoll'; valid keys: rtol, atol"
+
+
+def test_the_protocol_decoder_refuses_an_unknown_key_a_wrong_type_and_a_bool_for_a_number():
+    from grader.rerun import protocol
+    message = protocol.encode(protocol.Result(part="baseline", status=protocol.RankStatus.OK, seconds=1.0))
+    assert protocol.decode(message) == protocol.Result(part="baseline", status=protocol.RankStatus.OK, seconds=1.0)
+    report = protocol.decode(protocol.encode(protocol.WorldReport(exit_codes={0: 0, 1: None})))
+    assert report.exit_codes == {0: 0, 1: None}   # JSON's keys are text; the decoder makes them numbers again
+    for change, words in [({"verdict": "ok"}, "result: unknown key 'verdict'"),
+                          ({"seconds": "1"}, "result.seconds: expected a number"),
+                          ({"seconds": True}, "result.seconds: expected a number"),
+                          ({"status": "great"}, "result.status: 'great' is not one of ok, not_implemented"),
+                          ({"devices": [0, "1"]}, "result.devices[1]: expected a whole number")]:
+        with pytest.raises(protocol.ProtocolError, match=re.escape(words)):
+            protocol.decode(message | change)

@@ -561,3 +561,21 @@ def test_feedback_goes_back_as_each_lms_bulk_upload_wants_it(tmp_path, capsys):
     sheet = list(csv.DictReader(io.StringIO((tmp_path / "worksheet-import.csv").read_text())))
     assert sheet[0]["Feedback comments"] == "Autograder: 90 / 100. What was checked and why: assignment4-feedback.md."
     assert sheet[2]["Feedback comments"] == ""   # 1003 handed in nothing graded here
+
+
+def test_a_wrong_key_in_a_policy_file_is_one_line_naming_the_file_the_key_and_the_valid_keys(tmp_path):
+    from grader.grades.policy import KEYS, load_policy
+    path = policy_file(tmp_path, late_penalty=10)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert str(info.value) == f"{path}: unknown key 'late_penalty'; valid keys: {', '.join(KEYS)}"
+    assert "\n" not in str(info.value) and "late_penalty_per_day" in str(info.value)
+
+
+def test_the_most_common_failures_keep_whole_numbers_and_group_measured_values():
+    from grader.batch.gradebook import _reason, unmeasured
+    assert unmeasured("the shards were joined along dimension 0, not 1") == "the shards were joined along dimension 0, not 1"
+    assert unmeasured("rank 2: max |difference| 3.2e-01 (tolerance 1e-05)") == "rank 2: max |difference| … (tolerance …)"
+    parts = [{"message": "", "checks": [{"status": "failed", "diagnosis": f"the update is {k} times the reference's"}]}
+             for k in ("0.25", "0.5", "4")]
+    assert [_reason(p) for p in parts] == ["the update is … times the reference's"] * 2 + ["the update is 4 times the reference's"]

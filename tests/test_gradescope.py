@@ -166,3 +166,17 @@ def test_unprotected_the_probe_reads_the_metadata_and_lists_the_results(autograd
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=60)
     assert "LEAK " + str(autograder / "submission_metadata.json") in done.stderr
+
+
+@pytest.mark.parametrize("user, expected", [
+    ({"sid": "s1", "email": "a@b.c", "id": 7, "name": "A B"}, "s1"),
+    ({"sid": "", "email": "a@b.c", "id": 7, "name": "A B"}, "a@b.c"),
+    ({"sid": None, "email": "", "id": 7, "name": "A B"}, "7"),
+])
+def test_grading_and_the_gradebook_name_a_gradescope_submission_by_the_same_id(tmp_path, user, expected):
+    from grader.gradescope.run import _student
+    from grader.grades.sources import read_gradescope_metadata
+    metadata = tmp_path / "submission_metadata.json"
+    metadata.write_text(json.dumps({"created_at": "2026-04-14T23:00:00+02:00", "users": [user]}))
+    assert _student(metadata) == expected
+    assert read_gradescope_metadata(metadata)[0].students == (expected,)

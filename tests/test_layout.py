@@ -1,6 +1,7 @@
 """The grader's rooms and their import rules (the map at the top of grader/__init__.py)."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,66 @@ def test_the_command_line_loads_no_torch_and_no_room():
     assert torch_loaded == "False"
     # skeleton --check ran: its room, and only its room, was loaded
     assert rooms == "['grader.instructor.commands', 'grader.instructor.skeleton']", rooms
+
+
+def test_the_sandbox_stages_what_the_zygote_imports_and_no_more():
+    from grader.rerun.bwrap import ENGINE
+    found, todo = set(), ["grader.rerun.zygote"]
+    while todo:
+        module = todo.pop()
+        if module in found or module not in modules():
+            continue
+        found.add(module)
+        for name in imports(modules()[module]):
+            parts = name.split(".")
+            todo += [".".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[0] == "grader"]
+    staged = {str(modules()[m].relative_to(GRADER)) for m in found}
+    assert set(ENGINE) == staged, f"stage {sorted(staged - set(ENGINE))}, not {sorted(set(ENGINE) - staged)}"
+
+
+def test_no_module_writes_its_own_plain():
+    """Dataclasses become JSON-ready through grader.typed.plain alone."""
+    for module, path in modules().items():
+        defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+        assert "_plain" not in defined, f"{module} defines _plain: use grader.typed.plain"
+
+
+def _defined(path: Path) -> set:
+    """The names `path` defines or imports at its top level."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def stale_names(text: str) -> list:
+    """The paths (grader/x/y.py) and dotted names (grader.x.y.name) in `text` that name nothing:
+    a dotted name's longest module prefix must be a module and its next part a module or a name
+    that module defines."""
+    found = modules()
+    stale = [p for p in re.findall(r"(?<![\w/.])grader/[\w/]+\.(?:py|yaml)\b", text) if not (GRADER.parent / p).exists()]
+    for name in re.findall(r"(?<![\w.])grader(?:\.[A-Za-z_]\w*)+", text):
+        parts = name.split(".")
+        known = max(k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in found)
+        if known < len(parts) and parts[known] not in _defined(found[".".join(parts[:known])]):
+            stale.append(name)
+    return stale
+
+
+def test_every_module_path_the_grader_names_exists():
+    for path in [*modules().values(), *GRADER.glob("*.yaml")]:
+        assert not stale_names(path.read_text()), f"{path.relative_to(GRADER.parent)} names {stale_names(path.read_text())}"
+
+
+def test_a_stale_name_is_found():
+    assert stale_names("goes through `grader.grade.grade_handin` (a grader.handin.Handin)") == \
+        ["grader.grade.grade_handin", "grader.handin.Handin"]
+    assert stale_names("enforced by the sandbox (grader/sandbox.py), see grader.rerun.nowhere") == \
+        ["grader/sandbox.py", "grader.rerun.nowhere"]
+    assert stale_names("grader.pipeline.grade.grade_handin, grader/rerun/sandbox.py, grader.rerun.protocol") == []

@@ -47,8 +47,8 @@ def _fresh(out: Path, h, since: str):
 
 
 def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = 2,
-                   progress: bool = True, partition: str = None, array_parallelism: int = 16,
-                   chunk: int = 10, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
+                   progress: bool = True, partition: str = None, array_parallelism: int = kit.ARRAY_PARALLELISM,
+                   chunk: int = kit.ARRAY_CHUNK, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
     """Grade `todo` through a job array; return {student: result dict} for every hand-in in it."""
     import submitit
     if not todo:

@@ -31,7 +31,8 @@ from grader.kit import atomic_write
 from grader.names import cell, inert, result_files
 from grader.parts import BY_ID, PART_IDS, PARTS
 from grader.pipeline.handin import id_match
-from grader.pipeline.report import gradebook_view, redact, student_of
+from grader.names import student_of
+from grader.pipeline.report import gradebook_view
 
 CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
 MARKED = re.compile(r"<!-- ([\w-]+): begin -->.*?<!-- \1: end -->", re.S)   # other commands' sections
@@ -104,13 +105,24 @@ def grades_csv(views: list) -> str:
     return buffer.getvalue()
 
 
+# A measured value: a number with a fraction or an exponent (how far off a weight was, a ratio).
+MEASURED = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+)(?![\w.])")
+
+
+def unmeasured(text: str) -> str:
+    """`text` with its measured values as "…", so that failures that differ only in how far off
+    they were count as one in summary.md's most common failures. Whole numbers (a dimension, a
+    rank, a public check's sizes) are kept: a hidden check's never reach the text (grader.pipeline.say)."""
+    return MEASURED.sub("…", text or "")
+
+
 def _reason(part: dict) -> str:
     first = next((o for o in part["checks"] if o["status"] != "passed"), None)
     if first is None:
         return part["message"]
     if first.get("diagnosis"):
-        return redact(first["diagnosis"])
-    return str(first["status"]) if first["status"] != "failed" else redact(first["message"])[:60]
+        return unmeasured(first["diagnosis"])
+    return str(first["status"]) if first["status"] != "failed" else unmeasured(first["message"])[:60]
 
 
 def _scores(scored: list, max_score: float) -> list:

@@ -37,7 +37,7 @@ from pathlib import Path
 from grader.batch import gradebook
 from grader.batch.local import data_key, grade_handins
 from grader.kit import write_json
-from grader.names import result_files, student_dir, students_dir
+from grader.names import SEP, result_files, student_dir, student_of, students_dir
 from grader.rerun.executor import make_executor
 from grader.pipeline import handin as handins, intake, report
 from grader.results import Status, grader_digest, new_result, ungraded
@@ -76,7 +76,7 @@ def _index(out: Path) -> dict:
     for path in result_files(out):
         try:
             data = json.loads(path.read_text())
-            index[path.parent.name] = (report.student_of(data["student"]), data["source"], data.get("sha256", ""))
+            index[path.parent.name] = (student_of(data["student"]), data["source"], data.get("sha256", ""))
         except (OSError, ValueError, KeyError):
             continue
     return index
@@ -94,7 +94,7 @@ def _place(items: list, index: dict) -> dict:
             digest = h.sha256 or hashlib.sha256(h.name.encode()).hexdigest()
             folder, width = ident, 8
             while folder in claimed or (folder in index and index[folder][:2] != (ident, h.name)):
-                folder, width = f"{ident}{report.SEP}{digest[:width]}", width + 4
+                folder, width = f"{ident}{SEP}{digest[:width]}", width + 4
         elif index[folder][2] != h.sha256:
             replaces[folder] = index[folder][2]
         claimed.add(folder)
@@ -106,21 +106,21 @@ def _select(items: list, only) -> tuple:
     """The items `only` names (by student id or folder), and the problems with `only`."""
     if not only:
         return items, []
-    ids = {report.student_of(h.student) for h in items} | {h.student for h in items}
+    ids = {student_of(h.student) for h in items} | {h.student for h in items}
     problems = []
     for wanted in only:
         if wanted not in ids:
             near = difflib.get_close_matches(wanted, sorted(ids), n=3)
             problems.append(f"--only {wanted}: no hand-in of that id among the {len(items)} found"
                             + (f" (did you mean {', '.join(near)}?)" if near else ""))
-    chosen = [h for h in items if h.student in only or report.student_of(h.student) in only]
+    chosen = [h for h in items if h.student in only or student_of(h.student) in only]
     return chosen, problems
 
 
 def _set_aside(out: Path, folder: str, sha256: str, h) -> str:
     """What summary.md says of an earlier result that `h` replaces (report.write_handin moves it)."""
     target = report.replaced_folder(out, folder, sha256)
-    return (f"{report.student_of(folder)}: {h.name} has other bytes than when it was graded; graded again, "
+    return (f"{student_of(folder)}: {h.name} has other bytes than when it was graded; graded again, "
             f"the earlier result is in {target.relative_to(out)}/")
 
 

@@ -31,19 +31,14 @@ from pathlib import Path
 
 from grader.grades.policy import PolicyError
 from grader.grades.sources import lms_marks, same_source
-from grader.names import cell, result_files
+from grader.names import cell, result_files, student_of
 from grader.results import ToDict
 
-SEP = "~"   # a further hand-in of a student is graded into "<id>~<sha256[:8]>/" (grader.batch.run)
 COLUMNS = ["student", "autograde", "overrides", "submitted_at", "late_days", "penalty", "final", "flags"]
 
 
 class GradebookError(ValueError):
     """OUT holds no graded results to make a gradebook of."""
-
-
-def student_of(result: dict) -> str:
-    return result["student"].split(SEP)[0]
 
 
 def load_results(out) -> list:
@@ -207,9 +202,9 @@ def _grade_one(student, candidates, records, policy, roster, keep_stale) -> Row:
         return row
     if len(candidates) > 1:
         row.flags.append(f"latest_of_{len(candidates)}")
-    if student_of(result) != student:
+    if student_of(result["student"]) != student:
         row.flags.append("group")
-        row.notes.append(f"graded with the group's hand-in of {student_of(result)}")
+        row.notes.append(f"graded with the group's hand-in of {student_of(result['student'])}")
     row.source, row.sha256, row.autograde = result["source"], result["sha256"], result["score"]
     if result["status"] != "graded":
         row.flags.append(result["status"])
@@ -240,7 +235,7 @@ def final_gradebook(results: list, policy, submissions: list = (), roster=None, 
     (columns, {student: row}) from grader.grades.sources.read_roster, or None."""
     by_student = {}
     for r in results:
-        by_student.setdefault(student_of(r), []).append(r)
+        by_student.setdefault(student_of(r["student"]), []).append(r)
     columns, on_roster = roster if roster is not None else ([], {})
     groups = {}   # student -> the graded hand-ins of their groups
     for s in submissions:

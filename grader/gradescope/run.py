@@ -21,6 +21,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.kit import write_json
+from grader.names import gradescope_user
 from grader.pipeline.grade import grade_handin
 from grader.pipeline.handin import Handin, folder_digest
 from grader.pipeline.report import gradescope_results, limited_results
@@ -36,7 +37,7 @@ def _student(metadata: Path) -> str:
     try:
         data = json.loads(metadata.read_text())
         user = (data.get("users") or [{}])[0]
-        return str(user.get("sid") or user.get("email") or user.get("name") or "submission")
+        return gradescope_user(user) or "submission"
     except (OSError, ValueError, AttributeError, IndexError):
         return "submission"
 
@@ -71,8 +72,8 @@ def network_state(isolation: dict) -> str:
             f"reach the internet (Gradescope's container offers no isolation of the network)")
 
 
-def grade_submission(submission="/autograder/submission", results="/autograder/results/results.json",
-                     metadata="/autograder/submission_metadata.json", rubric_path=None,
+def grade_submission(submission=kit.GRADESCOPE_SUBMISSION, results=kit.GRADESCOPE_RESULTS,
+                     metadata=kit.GRADESCOPE_METADATA, rubric_path=None,
                      protect_files: bool = False) -> dict:
     """Grade one Gradescope submission folder and write its results.json; return what was written."""
     submission, results = Path(submission), Path(results)

@@ -1,7 +1,7 @@
 """What a hand-in wrote beyond the skeleton: its own statements as normalised tokens, fingerprinted.
 
 The assignment is a large skeleton around a few TODO lines, and correct TODO lines converge, so
-text similarity over whole files says nothing (GRADING-NOTES item 19). Here a hand-in's code is
+text similarity over whole files says nothing (every correct hand-in looks alike). Here a hand-in's code is
 cut down to what its author wrote:
 
 1. Python's own `tokenize` splits it into statements (logical lines, split again at `;`);

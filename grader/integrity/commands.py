@@ -58,7 +58,7 @@ def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Bas
     pattern = rubric.files.student_id_pattern
     matched, found_notes = match_handins(results, list(paths), pattern)
     base = base or Base.from_files()
-    facts = [read_facts(r, matched.get(r["student"]), base, rubric.files) for r in results]
+    facts = [read_facts(r, matched.get(r["student"]), base, rubric) for r in results]
     read = time.monotonic()
     report = IntegrityReport(out=str(out), handins=len(facts), found=sum(f.found for f in facts),
                              paths_given=bool(paths), common=common or default_common(len(facts)),

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.integrity.code import Base, OwnCode, own_code
-from grader.names import result_files
+from grader.names import result_files, student_of
 from grader.pipeline import handin as handins, intake
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.logtext import CLAIM, as_bytes, squash
-from grader.pipeline.report import student_of
-from grader.names import result_files
+from grader.pipeline.runs import rule_of
 from grader.results import ToDict
 
 MAX_CODE_BYTES = 512 * 1024   # more of assignment4.py than this is not compared (the reference is 17 KB)
@@ -137,8 +136,9 @@ def match_handins(results: list, paths, pattern: str) -> tuple:
     return matched, notes
 
 
-def read_facts(result: dict, handin, base: Base, limits) -> HandinFacts:
-    """The facts of one graded hand-in; `handin` (a grader.pipeline.handin.Handin) may be None."""
+def read_facts(result: dict, handin, base: Base, rubric) -> HandinFacts:
+    """The facts of one graded hand-in; `handin` (a grader.pipeline.handin.Handin) may be None. It is
+    unpacked with the rubric's limits and log rule, as grading unpacks it, so that both pick the same run."""
     facts = HandinFacts(student=result["student"], source=result.get("source", ""), sha256=result.get("sha256", ""),
                         student_id=student_of(result["student"]),
                         status=result.get("status", ""), wrong=wrong_weights(result))
@@ -150,7 +150,7 @@ def read_facts(result: dict, handin, base: Base, limits) -> HandinFacts:
         return facts
     with tempfile.TemporaryDirectory(prefix="a4-integrity-") as tmp:
         try:
-            unpacked = handins.unpack(handin, Path(tmp) / "files", limits)
+            unpacked = handins.unpack(handin, Path(tmp) / "files", rubric.files, rule_of(rubric))
         except handins.HandinError as e:
             facts.problem = f"cannot be unpacked: {e}"
             return facts

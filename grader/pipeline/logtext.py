@@ -15,12 +15,12 @@ every line quoted is clipped, and a read past `LOG_SECONDS` gives up its evidenc
 
 from __future__ import annotations
 
-import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 
+from grader import typed
 from grader.parts import CORE_PART_IDS, PARTS
 
 # ---- Every pattern of both files, in one place -------------------------------------------------
@@ -103,22 +103,9 @@ class RankClaim(str, Enum):
     CONFLICTING = "conflicting"
 
 
-def _plain(value):
-    """asdict() made JSON-ready: enums as their values, dict keys as str, inf and nan as "inf", "nan"."""
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(_plain(k)): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 class _Result:
     def to_dict(self) -> dict:
-        return _plain(asdict(self))
+        return typed.plain(self, finite=True)
 
     def flag_codes(self) -> list[str]:
         return [f.code for f in getattr(self, "flags", [])]

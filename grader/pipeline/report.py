@@ -23,22 +23,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from grader.kit import atomic_write, fit, fit_text
-from grader.names import inert, student_dir, students_dir
+from grader.names import inert, student_dir, student_of, students_dir
 from grader.parts import BY_ID
 
-SEP = "~"   # a further hand-in of a student is graded as "<id>~<sha256[:8]>" (grader.batch.run)
 REPLACED = ".replaced"   # earlier results replaced by a student's newer hand-in, under OUT/students
-
-
-def student_of(key: str) -> str:
-    """The student id of a result's key (its folder name)."""
-    return key.split(SEP)[0]
-
-
-def redact(text: str) -> str:
-    """Every number of `text` as "#": for grouping messages that differ only in their numbers
-    (summary.md's common failures), never to hide a hidden check's values (grader.pipeline.say does)."""
-    return re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", text or "")
 
 
 def _check_line(o, label: str = None) -> str:

@@ -1,6 +1,6 @@
 """What a rank's torch is wrapped in while hand-in code runs: GPUs that land on the CPU, and a spy
-on every collective a part calls (GRADING-NOTES: a data-parallel step that computes the whole
-batch on every rank gives the right weight; only its collectives tell)."""
+on every collective a part calls (a data-parallel step that computes the whole batch on every
+rank gives the right weight; only its collectives tell)."""
 
 import contextlib
 import json

@@ -6,19 +6,20 @@
     world supervisor   <--Joined, Loading, Ready, Result..., Done / LoadFailed / InfraError--  each rank
 
 A rank runs hand-in code, so what it sends is untrusted: `decode` checks the type tag and every
-field's type and raises ProtocolError on anything else; the supervisor then ends the world. The
-supervisor, not the rank, says which part runs next (Run, with a fresh token the Result must
-echo), so a result for a part the supervisor has not started is a forgery by construction; the
-order of a rank's messages is the supervisor's to check (grader.rerun.supervise). Frames and
-tensors are grader.rerun.channel's.
+field's type, refuses a key no field has (grader.typed), and raises ProtocolError on anything else;
+the supervisor then ends the world. The supervisor, not the rank, says which part runs next (Run,
+with a fresh token the Result must echo), so a result for a part the supervisor has not started is
+a forgery by construction; the order of a rank's messages is the supervisor's to check
+(grader.rerun.supervise). Frames and tensors are grader.rerun.channel's.
 """
 
-import dataclasses
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional, Union
 
+from grader import typed
+from grader.limits import PART_SECONDS, WORLD_START_SECONDS
 from grader.rerun import channel
 
 
@@ -56,8 +57,8 @@ class ErrorInfo:
 
 @dataclass
 class Timeouts:
-    world_start: float = 60.0
-    part: float = 20.0                 # each part, from the moment the supervisor starts it on a rank
+    world_start: float = WORLD_START_SECONDS
+    part: float = PART_SECONDS         # each part, from the moment the supervisor starts it on a rank
     done: float = 5.0                  # after the last part's result, until the rank says it is done
 
 
@@ -220,74 +221,9 @@ def stopped(job: WorldJob, reason: StopReason, detail: str, part=None) -> WorldR
 
 # ---- the codec --------------------------------------------------------------------------------
 
-def _plain(value):
-    if isinstance(value, Enum):
-        return value.value
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def encode(message) -> dict:
     """A message as the JSON-ready mapping the channel sends: its fields and its `type`."""
-    return {"type": message.TYPE, **_plain(message)}
-
-
-def _convert(kind, value, where: str):
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is Union:
-        if value is None and type(None) in args:
-            return None
-        return _convert(next(a for a in args if a is not type(None)), value, where)
-    if dataclasses.is_dataclass(kind):
-        return _build(kind, value, where)
-    if isinstance(kind, type) and issubclass(kind, Enum):
-        try:
-            return kind(value)
-        except ValueError:
-            raise ProtocolError(f"{where}: {value!r} is not a {kind.__name__}") from None
-    if origin is list:
-        if not isinstance(value, list):
-            raise ProtocolError(f"{where}: expected a list")
-        return [_convert(args[0], v, f"{where}[]") for v in value] if args else value
-    if origin is dict or kind is dict:
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected a mapping")
-        if not args:
-            return value
-        return {_convert(args[0], k, f"{where} key"): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
-    if kind is int:
-        if isinstance(value, str) and value.lstrip("-").isdigit():   # JSON's keys are text
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError(f"{where}: expected a whole number, got {type(value).__name__}")
-        return value
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
-        return float(value)
-    if kind is str:
-        if not isinstance(value, str):
-            raise ProtocolError(f"{where}: expected text, got {type(value).__name__}")
-        return value
-    return value
-
-
-def _build(cls, data, where: str):
-    if not isinstance(data, dict):
-        raise ProtocolError(f"{where}: expected a mapping")
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            values[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{where}: has no {f.name}")
-    return cls(**values)
+    return {"type": message.TYPE, **typed.plain(message)}
 
 
 def decode(data: dict, allowed=None):
@@ -295,7 +231,7 @@ def decode(data: dict, allowed=None):
     cls = TYPES.get(data.get("type"))
     if cls is None or (allowed is not None and cls not in allowed):
         raise ProtocolError(f"unexpected message type {str(data.get('type'))[:40]!r}")
-    return _build(cls, data, cls.TYPE)
+    return typed.build(cls, data, cls.TYPE, ProtocolError, ignore=("type",))
 
 
 def send(fd: int, message) -> None:

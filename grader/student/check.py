@@ -4,7 +4,8 @@
 
 PATH is the zip to be handed in, or the working folder (default `assignment_4/`). A folder is
 zipped in memory exactly as `python -m grader package` zips it, with the run `package` would take
-(found by what its files hold, whatever their names; `--log FILE` names it), and that zip is graded. Either way the hand-in goes through `grader.grade.grade_handin`,
+(found by what its files hold, whatever their names; `--log FILE` names it), and that zip is
+graded. Either way the hand-in goes through `grader.pipeline.grade.grade_handin`,
 the function the graders' batch runs on every hand-in, with the public rubric
 (`grader.rubric.public_rubric`, shipped as `grader/rubric-public.yaml`: the default configuration
 on 4, 1 and 2 ranks in the stock course, the same points and log requirements) instead of theirs,
@@ -112,7 +113,7 @@ def _problems(result, rows) -> list:
 
 
 def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
-    """Grade `handin` (a grader.handin.Handin) by `rubric`'s public checks and report per part."""
+    """Grade `handin` (a grader.pipeline.handin.Handin) by `rubric`'s public checks and report per part."""
     public = [c for c in rubric.checks if not c.hidden]
     if len(public) != len(rubric.checks):
         rubric = dataclasses.replace(rubric, checks=public)

@@ -22,12 +22,11 @@ being zipped (the code sha256 its log records). The CLI then checks the zip with
 
 import hashlib
 import io
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader import kit
 from grader.pipeline import runs as run_logs
 from grader.pipeline.logfile import parse_log
 from grader.pipeline.logtext import LogReport, read_log
@@ -202,15 +201,7 @@ def zip_bytes(sources: Sources) -> bytes:
 
 def write_zip(data: bytes, out: Path) -> None:
     """Write `data` to `out` whole or not at all."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    kit.atomic_write(out, data)
 
 
 def package(path=None, log=None, err=None, out=None) -> Packaged:
