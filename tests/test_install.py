@@ -147,7 +147,7 @@ def test_a_hand_in_graded_by_the_installed_kit_cannot_read_its_rubric_or_referen
     done = run([python, "-m", "grader", "grade", inbox, "--out", out, "--rubric", rubric, "--quiet"], elsewhere,
                timeout=500)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    result = json.loads((out / "read_secrets" / "grading.json").read_text())
+    result = json.loads((out / "students" / "read_secrets" / "grading.json").read_text())
     assert "LEAK" not in json.dumps(result)
     assert result["isolation"]["sandbox"].startswith("bubblewrap"), result["isolation"]
     baseline = result["parts"]["baseline"]
