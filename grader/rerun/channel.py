@@ -13,6 +13,7 @@ another world's.
 """
 
 import base64
+import functools
 import json
 import os
 import struct
@@ -87,15 +88,19 @@ def read_framed(fd: int, skip_world: int = None):
             return frame
 
 
+def _read_exactly(fd: int, n: int):
+    """`n` bytes from `fd` (blocking) and not a byte more; None at end of file."""
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
 def _read_framed(fd: int, skip_world):
-    def exactly(n):
-        data = b""
-        while len(data) < n:
-            chunk = os.read(fd, n - len(data))
-            if not chunk:
-                return None
-            data += chunk
-        return data
+    exactly = functools.partial(_read_exactly, fd)
     head = exactly(FRAME.size)
     if head is None:
         return None
@@ -184,14 +189,7 @@ class FramedReader:
 
 def read_message(fd: int) -> dict:
     """Read exactly one message from `fd` (blocking) and not a byte more; None at end of file."""
-    def exactly(n):
-        data = b""
-        while len(data) < n:
-            chunk = os.read(fd, n - len(data))
-            if not chunk:
-                return None
-            data += chunk
-        return data
+    exactly = functools.partial(_read_exactly, fd)
     head = exactly(4)
     if head is None:
         return None
