@@ -34,6 +34,7 @@ def test_help_loads_no_room(capsys):
     assert all(name in out for name in cli.COMMANDS)
 
 
+@pytest.mark.torch
 def test_the_command_line_defaults_are_the_functions_defaults():
     import inspect
 
