@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from grader.rerun import worker  # noqa: E402
-from grader.pipeline.logfile import parse_log  # noqa: E402
 from grader.batch.run import grade_batch  # noqa: E402
+from grader.evidence.logfile import parse_log  # noqa: E402
+from grader.rerun import worker  # noqa: E402
 from grader.rubric import load_rubric  # noqa: E402
 from tests.corpus import REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
 
@@ -129,7 +129,7 @@ def fork_gloo_floor(repeats: int = 20, world_size: int = 4) -> float:
 
 
 def log_speed(log: str) -> float:
-    """MB/s of grader.pipeline.logfile.parse_log on a 100 MB log: a real log repeated, with noise between."""
+    """MB/s of grader.evidence.logfile.parse_log on a 100 MB log: a real log repeated, with noise between."""
     noise = "".join(f"NCCL INFO channel {i} ring 0 1 2 3\x1b[0m\r\n" for i in range(20))
     unit = (log + noise).encode()
     data = unit * (100 * (1 << 20) // len(unit) + 1)

@@ -10,11 +10,17 @@ The house, one room per job; a hand-in travels down the list:
                  layer, block, hooks, protocol, channel, sandbox, scratch, memory, check; hidden
                  keeps a hidden check's results free of a rank's words; doctor says which sandbox
                  layers work on a machine)
-    pipeline/    grade one hand-in: intake and download (what a download holds), handin (unpack),
-                 runs (a run's stdout and stderr, found by what they hold), logtext, logfile and
-                 errfile (what they say), compare and diagnose (the weights), backward (the
-                 tensor-parallel layer's gradients), megatron (the optional Part 5's block), score,
-                 say (what a student may see of hidden checks), report, grade
+    intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
+                 hand-ins), download (whose each file of an LMS download is), handin (unpack safely,
+                 locate the code and the runs)
+    evidence/    the logs, as evidence and never the verdict: runs (a run's stdout and stderr,
+                 found by what they hold, and which run counts), logfile and errfile (what they
+                 say), logtext (the patterns and reports both share)
+    verdict/     the re-run judged in the grader's own process: compare and diagnose (the weights),
+                 backward (the tensor-parallel layer's gradients), megatron (the optional Part 5's
+                 block), say (what a student may see of hidden checks), score (the points)
+    pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
+                 feedback.md, Gradescope's results.json (report)
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (gradebook)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
@@ -32,13 +38,15 @@ The house, one room per job; a hand-in travels down the list:
 Import rules (tests/test_layout.py holds the code to them):
 - shared modules import no torch and no room; nothing imports cli, and cli imports a command's room
   only when that command runs;
-- rerun imports only shared modules; pipeline adds rerun;
+- rerun and evidence import only shared modules; intake adds evidence (a hand-in's runs are found
+  by what they hold); verdict adds rerun and evidence; pipeline adds all four;
 - batch, student and gradescope may use everything above (batch also analytics), never each other;
 - instructor imports only shared modules (no engine, no pipeline);
 - grades imports only shared modules and analytics: it reads results, never runs code;
 - analytics imports only shared modules (it reads results; matplotlib only to draw);
-- integrity imports shared modules and pipeline (to unpack hand-ins and read their logs), and
-  analytics (to give the staff report its count of pairs);
+- integrity imports shared modules, intake and evidence (to unpack hand-ins and read their logs),
+  and analytics (to give the staff report its count of pairs);
+- evidence, intake, integrity, grades, analytics, instructor and the shared modules import no torch;
 - no module imports, directly or not, one that imports it.
 """
 

@@ -40,7 +40,8 @@ FOLDERS = (GRADER, ASSIGNMENT, ROOT / "slurm", ROOT / "lab")
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
 SHARED = ("__init__.py", "__main__.py", "cli.py", "kit.py", "limits.py", "names.py", "parts.py", "plots.py",
           "results.py", "rubric.py", "typed.py")
-ROOMS = ("rerun", "pipeline", "batch", "student", "gradescope", "instructor", "integrity", "grades", "analytics")
+ROOMS = ("rerun", "evidence", "intake", "verdict", "pipeline", "batch", "student", "gradescope", "instructor",
+         "integrity", "grades", "analytics")
 
 
 def _read_umask() -> int:
@@ -53,10 +54,14 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
-# The rooms whose code decides a hand-in's result (with the shared modules): the engine, one
-# hand-in's grading, and the batch that runs it. Not integrity, grades, instructor, student or
-# gradescope: they read results or build trees, and never change a grading.json.
-GRADING_ROOMS = ("rerun", "pipeline", "batch")
+# The rooms one hand-in's grading runs on (with the shared modules): the engine, the hand-in's
+# intake, its logs as evidence, the verdicts and the pipeline that strings them together. The
+# student release and the Gradescope bundle ship these whole, each with its own room beside.
+HANDIN_ROOMS = ("rerun", "evidence", "intake", "verdict", "pipeline")
+# The rooms whose code decides a hand-in's result: those, and the batch that runs them. Not
+# integrity, grades, instructor, student or gradescope: they read results or build trees, and never
+# change a grading.json.
+GRADING_ROOMS = HANDIN_ROOMS + ("batch",)
 
 
 def torch_version() -> str:

@@ -2,7 +2,7 @@
 
 Per-student output lives under OUT/students/<key>/ (grading.json, feedback.md, results.json,
 download.json), so no student id, whatever a download names it, can be `grades.csv`, `summary.md`
-or one of the grader's own folders. A key is a student id (grader.pipeline.handin.student_id: only
+or one of the grader's own folders. A key is a student id (grader.intake.handin.student_id: only
 `A-Za-z0-9._@+-`, leading with a letter or digit), or `<id>~<sha256[:8]>` for a further hand-in.
 
 Names come from students (file and folder names in a download): before one is written into

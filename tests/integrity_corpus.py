@@ -14,8 +14,8 @@ import random
 import textwrap
 
 from grader import kit
+from grader.evidence.logfile import parse_log
 from grader.parts import PART_IDS
-from grader.pipeline.logfile import parse_log
 from grader.results import CheckOutcome, PartResult, Status, new_result
 from grader.rubric import load_rubric
 

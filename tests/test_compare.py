@@ -6,13 +6,13 @@ import pytest
 import torch
 import yaml
 
-from grader.pipeline.compare import diagnose, expected, judge
-from grader.pipeline.diagnose import local_ranks, tp_step
-from grader.pipeline.say import Say
 from grader.rerun import secret
 from grader.rerun.check import PartRun, RankRun
 from grader.results import Status
 from grader.rubric import DEFAULT_RUBRIC, Check, RubricError, Tolerance, load_rubric, public_rubric, rubric_from_dict
+from grader.verdict.compare import diagnose, expected, judge
+from grader.verdict.diagnose import local_ranks, tp_step
+from grader.verdict.say import Say
 from tests.worlds import closed_form_step
 
 CHECK = Check(name="t", world_size=4, seed=5, global_batch_size=24, input_dim=7, output_dim=8, accumulation_steps=3)

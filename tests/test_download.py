@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from grader.intake.find import find_handins
+from grader.intake.handin import HandinError, unpack
 from grader.names import cell, inert
-from grader.pipeline.handin import HandinError, unpack
-from grader.pipeline.intake import find_handins
 from grader.rubric import Files
 
 CODE = "print('code')\n"
@@ -235,7 +235,7 @@ def test_ids_named_like_outputs_and_hostile_names_give_one_inert_row_each(tmp_pa
     out = tmp_path / "out"
     out.mkdir()
     (out / "grades.csv").write_text("stale\n")
-    from grader.batch.run import grade_batch   # it needs torch: the torch-free runs leave this test out
+    from grader.batch.run import grade_batch  # it needs torch: the torch-free runs leave this test out
     summary = grade_batch([inbox], out, progress=False)
     assert summary.statuses == {"invalid": len(names)}
     table = list(csv.reader((out / "grades.csv").open()))

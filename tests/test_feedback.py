@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 
 from grader.batch.run import grade_batch
+from grader.intake.handin import Handin
 from grader.names import result_files, student_dir
 from grader.pipeline.grade import judge_check
-from grader.pipeline.handin import Handin
-from grader.pipeline.say import numbers
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import make_executor
 from grader.results import Status
 from grader.rubric import Check, load_rubric, public_rubric
 from grader.student.check import check_handin
+from grader.verdict.say import numbers
 from tests.corpus import REFERENCE, Files, fast_rubric, refingerprint, write_zip, zip_bytes
 
 RUBRIC = load_rubric()

@@ -280,9 +280,8 @@ def test_a_whole_batch_data_parallel_step_with_an_all_reduce_of_nothing_earns_on
 def test_data_is_the_keys_so_a_weight_cannot_be_replayed_under_another(tmp_path):
     """Two keys give different data, the same key the same: the reference passes every run, the same
     key's two runs agree to the bit, and one key's weights judged against the other's data fail."""
-    from grader.rerun import check as rerun
-    from grader.rerun import secret
-    from grader.pipeline import compare
+    from grader.rerun import check as rerun, secret
+    from grader.verdict import compare
     rubric = load_rubric(fast_rubric(tmp_path))
     check = next(c for c in rubric.checks if c.name == "two-ranks")
     code = prepare_code(REFERENCE)

@@ -22,8 +22,7 @@ from grader.cli import main
 from grader.grades.commands import make_gradebook
 from grader.grades.policy import PolicyError
 from grader.grades.sources import lms_marks
-
-from grader.pipeline.handin import student_id
+from grader.intake.handin import student_id
 from grader.pipeline.report import gradescope_results, limited_results, write_handin
 from grader.results import CheckOutcome, PartResult, Status, new_result
 from grader.rubric import load_rubric, rubric_from_dict

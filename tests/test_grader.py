@@ -12,11 +12,24 @@ import torch
 
 from grader import kit, results as results_module
 from grader.batch.run import grade_batch
-from grader.rerun.executor import SandboxUnavailable
 from grader.parts import BY_ID, CORE_PART_IDS
+from grader.rerun.executor import SandboxUnavailable
 from grader.rubric import load_rubric
-from tests.corpus import (DATA, MUTANTS, REFERENCE, UTILS, Files, fast_rubric, graded_mutants, mutant_params, mutate,
-                          refingerprint, skeleton, write_zip, zip_bytes)
+from tests.corpus import (
+    DATA,
+    MUTANTS,
+    REFERENCE,
+    UTILS,
+    Files,
+    fast_rubric,
+    graded_mutants,
+    mutant_params,
+    mutate,
+    refingerprint,
+    skeleton,
+    write_zip,
+    zip_bytes,
+)
 
 LOGS = DATA / "logs"
 # The rubric the batch below is graded with (fast_rubric: this one with short timeouts): every
@@ -416,7 +429,7 @@ def test_the_source_digest_covers_every_grader_source_and_utils(tmp_path):
     shutil.copyfile(kit.UTILS, utils)
     before = kit.source_digest(grader, utils)
     assert before == kit.source_digest()
-    score = grader / "pipeline" / "score.py"
+    score = grader / "verdict" / "score.py"
     score.write_text(score.read_text() + "\n# a fix\n")
     assert kit.source_digest(grader, utils) != before
     score.write_text(score.read_text()[:-len("\n# a fix\n")])
@@ -436,7 +449,7 @@ def test_the_source_digest_is_exactly_what_grading_depends_on(tmp_path):
                 "gradescope/bundle.py", "rubric.yaml"):
         (grader / rel).write_text((grader / rel).read_text() + "\n# a comment\n")
         assert kit.source_digest(grader, kit.UTILS) == before, rel
-    for rel in ("rerun/worker.py", "pipeline/compare.py", "batch/local.py", "rubric.py"):
+    for rel in ("rerun/worker.py", "verdict/compare.py", "batch/local.py", "rubric.py"):
         text = (grader / rel).read_text()
         (grader / rel).write_text(text + "\n# a fix\n")
         assert kit.source_digest(grader, kit.UTILS) != before, rel

@@ -68,7 +68,7 @@ def test_the_bundle_is_self_contained_and_holds_no_solution(submission, tmp_path
         assert stat.S_IMODE(z.getinfo("run_autograder").external_attr >> 16) & 0o111
         # Folder copies of the rooms grading needs, byte for byte, and the graders' rubric.
         shipped = {n[len("grader/"):] for n in names if n.startswith("grader/")}
-        rooms = {rel.as_posix() for rel in kit.grader_files(("rerun", "pipeline", "gradescope"))}
+        rooms = {rel.as_posix() for rel in kit.grader_files(kit.HANDIN_ROOMS + ("gradescope",))}
         assert shipped == rooms | {"rubric.yaml"}
         assert all(z.read(f"grader/{rel}") == (kit.GRADER / rel).read_bytes() for rel in rooms)
         assert z.read("setup.sh") == (kit.GRADER / "gradescope" / "setup.sh").read_bytes()

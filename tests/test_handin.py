@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grader.pipeline.handin import Handin, HandinError, student_id, unpack
-from grader.pipeline.intake import discover
+from grader.intake.find import discover
+from grader.intake.handin import Handin, HandinError, student_id, unpack
 from grader.rubric import Files
 from tests.corpus import Files as HandinFiles, write_zip, zip_bytes
 

@@ -13,17 +13,25 @@ from grader import kit
 GRADER = kit.GRADER
 SHARED_MODULES = {Path(name).stem for name in kit.SHARED} - {"__init__", "__main__", "cli"}
 # room -> the rooms (besides the shared modules and itself) it may import
+HANDIN = {"rerun", "evidence", "intake", "verdict", "pipeline"}   # one hand-in's grading (kit.HANDIN_ROOMS)
 MAY_IMPORT = {
     "rerun": set(),
-    "pipeline": {"rerun"},
-    "batch": {"rerun", "pipeline", "analytics"},
+    "evidence": set(),                      # the logs, read as bytes
+    "intake": {"evidence"},                 # a hand-in's runs are found by what they hold
+    "verdict": {"rerun", "evidence"},
+    "pipeline": HANDIN - {"pipeline"},
+    "batch": HANDIN | {"analytics"},
     "grades": {"analytics"},   # final grades read results and files only: no engine, no pipeline, no torch
-    "student": {"rerun", "pipeline"},
-    "gradescope": {"rerun", "pipeline"},
+    "student": HANDIN,
+    "gradescope": HANDIN,
     "instructor": set(),
-    "integrity": {"pipeline", "analytics"},
+    "integrity": {"intake", "evidence", "analytics"},   # unpacks hand-ins and reads logs; runs no code
     "analytics": set(),   # the batch report reads results only, like grades
 }
+# Rooms that never import torch: a TA's machine without it still unpacks, reads logs, compares
+# hand-ins and computes final grades (tests/pythons runs them on every Python without torch).
+TORCH_FREE = {"shared", "cli", "package", "main", "instructor", "evidence", "intake", "integrity", "grades",
+              "analytics"}
 
 
 def modules() -> dict:
@@ -63,6 +71,11 @@ def room_of(module: str) -> str:
     return {"cli": "cli", "__main__": "main"}.get(parts[1], "shared")
 
 
+def test_the_rules_know_every_room():
+    assert set(MAY_IMPORT) == set(kit.ROOMS)
+    assert HANDIN == set(kit.HANDIN_ROOMS) and set(kit.HANDIN_ROOMS) <= set(kit.GRADING_ROOMS)
+
+
 def test_every_module_is_in_a_known_room():
     for module in modules():
         room = room_of(module)
@@ -76,7 +89,7 @@ def test_imports_follow_the_rules(module):
     room = room_of(module)
     for name in imports(path):
         if not name.startswith("grader"):
-            if room in ("shared", "cli", "package", "main", "instructor"):
+            if room in TORCH_FREE:
                 assert name.split(".")[0] != "torch", f"{module} imports torch"
             continue
         target = room_of(name)

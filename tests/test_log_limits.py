@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from grader.pipeline import logtext
-from grader.pipeline.errfile import parse_err
-from grader.pipeline.handin import Handin, HandinError, unpack
-from grader.pipeline.logfile import parse_log
+from grader.evidence import logtext
+from grader.evidence.errfile import parse_err
+from grader.evidence.logfile import parse_log
+from grader.intake.handin import Handin, HandinError, unpack
 from grader.rubric import Files
 
 LOGS = Path(__file__).parent / "data" / "logs"

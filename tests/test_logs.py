@@ -1,4 +1,4 @@
-"""grader.pipeline.logfile and errfile on the checked-in sample logs (tests/data/logs/README.md) and on mangled variants."""
+"""grader.evidence.logfile and errfile on the checked-in sample logs (tests/data/logs/README.md) and on mangled variants."""
 
 import json
 import random
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from grader.pipeline.errfile import parse_err
-from grader.pipeline.logfile import parse_log
-from grader.pipeline.logtext import Dialect, RankClaim, part_of_prefix
-from grader.parts import CORE_PART_IDS as PART_IDS   # the sample logs are of the four parts every course has
+from grader.evidence.errfile import parse_err
+from grader.evidence.logfile import parse_log
+from grader.evidence.logtext import Dialect, RankClaim, part_of_prefix
+from grader.parts import CORE_PART_IDS as PART_IDS  # the sample logs are of the four parts every course has
 
 DATA = Path(__file__).parent / "data" / "logs"
 REFERENCE_SHA = "14615a42c430141688f305735e1bd68951738b89180124d86f52859d873f1d8f"
@@ -87,7 +87,7 @@ LOGS = {
     "handout_cluster_4nodes.log": ("handout", 4, {
         "baseline": HANDOUT_BASELINE_OK, "grad_accumulation": RANK0_OK,
         "data_parallel": OK4, "tensor_parallel": OK4}, []),
-    # Other names and dialects of real clusters (grader.pipeline.runs finds them by content).
+    # Other names and dialects of real clusters (grader.evidence.runs finds them by content).
     "slurm-48213.out": ("a4", 4, dict.fromkeys(PART_IDS, OK4), []),
     "output_2_48240.out": ("a4", 4, dict.fromkeys(PART_IDS, OK4), []),
     "a4_torchrun_redirected.txt": ("a4", 4, dict.fromkeys(PART_IDS, OK4), []),

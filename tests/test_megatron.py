@@ -9,10 +9,9 @@ import torch
 import yaml
 
 from grader.batch.run import grade_batch
-from grader.pipeline import megatron
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
-from tests.corpus import (MUTANTS, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint, skeleton,
-                          write_zip)
+from grader.verdict import megatron
+from tests.corpus import MUTANTS, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint, skeleton, write_zip
 from tests.worlds import load_module, run_world
 
 PART5 = {"megatron_mlp": {"log": 2, "rerun": 8, "bonus": True}}

@@ -9,9 +9,9 @@ import zipfile
 import pytest
 
 from grader import cli
-from grader.pipeline.handin import Handin, unpack
-from grader.student.package import DEFAULT_ZIP, PackageError, collect, package, runs
+from grader.intake.handin import Handin, unpack
 from grader.rubric import Files as Limits
+from grader.student.package import DEFAULT_ZIP, PackageError, collect, package, runs
 from tests.corpus import DATA, REFERENCE, UTILS, refingerprint
 
 RUN_AGAIN = "run the job again with this code (sbatch slurm/assignment4.sbatch)"

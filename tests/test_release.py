@@ -61,7 +61,7 @@ def test_the_release_ships_whole_rooms_and_slurm_whole(release):
     """grader/ is the shared modules and the rooms check and package run on, each copied whole;
     slurm/ and lab/ are copied whole; nothing of the graders' rooms or rubric."""
     shipped = {p.relative_to(release / "grader").as_posix() for p in (release / "grader").rglob("*") if p.is_file()}
-    expected = {rel.as_posix() for rel in kit.grader_files(("rerun", "pipeline", "student"))} | {"rubric-public.yaml"}
+    expected = {rel.as_posix() for rel in kit.grader_files(kit.HANDIN_ROOMS + ("student",))} | {"rubric-public.yaml"}
     assert shipped == expected
     for rel in expected - {"rubric-public.yaml"}:
         assert (release / "grader" / rel).read_bytes() == (kit.GRADER / rel).read_bytes(), rel

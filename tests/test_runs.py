@@ -1,4 +1,4 @@
-"""A hand-in's runs found by what their files hold (grader.pipeline.runs), the best of several, and
+"""A hand-in's runs found by what their files hold (grader.evidence.runs), the best of several, and
 the rubric's rule on where a log must come from."""
 
 import json
@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from grader.batch.run import grade_batch
-from grader.pipeline.logfile import parse_log
-from grader.pipeline.runs import LogRule, choose, modified, rule_problems
+from grader.evidence.logfile import parse_log
+from grader.evidence.runs import LogRule, choose, modified, rule_problems
 from grader.rubric import load_rubric
 from tests.corpus import DATA, FULL, REFERENCE, Files, fast_rubric, refingerprint, write_zip
 

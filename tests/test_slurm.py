@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.pipeline.logfile import parse_log
+from grader.evidence.logfile import parse_log
 from tests.corpus import FULL_CSV
 from tests.test_submit import HEADER_KEYS, footer_status
 from tests.worlds import REFERENCE, ROOT

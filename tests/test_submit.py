@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from grader.evidence.logfile import parse_log
 from slurm.profile import ProfileError, load_profile, profile_from_dict, profile_keys
-from grader.pipeline.logfile import parse_log
 
 # The keys of slurm/common.sh's [Job] header, in order: every run (sbatch, submitit, run-local.sh).
 HEADER_KEYS = ["id", "name", "started", "nodes", "nnodes", "nproc_per_node", "world_size", "backend",

@@ -27,11 +27,10 @@ from collections import Counter
 from pathlib import Path
 
 from grader.analytics.page import write_report
+from grader.intake.handin import id_match
 from grader.kit import atomic_write
-from grader.names import cell, inert, result_files
+from grader.names import cell, inert, result_files, student_of
 from grader.parts import BY_ID, PART_IDS, PARTS
-from grader.pipeline.handin import id_match
-from grader.names import student_of
 from grader.pipeline.report import gradebook_view
 
 CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
@@ -112,7 +111,7 @@ MEASURED = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+)(?
 def unmeasured(text: str) -> str:
     """`text` with its measured values as "…", so that failures that differ only in how far off
     they were count as one in summary.md's most common failures. Whole numbers (a dimension, a
-    rank, a public check's sizes) are kept: a hidden check's never reach the text (grader.pipeline.say)."""
+    rank, a public check's sizes) are kept: a hidden check's never reach the text (grader.verdict.say)."""
     return MEASURED.sub("…", text or "")
 
 

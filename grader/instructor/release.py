@@ -9,8 +9,8 @@ writes
     assignment_4/                      the skeleton, utils.py and the handout (never reference/)
     slurm/                             the job scripts and the launcher, whole
     lab/                               the lecture's lab, whole
-    grader/                            the shared modules and the rooms the student tools need
-                                       (rerun, pipeline, student): folder copies, so its command
+    grader/                            the shared modules, the rooms one hand-in's grading runs on
+                                       (grader.kit.HANDIN_ROOMS) and student: folder copies, so its command
                                        line offers only check and package; rubric-public.yaml,
                                        derived from rubric.yaml (rubric.public_rubric), in its place
 
@@ -48,7 +48,7 @@ from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, Rubric, load_rubric, pu
 
 ROOT = kit.ROOT
 HANDOUT = ("assignment4.py", "utils.py", "README.md")
-ROOMS = ("rerun", "pipeline", "student")   # what check and package run on
+ROOMS = kit.HANDIN_ROOMS + ("student",)   # what check and package run on
 JUNK = re.compile(r"(^|/)(__pycache__|\.pytest_cache|\.DS_Store)(/|$)|\.(pyc|log|err|zip)$")
 CONFIG = ("world_size", "seed", "global_batch_size", "input_dim", "output_dim", "accumulation_steps")
 

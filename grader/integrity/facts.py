@@ -5,7 +5,7 @@ grading.json gives the run's provenance as the grader read it from the .log (job
 time, the code sha256 of the init lines) and, per failing check, the digest of the wrong weight
 (`weight_digest`, where the grader records it). The hand-in's files give the bytes of its .log and
 .err, the comparisons the run printed in the order it printed them, and its code. Hand-ins are
-unpacked with grader.pipeline.handin, exactly as `grade` unpacks them, into a temporary folder.
+unpacked with grader.intake.handin, exactly as `grade` unpacks them, into a temporary folder.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.evidence.logfile import parse_log
+from grader.evidence.logtext import CLAIM, as_bytes, squash
+from grader.evidence.runs import rule_of
+from grader.intake import handin as handins
+from grader.intake.find import discover
 from grader.integrity.code import Base, OwnCode, own_code
 from grader.names import result_files, student_of
-from grader.pipeline import handin as handins, intake
-from grader.pipeline.logfile import parse_log
-from grader.pipeline.logtext import CLAIM, as_bytes, squash
-from grader.pipeline.runs import rule_of
 from grader.results import ToDict
 
 MAX_CODE_BYTES = 512 * 1024   # more of assignment4.py than this is not compared (the reference is 17 KB)
-# Diagnoses (grader.pipeline.compare.diagnose) that name no usual mistake: a wrong weight the grader
+# Diagnoses (grader.verdict.compare.diagnose) that name no usual mistake: a wrong weight the grader
 # could not explain. Two hand-ins sharing one of these share something rare.
 UNNAMED = ("differs from the reference", "the update points the right way but is")
 
@@ -118,7 +119,7 @@ def printed_claims(log: bytes) -> tuple:
 def match_handins(results: list, paths, pattern: str) -> tuple:
     """({student: Handin} for the results whose hand-in is under `paths`, [problems]). A hand-in is
     matched by its sha256, as graded; failing that, by its name (and said to have changed)."""
-    found, problems = intake.discover(paths, pattern) if paths else ([], [])
+    found, problems = discover(paths, pattern) if paths else ([], [])
     by_sha, by_name = defaultdict(list), defaultdict(list)
     for h in found:
         by_sha[h.sha256].append(h)
@@ -137,7 +138,7 @@ def match_handins(results: list, paths, pattern: str) -> tuple:
 
 
 def read_facts(result: dict, handin, base: Base, rubric) -> HandinFacts:
-    """The facts of one graded hand-in; `handin` (a grader.pipeline.handin.Handin) may be None. It is
+    """The facts of one graded hand-in; `handin` (a grader.intake.handin.Handin) may be None. It is
     unpacked with the rubric's limits and log rule, as grading unpacks it, so that both pick the same run."""
     facts = HandinFacts(student=result["student"], source=result.get("source", ""), sha256=result.get("sha256", ""),
                         student_id=student_of(result["student"]),

@@ -14,16 +14,17 @@ import traceback
 from pathlib import Path
 
 from grader import kit
+from grader.evidence.errfile import parse_err
+from grader.evidence.logtext import read_log
+from grader.evidence.runs import rule_of
+from grader.intake import handin as handins
 from grader.parts import PART_IDS
-from grader.pipeline import backward, compare, handin as handins, megatron
-from grader.pipeline.errfile import parse_err
-from grader.pipeline.logtext import read_log
-from grader.pipeline.runs import rule_of
-from grader.pipeline.say import Say
-from grader.pipeline.score import log_validity, score_handin
 from grader.rerun import check as rerun
 from grader.rerun.sandbox import scratch_dir
 from grader.results import CheckOutcome, HandinResult, Status, grading_crashed, new_result, ungraded
+from grader.verdict import backward, compare, megatron
+from grader.verdict.say import Say
+from grader.verdict.score import log_validity, score_handin
 
 RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
 DIFF_LINE_CHARS = 200   # characters shown of a line of the utils.py diff
@@ -47,7 +48,7 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     """Re-run `parts` (those of the rubric the check runs) at `check` and judge them. A failure is
     run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at);
     when the machinery failed, the second run decides, since the first said nothing about the code.
-    `passed`: part -> the checks it passed already (grader.pipeline.diagnose uses them)."""
+    `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them)."""
     parts = [p for p in parts if p in rubric.parts_at(check)]
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
@@ -148,7 +149,7 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
 
 
 def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
-    """Grade `handin` (a grader.pipeline.handin.Handin) with `executor`; see the module docstring."""
+    """Grade `handin` (a grader.intake.handin.Handin) with `executor`; see the module docstring."""
     started = time.monotonic()
     result = new_result(handin.student, handin.name, handin.sha256, rubric)
     work = Path(scratch_dir("handin-", scratch))

@@ -3,7 +3,7 @@ Gradescope's results.json. Every file is written atomically (a temporary file, t
 (The batch's grades.csv and summary.md are grader.batch.gradebook's.)
 
 Hidden checks are named, never their values: their messages were said without them where they
-were made (grader.pipeline.say), a rank's own words never reached them (grader.rerun.hidden), and
+were made (grader.verdict.say), a rank's own words never reached them (grader.rerun.hidden), and
 their tracebacks are left out. A crash of the grader itself is said in a sentence; its traceback is
 in grading.json's `grader_error`, for the TAs. A traceback several parts
 share (code that does not load) is shown once. In Gradescope's results.json they go further: each part's

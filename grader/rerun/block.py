@@ -5,7 +5,7 @@ W2 [hidden_dim, input_dim]: `returned_weights` takes them from what it returned.
 check the hand-in's `MegatronMLP(W1, W2, world_size, rank)` runs alone on an X that requires a
 gradient, and backward starts from a fixed, non-uniform gradient G of the output [B, input_dim].
 What comes back, for the grader to compare with the single-device block in its own process
-(grader.pipeline.megatron):
+(grader.verdict.megatron):
 
     output      the block's output, [B, input_dim] on every rank (GeLU(X W1) W2)
     input_grad  the gradient of X, [B, input_dim] on every rank (f all-reduces it)

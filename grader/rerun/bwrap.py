@@ -36,9 +36,9 @@ from pathlib import Path
 from grader import kit
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# What the zygote imports, and no more: no rubric, no kit paths, nothing of the pipeline, none of
-# the grader's side of rerun/ (executor, check, hidden, doctor, bwrap). tests/test_layout.py holds
-# this list to the zygote's imports.
+# What the zygote imports, and no more: no rubric, no kit paths, nothing of intake, evidence,
+# verdict or pipeline, none of the grader's side of rerun/ (executor, check, hidden, doctor, bwrap).
+# tests/test_layout.py holds this list to the zygote's imports.
 ENGINE = ("__init__.py", "limits.py", "parts.py", "typed.py", "rerun/__init__.py", "rerun/block.py",
           "rerun/channel.py", "rerun/hooks.py", "rerun/layer.py", "rerun/memory.py", "rerun/protocol.py",
           "rerun/sandbox.py", "rerun/scratch.py", "rerun/secret.py", "rerun/source.py", "rerun/supervise.py",

@@ -4,7 +4,7 @@
 a world of the check's size. When a part ends its world (a crash on some ranks, a hang, a dead
 rank), that part is recorded as such and a new world runs the parts after it, so one broken part
 costs only that part. The weights come back as tensors, checked for shape and type in
-grader.rerun.channel; judging them is grader.pipeline.compare's job.
+grader.rerun.channel; judging them is grader.verdict.compare's job.
 
 Everything a rank says passes through grader.rerun.hidden's `Words` on its way into a PartRun: at a
 hidden check only an exception's type and the hand-in's own lines are kept. A part whose world

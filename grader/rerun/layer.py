@@ -5,7 +5,7 @@ tell whether `BroadcastParallel` (Megatron-LM's f: identity forward, all-reduce 
 the layer and works. Here the hand-in's `FullColumnParallelLinear(W0, world_size, rank)` runs on
 an X that requires a gradient, and backward starts from a fixed, non-uniform gradient of the
 output, G (so that no transpose or sum can hide). What comes back, for the grader to compare
-with the single-device layer in its own process (grader.pipeline.backward):
+with the single-device layer in its own process (grader.verdict.backward):
 
     output       the layer's output, [B, output_dim] on every rank (X @ W0)
     input_grad   the gradient of X, [B, input_dim] on every rank (G @ W0^T)
@@ -14,7 +14,7 @@ with the single-device layer in its own process (grader.pipeline.backward):
 X and W0 are the part's data (grader.rerun.secret): X is real and the same on every rank; the W0
 rank r's layer is handed is real in rank r's own columns only and this rank's noise elsewhere, so
 the gathered output and the all-reduced gradient of X are right only if the ranks communicated. G
-is drawn from its own generator, seeded with the check's seed + 1 (grader.pipeline.backward draws
+is drawn from its own generator, seeded with the check's seed + 1 (grader.verdict.backward draws
 the same).
 """
 

@@ -4,7 +4,7 @@ A rank's weight can only be judged by what the rank could not have produced with
 part's parallel work. So the batch a part trains on is not the handout's seeded one: the world's
 leader derives its seeds after it has forked the ranks, serves each rank its own view when the part
 starts (grader.rerun.supervise), and reports the seeds to the grader, which computes every expected
-value from them in its own process (grader.pipeline.compare, backward).
+value from them in its own process (grader.verdict.compare, backward).
 
 The seeds come from a data key: 32 random bytes the grader keeps. A batch's lives in OUT/.data-key,
 readable by its owner alone, so regrades and later hand-ins into the same OUT run on the same data

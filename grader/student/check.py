@@ -20,14 +20,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.pipeline import handin as handins, intake
-from grader.student import package
-from grader.rerun.executor import make_executor
-from grader.pipeline.grade import grade_handin
+from grader.intake import handin as handins
+from grader.intake.find import discover
 from grader.parts import BY_ID
+from grader.pipeline.grade import grade_handin
+from grader.rerun.executor import make_executor
+from grader.rerun.sandbox import scratch_dir
 from grader.results import Status, ToDict
 from grader.rubric import load_public_rubric
-from grader.rerun.sandbox import scratch_dir
+from grader.student import package
 
 TRACEBACK_LINES = 8
 PENALTY_REASONS = {"missing_err": "the run's stderr (.err) is missing", "missing_log": "no log of a run",
@@ -113,7 +114,7 @@ def _problems(result, rows) -> list:
 
 
 def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
-    """Grade `handin` (a grader.pipeline.handin.Handin) by `rubric`'s public checks and report per part."""
+    """Grade `handin` (a grader.intake.handin.Handin) by `rubric`'s public checks and report per part."""
     public = [c for c in rubric.checks if not c.hidden]
     if len(public) != len(rubric.checks):
         rubric = dataclasses.replace(rubric, checks=public)
@@ -136,7 +137,7 @@ def handin_at(path=None, log=None, err=None, pattern: str = r"(?P<id>.+)") -> tu
         path = Path(path)
         if not path.is_file():
             raise CheckError(f"{package.show(path)}: no such file; build the zip with python -m grader package")
-        found, problems = intake.discover([path], pattern)
+        found, problems = discover([path], pattern)
         if problems:
             raise CheckError(f"{problems[0][1].split('; ')[0]}; build it again with python -m grader package")
         if len(found) != 1:

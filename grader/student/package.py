@@ -8,7 +8,7 @@ above (where the reference solution finds it). Without `--log`, the run is taken
 folder or the current folder, where Slurm and `slurm/run-local.sh` leave them: its stdout and
 stderr are found by what they hold, whatever their names (`assignment4-<id>.log` and `.err`,
 Slurm's `slurm-<id>.out` with both streams in one file, `output_<id>.txt` ...), and of several
-runs the best is taken (grader.pipeline.runs: a run of this very code, complete, what the public
+runs the best is taken (grader.evidence.runs: a run of this very code, complete, what the public
 rubric asks of a run, newest among equals); `Sources.note` says which and why. `--log FILE` names
 the run's stdout, whatever its name; its stderr is the file of the same name or job id beside it,
 or the file itself when it holds both streams.
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader import kit
-from grader.pipeline import runs as run_logs
-from grader.pipeline.logfile import parse_log
-from grader.pipeline.logtext import LogReport, read_log
+from grader.evidence import runs as run_logs
+from grader.evidence.logfile import parse_log
+from grader.evidence.logtext import LogReport, read_log
 from grader.rubric import load_public_rubric
 
 DEFAULT_FOLDER = Path("assignment_4")

@@ -2,7 +2,7 @@
 
 A TA gives `grade` what the LMS gave them, zipped or unzipped. The download is expanded at that
 level only: each student's part becomes one hand-in (`Entry`), and nothing inside a student's
-hand-in is ever taken for a download (grader.pipeline.handin opens at most one zip nested in it).
+hand-in is ever taken for a download (grader.intake.handin opens at most one zip nested in it).
 The LMSs name their downloads so (`ORIG` is the file's name as the student uploaded it):
 
 - **Canvas** (Assignments > Download Submissions): one file per uploaded file, at the top,
@@ -41,7 +41,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from grader.pipeline.handin import JUNK
+from grader.intake.handin import JUNK
 
 LMSS = ("canvas", "moodle", "gradescope", "blackboard")
 CANVAS = re.compile(r"^(?P<login>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_(?P<orig>.+)$")

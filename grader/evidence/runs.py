@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.pipeline.logfile import parse_log
-from grader.pipeline.logtext import read_log
+from grader.evidence.logfile import parse_log
+from grader.evidence.logtext import read_log
 
 SNIFF_BYTES = 1 << 16
 STDOUT_SUFFIX = re.compile(r"(\.(log|out|txt|stdout|o\d+))?", re.I)

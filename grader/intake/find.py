@@ -1,10 +1,10 @@
 """From the PATHs a TA gives `grade` to hand-ins: which are downloads, which are hand-ins.
 
 A PATH may be an LMS download, zipped or unzipped (its students told apart by the LMS's names:
-grader.pipeline.download), a plain folder of hand-ins (zips, or folders holding assignment4.py),
+grader.intake.download), a plain folder of hand-ins (zips, or folders holding assignment4.py),
 such a folder zipped, or one hand-in (a zip, or its unpacked folder). A download is expanded at the
 level the TA gave only: a hand-in inside it is never taken for a download (a zip holding zips is
-one student's, refused when unpacked: grader.pipeline.handin).
+one student's, refused when unpacked: grader.intake.handin).
 
 `find_handins` tells four things apart: hand-ins, hand-ins that cannot be read (a broken zip: the
 student must hand in again), files of a download that fit no student (`strays`: for a person to
@@ -18,8 +18,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from grader.pipeline import download
-from grader.pipeline.handin import JUNK, Handin, folder_digest, safe_id, student_id
+from grader.intake import download
+from grader.intake.handin import JUNK, Handin, folder_digest, safe_id, student_id
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Found:
     handins: list = field(default_factory=list)      # Handin
     unreadable: list = field(default_factory=list)   # Unreadable
     errors: list = field(default_factory=list)       # (path, "PATH: why it holds no hand-in"): nothing to grade
-    strays: list = field(default_factory=list)       # grader.pipeline.download.Stray: fits no student
+    strays: list = field(default_factory=list)       # grader.intake.download.Stray: fits no student
     shapes: list = field(default_factory=list)       # "PATH: what it was read as", for the console
 
 

@@ -11,8 +11,8 @@ Per part:
 Penalties for missing or modified files come off the total, which never goes below zero.
 """
 
+from grader.evidence.runs import rule_of, rule_problems
 from grader.parts import PARTS
-from grader.pipeline.runs import rule_of, rule_problems
 from grader.results import LogPart, PartResult, Status
 
 FAILURE_ORDER = (Status.INFRA_ERROR, Status.CRASHED, Status.TIMEOUT, Status.OOM, Status.FAILED,

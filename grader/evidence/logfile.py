@@ -17,11 +17,36 @@ from collections import Counter
 from grader.parts import BY_ID, PART_IDS
 
 JOB_FIELDS = 40   # [Job] fields kept, and prefixes naming no part: a log cannot fill a report
-from grader.pipeline.logtext import (CLAIM, Dialect, EXCERPT_LINES, HANDOUT_RANK0_PARTS, INIT, JOB,
-                                      JOB_STATUS, KEY_VALUE, LINE_CHARS, SLURM_JOB_ID, SLURM_MARK, SRUN,
-                                      SRUN_HOST, Budget, LogReport, LogTimeout, PartEvidence, RankClaim,
-                                      as_bytes, add_flag, clip, cut_flag, line_at, number, ranks_text, squash,
-                                      part_of_prefix, timeout_flag)
+from grader.evidence.logtext import (
+    CLAIM,
+    EXCERPT_LINES,
+    HANDOUT_RANK0_PARTS,
+    INIT,
+    JOB,
+    JOB_STATUS,
+    KEY_VALUE,
+    LINE_CHARS,
+    SLURM_JOB_ID,
+    SLURM_MARK,
+    SRUN,
+    SRUN_HOST,
+    Budget,
+    Dialect,
+    LogReport,
+    LogTimeout,
+    PartEvidence,
+    RankClaim,
+    add_flag,
+    as_bytes,
+    clip,
+    cut_flag,
+    line_at,
+    number,
+    part_of_prefix,
+    ranks_text,
+    squash,
+    timeout_flag,
+)
 
 
 def _claims_by_part(comparisons):

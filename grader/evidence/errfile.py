@@ -6,11 +6,36 @@ from __future__ import annotations
 
 import re
 
-from grader.pipeline.logtext import (CARETS, COLLECTIVE_TIMEOUT, EXCEPTION_LINE, ErrReport, LINE_PREFIX,
-                                      NCCL, NEEDLES, OOM, OOM_KILLED, OOM_MEMORY, REPORT_LINES, ROOT_CAUSE,
-                                      SLURM, SLURM_EVENT, SYNTAX_ERROR, TRACEBACK, TRACEBACK_HEAD,
-                                      TRACEBACK_SCAN, TRACEBACKS_READ, Budget, LogTimeout, as_bytes, clip,
-                                      clip_line, add_flag, cut_flag, line_at, timeout_flag)
+from grader.evidence.logtext import (
+    CARETS,
+    COLLECTIVE_TIMEOUT,
+    EXCEPTION_LINE,
+    LINE_PREFIX,
+    NCCL,
+    NEEDLES,
+    OOM,
+    OOM_KILLED,
+    OOM_MEMORY,
+    REPORT_LINES,
+    ROOT_CAUSE,
+    SLURM,
+    SLURM_EVENT,
+    SYNTAX_ERROR,
+    TRACEBACK,
+    TRACEBACK_HEAD,
+    TRACEBACK_SCAN,
+    TRACEBACKS_READ,
+    Budget,
+    ErrReport,
+    LogTimeout,
+    add_flag,
+    as_bytes,
+    clip,
+    clip_line,
+    cut_flag,
+    line_at,
+    timeout_flag,
+)
 
 
 def _accepts(pattern: re.Pattern, raw: bytes, m: re.Match, end: int, line: str) -> bool:

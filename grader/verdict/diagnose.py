@@ -6,7 +6,7 @@ columns only), so a mistake that uses data a rank does not own is told by its we
 
 `diagnose` returns one sentence that states what the weight is (the transpose, one rank's shard,
 the step of one micro-batch, an update k times the reference's) and, where the weight leaves no
-doubt, the line of code that makes it. Numbers go through grader.pipeline.say, so a hidden
+doubt, the line of code that makes it. Numbers go through grader.verdict.say, so a hidden
 check's values are never said. `passed` are the checks this part already passed: a number that
 was right there and is wrong here (a 4 written where world_size belongs) is told apart from a
 mistake that would have failed there too.
@@ -14,7 +14,7 @@ mistake that would have failed there too.
 
 import torch
 
-from grader.pipeline.say import Say
+from grader.verdict.say import Say
 
 
 def close(a, b, tol) -> bool:

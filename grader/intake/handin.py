@@ -1,13 +1,13 @@
 """Hand-ins: unpack them safely, normalise them, and locate the four files.
 
-A hand-in (grader.pipeline.intake finds them) is a zip, an unpacked folder, or the loose files of
+A hand-in (grader.intake.find finds them) is a zip, an unpacked folder, or the loose files of
 one student of an LMS download. Unpacking refuses absolute paths, `..`, symbolic links, names that
 are not valid UTF-8, too many members and too many bytes (checked while extracting, not only as
 declared), and writes nothing outside the hand-in's own folder. Junk is dropped (`__MACOSX/`,
 `.DS_Store`, `__pycache__/`, `._*`), a single leading folder is stripped, and one zip nested in the
 hand-in is opened (never a zip in that one; a hand-in of several zips and no code is refused,
 naming the file). The code is found by name (`assignment4.py`, `utils.py`); the run's stdout and
-stderr by what they hold, whatever their names (grader.pipeline.runs: of several runs, the best of
+stderr by what they hold, whatever their names (grader.evidence.runs: of several runs, the best of
 the code handed in).
 """
 
@@ -19,7 +19,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from grader.pipeline import runs as run_logs
+from grader.evidence import runs as run_logs
 from grader.rubric import id_regex
 
 JUNK = re.compile(r"(^|/)(__MACOSX|__pycache__|\.git|\.ipynb_checkpoints)(/|$)|(^|/)(\.DS_Store|\._[^/]*|Thumbs\.db)$")
@@ -68,7 +68,7 @@ class Unpacked:
     root: Path
     files: dict = field(default_factory=dict)   # role -> Path: "assignment", "utils", "log", "err"
     notes: list = field(default_factory=list)   # what normalising did, for feedback
-    run: object = None                          # grader.pipeline.runs.Run of the log, when there is one
+    run: object = None                          # grader.evidence.runs.Run of the log, when there is one
 
 
 def _stem(name: str) -> str:
@@ -238,7 +238,7 @@ def locate(root: Path, notes: list, rule=None) -> tuple:
 
 def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
     """Unpack (or copy) a hand-in into the empty folder `dest` and locate its files (`rule`: what the
-    rubric asks of a run, grader.pipeline.runs.LogRule, to choose among several)."""
+    rubric asks of a run, grader.evidence.runs.LogRule, to choose among several)."""
     dest.mkdir(parents=True, exist_ok=True)
     notes = []
     if handin.zip_bytes is not None or handin.zip_path is not None:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from grader.pipeline.compare import collectives, unfinished
-from grader.pipeline.diagnose import close
-from grader.pipeline.say import Say
 from grader.rerun import secret
 from grader.rerun.layer import output_gradient
 from grader.results import CheckOutcome, Status
+from grader.verdict.compare import collectives, unfinished
+from grader.verdict.diagnose import close
+from grader.verdict.say import Say
 
 F_HINT = ("f (BroadcastParallel: identity forward, all-reduce backward) must sum the ranks' shares: "
           "does forward pass X through BroadcastParallel, and does its backward all-reduce?")

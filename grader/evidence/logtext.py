@@ -1,5 +1,5 @@
 """What the .log and .err readers share: every pattern of both files, the reports they return, and
-the text helpers. `grader.pipeline.logfile` reads a `.log`, `grader.pipeline.errfile` an `.err`.
+the text helpers. `grader.evidence.logfile` reads a `.log`, `grader.evidence.errfile` an `.err`.
 
 A log is evidence, not the verdict (it can be stale or forged; the grade comes from our re-run).
 Clusters mangle output (srun --label and torchrun prefixes, ranks spliced into one line, CRLF,

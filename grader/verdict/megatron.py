@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grader.pipeline.compare import collectives, unfinished, weight_digest
-from grader.pipeline.diagnose import close
-from grader.pipeline.say import Say
 from grader.rerun import secret
 from grader.rerun.layer import output_gradient
 from grader.results import CheckOutcome, Status
+from grader.verdict.compare import collectives, unfinished, weight_digest
+from grader.verdict.diagnose import close
+from grader.verdict.say import Say
 
 
 @dataclass

@@ -11,10 +11,10 @@ Nothing a rank says about itself decides a verdict (the collectives it reports a
 feedback, never required): only the weight, which is right only when the part's parallel work was
 done, since no rank alone holds the data a right weight needs (Parts 3 and 4).
 
-When a weight differs, grader.pipeline.diagnose tests the usual mistakes in turn, each by computing
+When a weight differs, grader.verdict.diagnose tests the usual mistakes in turn, each by computing
 the weight that mistake would produce on the data each rank was handed, and comparing. Messages are
-said through grader.pipeline.say, so a hidden check's numbers never reach them. (A backward check
-is grader.pipeline.backward's.)
+said through grader.verdict.say, so a hidden check's numbers never reach them. (A backward check
+is grader.verdict.backward's.)
 """
 
 import hashlib
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grader.pipeline.diagnose import close as _close, diagnose
-from grader.pipeline.say import Say
 from grader.rerun import secret
 from grader.results import CheckOutcome, Status
+from grader.verdict.diagnose import close as _close, diagnose
+from grader.verdict.say import Say
 
 __all__ = ["Expected", "expected", "diagnose", "collectives", "weight_digest", "judge", "unfinished"]
 
@@ -150,7 +150,7 @@ def _reduced_to_one_rank(run, failing: list, part: str, say: Say) -> str:
 
 def judge(run, exp: Expected, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of one part at one check, from its PartRun. `passed`: the checks this part passed
-    already (grader.pipeline.diagnose); `say`: how this check's numbers are said."""
+    already (grader.verdict.diagnose); `say`: how this check's numbers are said."""
     say = say or Say(check)
     if run.status != Status.PASSED:
         return unfinished(run, check, say)
