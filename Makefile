@@ -1,6 +1,7 @@
 # a4: the Assignment 4 kit, its Slurm jobs and its grader.
 #   make demo        run the reference on 4 CPU ranks as the Slurm job would, check it, package it, grade it
 #   make test        the test suite (real gloo worlds, real torchrun)
+#   make test-course the suite again in an instructor's changed copy of the kit (rubric, sizes, Part 5)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
@@ -20,7 +21,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 DEMO := build/demo
 RELEASE := build/release
 
-.PHONY: venv demo test test-slurm test-pythons bench skeleton release clean
+.PHONY: venv demo test test-course test-slurm test-pythons bench skeleton release clean
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,10 +54,16 @@ demo: $(STAMP)
 	@echo; echo "staff report (open it in a browser): $(DEMO)/grades/report.html"
 
 # Two processes, each taking whole test files (a file's module fixtures, the graded corpora, are
-# made once): the waits on hangs and timeouts of one overlap the other's work.
+# made once), the longest files first (tests/conftest.py: LONGEST_FIRST): the waits on hangs and
+# timeouts of one overlap the other's work, and both finish together.
 TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not slurm" -n $(TEST_PROCESSES) --dist loadfile
+	$(PY) -m pytest -m "not slurm and not course" -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+
+# The kit's suite run again in an instructor's changed copy of the kit, Part 5 off and on
+# (tests/test_course_rubric.py, marker course): one copy per process.
+test-course: $(STAMP)
+	$(PY) -m pytest -m course -n $(TEST_PROCESSES) --dist load
 
 # Starts a local 4-node Slurm (installing Debian's packages if needed; root), runs the tests marked
 # slurm against it, and stops it again, also when a test fails.

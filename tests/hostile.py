@@ -8,6 +8,7 @@ baseline pass. Paths the attacks aim at (the reference, the rubric, the grader's
 port of a listener that must hear nothing are filled in at test time.
 """
 
+import functools
 import io
 import stat
 import textwrap
@@ -229,6 +230,7 @@ def _zip(members) -> bytes:
     return buffer.getvalue()
 
 
+@functools.cache
 def zip_attacks() -> dict:
     """Hand-in zips that try to escape through the zip itself; each must be refused as invalid."""
     code = REFERENCE.read_text()

@@ -1,7 +1,10 @@
 """A course that changes the rubric keeps its safety net: an instructor's copy of the kit with other
 points, a new hidden check, another default batch (in the rubric, the reference and the handout
 alike) and another tolerance builds its release, and the kit's own tests pass in it, the
-stock-course tests skipped and named."""
+stock-course tests skipped and named.
+
+Those two runs of the suite in a copy (Part 5 off and on) carry the marker `course`: `make test`
+leaves them out and says so, `make test-course` runs them, and `.ci/run` runs both targets."""
 
 import os
 import shutil
@@ -73,6 +76,7 @@ def run(copy: Path, *args, timeout: int) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(900)
 @pytest.mark.torch
+@pytest.mark.course   # the kit's suite again, in the copy: make test-course, not make test
 @pytest.mark.parametrize("part5", [False, True], ids=["part5-off", "part5-on"])
 def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path, part5):
     copy = instructors_copy(tmp_path)

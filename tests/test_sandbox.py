@@ -20,9 +20,12 @@ from tests.conftest import own_processes, skip_unless_required
 from tests.corpus import FULL, REFERENCE, ROOT, Files, refingerprint, zip_bytes
 from tests.hostile import ATTACKS, MARKER, all_handins, build, inject, zip_attacks
 
+# Two worlds per hand-in: the public check at 4 ranks only (what each world size finds is
+# tests/test_grader.py's), and a hidden check, whose messages must hold no value either.
 RUBRIC = {"checks": [{"name": "default"},
                      {"name": "two-ranks", "hidden": True, "world_size": 2, "seed": 1234,
                       "global_batch_size": 52, "input_dim": 13, "output_dim": 12, "accumulation_steps": 2}],
+          "public_world_sizes": [4],
           "timeouts": {"part": 5, "process_group": 3, "world_start": 30, "handin": 120}}
 
 
@@ -248,7 +251,7 @@ def _grade_in_order(config, ta, reference_run, tmp: Path, handins: dict) -> dict
     inbox, out = tmp / "inbox", tmp / "out"
     inbox.mkdir(parents=True)
     # Timeouts a loaded machine cannot run out: this is about what each world finds, not about time.
-    (tmp / "rubric.yaml").write_text(yaml.safe_dump({"checks": RUBRIC["checks"][:1],
+    (tmp / "rubric.yaml").write_text(yaml.safe_dump({"checks": RUBRIC["checks"][:1], "public_world_sizes": [4],
                                                      "timeouts": dict(RUBRIC["timeouts"], part=60)}))
     for name, data in handins.items():
         (inbox / f"{name}.zip").write_bytes(data)
