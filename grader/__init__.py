@@ -6,7 +6,7 @@ The house, one room per job; a hand-in travels down the list:
                  results (statuses and result dataclasses, where a batch keeps them), plots (figures
                  by matplotlib, loaded only to draw; the lab's bandwidth plot uses it too), cli
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
-                 its weights (executor, torchrun, zygote, world, supervise, worker, source, secret,
+                 its weights (executor, executors, torchrun, zygote, world, supervise, worker, source, secret,
                  layer, block, hooks, protocol, channel, sandbox, scratch, memory, check; hidden
                  keeps a hidden check's results free of a rank's words; doctor says which sandbox
                  layers work on a machine)

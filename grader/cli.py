@@ -23,7 +23,7 @@ from pathlib import Path
 from grader import kit
 
 HERE = Path(__file__).resolve().parent
-EXECUTOR_CHOICES = ("warm", "torchrun", "slurm")   # grader.rerun.executor.EXECUTORS and the job array
+EXECUTOR_CHOICES = ("warm", "torchrun", "slurm")   # grader.rerun.executors.EXECUTORS and the job array
 PATH_HELP = ("the folder with your assignment4.py (default: assignment_4/, else the current folder), "
              "or the file itself")
 LOG_HELP = ("the run's stdout, whatever its name (.log, Slurm's slurm-<id>.out, .txt ...; default: the best run "

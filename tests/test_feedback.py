@@ -24,7 +24,7 @@ from grader.intake.handin import Handin
 from grader.names import result_files, student_dir
 from grader.pipeline.grade import judge_check
 from grader.rerun.check import prepare_code, run_check
-from grader.rerun.executor import make_executor
+from grader.rerun.executors import make_executor
 from grader.results import Status
 from grader.rubric import Check, load_rubric, public_rubric
 from grader.student.check import check_handin

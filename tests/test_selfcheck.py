@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from grader import cli
-from grader.rerun.executor import make_executor
+from grader.rerun.executors import make_executor
 from grader.parts import BY_ID
 from grader.results import Status
 from grader.instructor.release import public_rubric_text

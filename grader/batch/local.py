@@ -22,7 +22,7 @@ from grader.pipeline import report
 from grader.pipeline.grade import grade_handin, judge_check
 from grader.rerun import secret
 from grader.rerun.check import prepare_code
-from grader.rerun.executor import make_executor
+from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status, new_result, ungraded
 

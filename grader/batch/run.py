@@ -41,7 +41,7 @@ from grader.intake.find import Unreadable, find_handins
 from grader.kit import write_json
 from grader.names import SEP, result_files, student_dir, student_of, students_dir
 from grader.pipeline import report
-from grader.rerun.executor import make_executor
+from grader.rerun.executors import make_executor
 from grader.results import Status, grader_digest, new_result, ungraded
 from grader.rubric import load_rubric
 

@@ -25,7 +25,7 @@ from grader.kit import write_json
 from grader.names import gradescope_user
 from grader.pipeline.grade import grade_handin
 from grader.pipeline.report import gradescope_results, limited_results
-from grader.rerun.executor import make_executor
+from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
 from grader.results import grading_crashed, new_result
 from grader.rubric import load_rubric

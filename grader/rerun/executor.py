@@ -8,7 +8,9 @@
   torch again: the cold path, kept as the baseline of the throughput benchmark.
 
 Both run the same rank code (grader.rerun.worker) and the same supervision
-(grader.rerun.supervise), and return the same WorldReport. One executor runs one world at a time; `--jobs N` makes N of them.
+(grader.rerun.supervise), and return the same WorldReport. One executor runs one world at a time;
+`--jobs N` makes N of them. This module holds what both share; grader.rerun.executors picks one
+by name.
 """
 
 import collections
@@ -31,7 +33,6 @@ from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
 from grader.rerun.world import infra_report
 
-EXECUTORS = ("warm", "torchrun")   # and "slurm": grader.batch.array spreads hand-ins over a job array
 ENTRY = "grader.rerun.zygote"      # the module both executors start: the zygote, or a torchrun rank
 
 
@@ -265,11 +266,3 @@ class WarmExecutor(Counted):
             self._cgroup.remove()
             self._cgroup = None
 
-
-def make_executor(name: str, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
-    if name == "warm":
-        return WarmExecutor(sandbox, limits, key)
-    if name == "torchrun":
-        from grader.rerun.torchrun import TorchrunExecutor   # the cold path, loaded when it is asked for
-        return TorchrunExecutor(sandbox, limits, key)
-    raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")

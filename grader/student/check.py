@@ -24,7 +24,7 @@ from grader.intake import handin as handins
 from grader.intake.find import discover
 from grader.parts import BY_ID
 from grader.pipeline.grade import grade_handin
-from grader.rerun.executor import make_executor
+from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status, ToDict
 from grader.rubric import load_public_rubric
