@@ -244,9 +244,9 @@ def test_output_floods_are_capped(hostile):
 
 # ---- one executor, one world after another ------------------------------------------------------
 
-def _grade_in_order(config, ta, reference_run, tmp: Path, handins: dict) -> dict:
+def _grade_in_order(config, ta, reference_run, tmp: Path, handins: dict, python=sys.executable) -> dict:
     """Grade `handins` (name -> zip bytes) with one executor (--jobs 1), in the order of their names,
-    as root or as `ta`; return name -> grading.json."""
+    as root (by `python`) or as `ta`; return name -> grading.json."""
     kit = ta.kit if ta else ROOT
     inbox, out = tmp / "inbox", tmp / "out"
     inbox.mkdir(parents=True)
@@ -261,7 +261,7 @@ def _grade_in_order(config, ta, reference_run, tmp: Path, handins: dict) -> dict
         subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
         proc = ta.run([str(ta.python), *args], timeout=600)
     else:
-        proc = subprocess.run([sys.executable, *args], cwd=kit, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([str(python), *args], cwd=kit, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {p.parent.name: json.loads(p.read_text()) for p in (out / "students").glob("*/grading.json")}
 
@@ -272,18 +272,24 @@ def test_a_planted_compiled_module_never_reaches_the_next_world(config, referenc
     """A hand-in plants an unchecked .pyc of `utils` beside its code and in /tmp, files in /tmp and
     /dev/shm, and makes the folders read only; the correct hand-ins graded after it by the same
     executor (one that does in every part what the sandbox must not notice, then the reference)
-    score full marks: each world starts with a new /tmp and /dev/shm, and code loads from source."""
+    score full marks: each world starts with a new /tmp and /dev/shm, and code loads from source.
+    Root's grader runs a Python reached through a link in /tmp (a clone whose .venv links to another):
+    each new /tmp has that link again, or every import a part makes late fails."""
     log, err = reference_run
     ta = _ta_or_skip(config)
+    python = sys.executable
     try:
         tmp = ta.home / "work" if ta else tmp_path_factory.mktemp("in-order")
+        if not ta:
+            (tmp / "python").symlink_to(os.path.realpath(sys.prefix))
+            python = tmp / "python" / "bin" / Path(sys.executable).name
         values = {"port": 9, "reference": "", "rubric": "", "out": ""}
         handins = {}
         for order, name in (("a", "plant_bytecode"), ("b", "lazy_imports"), ("c", "plant_bytecode"), ("d", "lazy_imports")):
             code = build(name, values, log, err).code
             handins[f"{order}_{name}"] = zip_bytes(Files(code=code, log=refingerprint(log, code), err=err))
         handins["e_reference"] = zip_bytes(Files(code=REFERENCE.read_text(), log=log, err=err))
-        results = _grade_in_order(config, ta, reference_run, tmp, handins)
+        results = _grade_in_order(config, ta, reference_run, tmp, handins, python)
     finally:
         if ta is not None:
             tas.remove(ta)

@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from grader import kit
+from grader.rerun.scratch import python_links
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What the zygote imports, and no more: no rubric, no kit paths, nothing of intake, evidence,
@@ -189,8 +190,7 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += bind_fd(path, path)
-    links = {p: os.path.realpath(p) for p in {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}
-             if os.path.realpath(p) != p}   # a venv reached through a link: Python is run by that name
+    links = python_links()
     binds = python_paths()
     for folder in parents(binds + list(links)):
         args += ["--perms", "0755", "--dir", folder]

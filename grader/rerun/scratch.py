@@ -12,6 +12,7 @@ import ctypes
 import os
 import shutil
 import signal
+import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 SCRATCH = ("/tmp", "/dev/shm")
@@ -26,13 +27,25 @@ def _mount(source, target, fstype, flags, data=None):
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
+def python_links() -> dict:
+    """{path: its target} for the prefixes of the Python in use that are reached through a link (a
+    venv at ~/venv linked to /scratch/venv): Python runs by that name, so the sandbox makes the same
+    link (grader.rerun.bwrap) and `fresh` makes it again in each world's /tmp."""
+    paths = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}
+    return {p: os.path.realpath(p) for p in sorted(paths) if os.path.realpath(p) != p}
+
+
+def _inside_scratch(path: str) -> bool:
+    return path.startswith(tuple(top + "/" for top in SCRATCH))
+
+
 def fresh(tmp_mb: int) -> None:
     """In a new mount namespace: a new tmpfs on /tmp and on /dev/shm (what the zygote's held is out
-    of sight), with the mounts the sandbox made inside them (a Python under /tmp) bound back."""
+    of sight), with what the sandbox made inside them for a Python under /tmp made again: its
+    mounts bound back, its prefix's link (`python_links`) linked again."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     with open("/proc/self/mounts") as f:
-        inside = sorted({line.split()[1] for line in f
-                         if line.split()[1].startswith(tuple(top + "/" for top in SCRATCH))}, key=len)
+        inside = sorted({line.split()[1] for line in f if _inside_scratch(line.split()[1])}, key=len)
     inside = [m for m in inside if not any(m.startswith(o + "/") for o in inside if o != m)]
     held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
     try:
@@ -41,9 +54,23 @@ def fresh(tmp_mb: int) -> None:
         for path, fd in held.items():
             os.makedirs(path, mode=0o755, exist_ok=True)
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        _link_python()
     finally:
         for fd in held.values():
             os.close(fd)
+
+
+# Read when the zygote imports this module, before any world ran: in the zygote's own /tmp (no
+# namespaces for worlds) a world may have put a link of its own in their place since.
+PYTHON_LINKS = python_links()
+
+
+def _link_python() -> None:
+    """Make again, in an empty /tmp, the links to the Python in use that lie inside it."""
+    for path, target in PYTHON_LINKS.items():
+        if _inside_scratch(path):
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            os.symlink(target, path)
 
 
 def read_only(folder: str) -> None:
@@ -73,7 +100,9 @@ def clean_between_worlds() -> bool:
         mounts = {line.split()[1] for line in f if line.split()[1].startswith(("/tmp/", "/dev/shm/"))}
     for top in SCRATCH:
         _empty(top, mounts)
-    return not any(_leftovers(top, mounts) for top in SCRATCH)
+    emptied = not any(_leftovers(top, mounts) for top in SCRATCH)
+    _link_python()   # removed with the rest: whatever a world put in its place is gone too
+    return emptied
 
 
 def _leftovers(folder: str, mounts: set) -> list:
