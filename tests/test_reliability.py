@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from grader.rerun.executor import WarmExecutor
-from grader.pipeline.grade import judge_check
+from grader.intake.handin import Handin
+from grader.pipeline.grade import grade_handin, judge_check
 from grader.rerun.check import prepare_code
 from grader.results import Status
 from grader.rubric import load_rubric
@@ -144,6 +145,47 @@ def test_a_failure_that_passes_when_run_again_is_flagged_flaky():
     assert executor.calls == executor.worlds == 2
     assert all(judged[p].status == Status.PASSED and not judged[p].flaky
                for p in ("baseline", "grad_accumulation", "tensor_parallel"))
+
+
+class Recorded(WarmExecutor):
+    """A real executor that records the parts of each world it runs."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked = []
+
+    def run_world(self, job):
+        self.asked.append(list(job.parts))
+        return super().run_world(job)
+
+
+@pytest.mark.timeout(300)
+def test_a_timeout_that_times_out_again_is_not_run_again_at_later_checks(tmp_path):
+    """A hang in Part 4 at three checks: its first timeout is run once more (and times out again);
+    at the later checks the timeout stands without a second run, since each costs the part's clock."""
+    rubric_path = tmp_path / "rubric.yaml"
+    rubric_path.write_text(yaml.safe_dump({"checks": [{"name": "default", "world_size": 2},
+                                                      {"name": "again", "world_size": 2, "seed": 7},
+                                                      {"name": "more", "world_size": 2, "seed": 8}],
+                                           "public_world_sizes": [2],
+                                           "timeouts": {"part": 1, "process_group": 1, "world_start": 30}}))
+    rubric = load_rubric(rubric_path)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "assignment4.py").write_text(mutate("hang"))
+    handin = Handin(name="hang", student="hang", sha256="", folder=tmp_path / "files")
+    executor = Recorded("auto", rubric.limits)
+    try:
+        result = grade_handin(handin, rubric, executor, tmp_path)
+    finally:
+        executor.close()
+    everything = list(rubric.part_ids)
+    assert executor.asked == [everything, ["tensor_parallel"], everything, everything]
+    checks = result.parts["tensor_parallel"].checks
+    assert [(c.check, c.status, c.flaky) for c in checks] == [(name, Status.TIMEOUT, False)
+                                                              for name in ("default", "again", "more")]
+    assert "did not finish" in checks[2].message
+    assert all(o.status == Status.PASSED for p in ("baseline", "grad_accumulation", "data_parallel")
+               for o in result.parts[p].checks)
 
 
 def test_a_rubric_file_states_only_what_it_changes(tmp_path):

@@ -44,11 +44,13 @@ def _utils_notes(student_utils: Path) -> list:
             f"```diff\n{shown}\n```"]
 
 
-def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None) -> dict:
+def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None, hung=()) -> dict:
     """Re-run `parts` (those of the rubric the check runs) at `check` and judge them. A failure is
     run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at);
     when the machinery failed, the second run decides, since the first said nothing about the code.
-    `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them)."""
+    `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them). `hung`: the
+    parts whose timeout at an earlier check timed out again when run once more; a timeout of theirs
+    is not run again (each costs the part's whole clock, and the failure stands either way)."""
     parts = [p for p in parts if p in rubric.parts_at(check)]
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
@@ -71,7 +73,8 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
 
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
     judged = {p: verdict(p, runs[p]) for p in parts}
-    again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)]
+    again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)
+             and not (o.status == Status.TIMEOUT and p in hung)]
     if again:
         reruns = rerun.run_check(executor, code, check, rubric, scratch, again)
         for p in again:
@@ -132,6 +135,7 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
     code = rerun.prepare_code(assignment)
     outcomes = {p: [] for p in rubric.part_ids}
     passed = {p: [] for p in rubric.part_ids}
+    hung = set()   # parts whose timeout was run once more and timed out again (judge_check)
     for check in rubric.checks:
         if time.monotonic() > deadline:
             for p in rubric.parts_at(check):
@@ -139,10 +143,12 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
                                                 world_size=check.world_size, status=Status.TIMEOUT,
                                                 message=f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))
             continue
-        for p, outcome in judge_check(executor, code, check, rubric, work, passed=passed).items():
+        for p, outcome in judge_check(executor, code, check, rubric, work, passed=passed, hung=hung).items():
             outcomes[p].append(outcome)
             if outcome.status == Status.PASSED:
                 passed[p].append(check)
+            if outcome.status == Status.TIMEOUT and not outcome.flaky:
+                hung.add(p)
             if outcome.flaky and "flaky" not in result.flags:
                 result.flags.append("flaky")
     return outcomes
