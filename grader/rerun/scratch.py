@@ -97,12 +97,13 @@ def clean_between_worlds() -> bool:
         except ChildProcessError:
             break
     with open("/proc/self/mounts") as f:
-        mounts = {line.split()[1] for line in f if line.split()[1].startswith(("/tmp/", "/dev/shm/"))}
+        mounts = {line.split()[1] for line in f if _inside_scratch(line.split()[1])}
     for top in SCRATCH:
         _empty(top, mounts)
-    emptied = not any(_leftovers(top, mounts) for top in SCRATCH)
+    if any(_leftovers(top, mounts) for top in SCRATCH):
+        return False
     _link_python()   # removed with the rest: whatever a world put in its place is gone too
-    return emptied
+    return True
 
 
 def _leftovers(folder: str, mounts: set) -> list:
