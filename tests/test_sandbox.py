@@ -371,7 +371,7 @@ highest, running = [before], [True]
 def poll():
     while running[0]:
         highest[0] = max(highest[0], tree_mb())
-        time.sleep(0.005)
+        time.sleep(0.01)
 
 watcher = threading.Thread(target=poll)
 watcher.start()
