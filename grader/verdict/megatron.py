@@ -175,15 +175,22 @@ def _step_diagnosis(w1, w2, b: Block, p: int, tol, expected: tuple) -> str:
     return "both weights differ from the single-device MLP's step, and from every usual mistake's"
 
 
+def _opened(run, check, say: Say) -> CheckOutcome:
+    """The outcome of a run that did not finish; else a passed one for the judge to fill in."""
+    if run.status != Status.PASSED:
+        return unfinished(run, check, say)
+    return CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size, status=Status.PASSED,
+                        message="", collectives=collectives(run.ranks))
+
+
 def judge_step(run, b: Block, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of Part 5 at a step check: both gathered weights on every rank."""
     say = say or Say(check)
-    if run.status != Status.PASSED:
-        return unfinished(run, check, say)
+    outcome = _opened(run, check, say)
+    if outcome.status != Status.PASSED:
+        return outcome
     p = check.world_size
     want = step(b, p)
-    outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=p, status=Status.PASSED,
-                           message="", collectives=collectives(run.ranks))
     worst, failing = 0.0, []
     for rank, r in sorted(run.ranks.items()):
         w1, w2 = r.weight, r.extra.get("w2")
@@ -246,11 +253,10 @@ def _backward_problem(r, rank: int, b: Block, p: int, tol, say: Say) -> str:
 def judge_backward(run, b: Block, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of Part 5's block alone at a backward check."""
     say = say or Say(check)
-    if run.status != Status.PASSED:
-        return unfinished(run, check, say)
+    outcome = _opened(run, check, say)
+    if outcome.status != Status.PASSED:
+        return outcome
     p = check.world_size
-    outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=p, status=Status.PASSED,
-                           message="", collectives=collectives(run.ranks))
     found = {rank: text for rank, r in sorted(run.ranks.items())
              if (text := _backward_problem(r, rank, b, p, tol, say))}
     outcome.failing_ranks = sorted(found)
