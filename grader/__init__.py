@@ -22,7 +22,7 @@ The house, one room per job; a hand-in travels down the list:
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
                  feedback.md, Gradescope's results.json (report)
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
-                 grades.csv, summary.md and the staff report over every result in OUT (gradebook)
+                 grades.csv, summary.md and the staff report over every result in OUT (outputs)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
                  extensions, overrides), submission times, roster, LMS files (book, policy, sources,
                  lms), and what a regrade moved (diff)

@@ -477,12 +477,12 @@ def test_two_handins_of_one_student_are_told_apart_by_source_and_ids_off_the_pat
 
 
 def test_summary_keeps_other_commands_sections_and_warns_when_graded_without_the_sandbox(tmp_path):
-    from grader.batch.gradebook import load_views, write_gradebook
+    from grader.batch.outputs import load_views, write_outputs
     unsandboxed = result("s2")
     unsandboxed.isolation = {"mode": "off"}
     out = out_with(tmp_path, result("s1"), unsandboxed)
     (out / "summary.md").write_text("# old\n\n<!-- integrity: begin -->\nsee integrity.md\n<!-- integrity: end -->\n")
-    write_gradebook(load_views(out), out, 100.0)
+    write_outputs(load_views(out), out, 100.0)
     text = (out / "summary.md").read_text()
     assert text.startswith("# Assignment 4: summary of 2 hand-ins\n\n> **Warning:** 1 hand-in(s) were graded with")
     assert text.endswith("\n<!-- integrity: begin -->\nsee integrity.md\n<!-- integrity: end -->\n")
@@ -572,7 +572,7 @@ def test_a_wrong_key_in_a_policy_file_is_one_line_naming_the_file_the_key_and_th
 
 
 def test_the_most_common_failures_keep_whole_numbers_and_group_measured_values():
-    from grader.batch.gradebook import _reason, unmeasured
+    from grader.batch.outputs import _reason, unmeasured
     assert unmeasured("the shards were joined along dimension 0, not 1") == "the shards were joined along dimension 0, not 1"
     assert unmeasured("rank 2: max |difference| 3.2e-01 (tolerance 1e-05)") == "rank 2: max |difference| … (tolerance …)"
     parts = [{"message": "", "checks": [{"status": "failed", "diagnosis": f"the update is {k} times the reference's"}]}

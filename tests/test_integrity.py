@@ -12,7 +12,7 @@ from itertools import combinations
 import pytest
 
 from grader import kit
-from grader.batch.gradebook import load_views, write_gradebook
+from grader.batch.outputs import load_views, write_outputs
 from grader.cli import main
 from grader.integrity import code as codes
 from grader.integrity import similar
@@ -84,7 +84,7 @@ def batch(tmp_path_factory):
     handins["sha_runner"] = (Files(code=mutate("dp_no_allreduce"), log=run_log(shared, 106), err=run_err(106)), ())
     for name, (files, wrong) in handins.items():
         write_graded(out, name, write_zip(inbox / f"{name}.zip", files), files.log, wrong)
-    write_gradebook(load_views(out), out, 100.0)
+    write_outputs(load_views(out), out, 100.0)
     return out, inbox
 
 

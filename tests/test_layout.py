@@ -129,6 +129,16 @@ def test_modules_stay_readable_in_one_sitting():
     assert not long, f"split these by what they do: {long}"
 
 
+def test_a_module_named_after_a_command_lives_in_that_commands_room():
+    """`grader/batch/gradebook.py` beside the `gradebook` command of grader/grades/ sent readers to
+    the wrong room: a module may take a command's name only in the room that runs the command.
+    `grade` and `check` are the verbs of the whole engine (one hand-in's grade, a re-run's check)."""
+    from grader.cli import COMMANDS
+    named = {name.replace("-", "_"): room for name, (room, *_) in COMMANDS.items() if name not in ("grade", "check")}
+    wrong = [m for m in modules() if len(m.split(".")) == 3 and named.get(m.split(".")[2], m.split(".")[1]) != m.split(".")[1]]
+    assert not wrong, f"rename these for what they do: {wrong}"
+
+
 def test_the_command_line_loads_no_torch_and_no_room():
     code = ("import sys\nfrom grader import cli\n"
             "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"

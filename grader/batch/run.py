@@ -22,7 +22,7 @@
   readable by its owner alone; grader.rerun.secret): the same wrong code gives the same weight in
   every hand-in and every regrade into OUT. Deleting it gives the next run new data.
 - Every hand-in's files are written as soon as it is graded, atomically; then grades.csv and
-  summary.md from every result in OUT, whatever this invocation graded (grader.batch.gradebook).
+  summary.md from every result in OUT, whatever this invocation graded (grader.batch.outputs).
 - A refused `grade` changes nothing in OUT: the paths, the rubric and (on this machine) the sandbox
   are checked before anything is written.
 """
@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.batch import gradebook
+from grader.batch import outputs
 from grader.batch.local import data_key, grade_handins
 from grader.intake import handin as handins
 from grader.intake.find import Unreadable, find_handins
@@ -213,11 +213,11 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
         if student_dir(out, h.student).is_dir():
             write_json(student_dir(out, h.student) / "download.json", h.intake(), sort_keys=True)
     summary.graded = len(graded)
-    views = gradebook.load_views(out)
-    gradebook.write_gradebook(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced,
+    views = outputs.load_views(out)
+    outputs.write_outputs(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced,
                               _strays(out, summary.strays))
     for r in views:
         summary.statuses[r["status"]] = summary.statuses.get(r["status"], 0) + 1
-    summary.duplicates = len(gradebook.duplicates(views))
+    summary.duplicates = len(outputs.duplicates(views))
     summary.seconds = round(time.monotonic() - started, 2)
     return summary

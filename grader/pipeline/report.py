@@ -1,6 +1,6 @@
 """Write what grading found for one hand-in: grading.json (everything, for TAs), feedback.md and
 Gradescope's results.json. Every file is written atomically (a temporary file, then a rename).
-(The batch's grades.csv and summary.md are grader.batch.gradebook's.)
+(The batch's grades.csv and summary.md are grader.batch.outputs's.)
 
 Hidden checks are named, never their values: their messages were said without them where they
 were made (grader.verdict.say), a rank's own words never reached them (grader.rerun.hidden), and

@@ -1,8 +1,9 @@
-"""The batch's gradebook: grades.csv, summary.md and the staff report (report.html with its
-analytics.json, grader.analytics) over every result in the output folder.
+"""The batch's outputs: grades.csv, summary.md and the staff report (report.html with its
+analytics.json, grader.analytics) over every result in the output folder. (The final gradebook,
+after the course policy, is `python -m grader gradebook`'s: grader.grades.)
 
-Whatever one invocation graded (`--only`, a late folder graded into the same `--out`), the
-gradebook is made from every `students/<folder>/grading.json` in OUT: a row per hand-in, its `source`
+Whatever one invocation graded (`--only`, a late folder graded into the same `--out`), these
+are made from every `students/<folder>/grading.json` in OUT: a row per hand-in, its `source`
 (file name) telling apart several hand-ins of one student, who are flagged `duplicate` (the final
 gradebook, `python -m grader gradebook`, decides which counts). A hand-in with no score (invalid,
 error, infra_error) has an empty score and says why in its status.
@@ -180,7 +181,7 @@ def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)"
     return "\n".join(lines) + "\n"
 
 
-def write_gradebook(views: list, out: Path, max_score: float, pattern: str = r"(?P<id>.+)", replaced=(),
+def write_outputs(views: list, out: Path, max_score: float, pattern: str = r"(?P<id>.+)", replaced=(),
                     strays=()) -> None:
     """grades.csv, summary.md, report.html and analytics.json into `out`."""
     atomic_write(out / "grades.csv", grades_csv(views))
