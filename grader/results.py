@@ -1,5 +1,7 @@
-"""What grading produces, as data: statuses and the results of checks, parts and hand-ins."""
+"""What grading produces, as data: statuses and the results of checks, parts and hand-ins; and
+whether a batch in OUT could be graded at all (its canary's outcome, OUT/canary.json)."""
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -7,6 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from grader import __version__, kit, typed
+from grader.names import result_files
 
 
 
@@ -145,3 +148,55 @@ def grading_crashed(result: HandinResult, rubric, error: BaseException, tracebac
              f"bug, not your code): the course staff have the details", "not run: grading failed")
     result.grader_error = f"{type(error).__name__}: {error}\n{traceback[-3000:]}"
     return result
+
+
+CANARY = "canary.json"   # OUT/canary.json: the reference's re-run before the latest grading into OUT
+UNGRADABLE_TODO = ("run `python -m grader doctor` on this machine and read the rubric's `limits` and `timeouts`; "
+                   "then run the same `grade` again (hand-ins without a score are graded again, the rest are kept)")
+
+
+@dataclass
+class Canary(ToDict):
+    """The reference solution re-run at every check before hand-ins are graded (grader.batch.local)."""
+    status: Status            # passed; infra_error (nothing can be trusted); not_run (no reference here)
+    cause: str = ""           # what failed, in one line
+    ran_at: str = ""
+    grader_digest: str = ""
+    rubric_sha256: str = ""
+
+
+def write_canary(out, canary: Canary) -> None:
+    kit.write_json(Path(out) / CANARY, canary.to_dict(), sort_keys=True)
+
+
+def read_canary(out):
+    """OUT's latest canary (None when no grading has run the reference into OUT)."""
+    try:
+        data = json.loads((Path(out) / CANARY).read_text())
+        return Canary(status=Status(data["status"]), cause=str(data.get("cause", "")), ran_at=str(data.get("ran_at", "")),
+                      grader_digest=str(data.get("grader_digest", "")), rubric_sha256=str(data.get("rubric_sha256", "")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def ungradable(out) -> str:
+    """'' when the batch in OUT was graded; else one line for the top of every report, the exit of
+    `grade` and the refusal of `gradebook`: the latest canary failed (the grading machine cannot run
+    the reference solution), or OUT holds results and every one is infra_error. The cause, then
+    what to do."""
+    canary = read_canary(out)
+    if canary is not None and canary.status == Status.INFRA_ERROR:
+        cause = canary.cause
+    else:
+        statuses, cause = set(), ""
+        for path in result_files(out):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            statuses.add(data.get("status"))
+            cause = cause or str(data.get("message", "")).removeprefix("not graded: ").removesuffix("; grade it again")
+        if statuses != {Status.INFRA_ERROR.value}:
+            return ""
+    cause = " ".join(cause.split())[:400] or "the grading machine failed"
+    return f"Not graded: no hand-in has a score, because {cause}. What to do: {UNGRADABLE_TODO}."

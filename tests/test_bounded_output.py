@@ -64,7 +64,7 @@ def test_a_30_kb_zip_with_a_19_mb_line_writes_less_than_1_mb(batch):
     assert summary.statuses.get("graded") == 2, summary.statuses
     assert _size(student_dir(out, "amplifier")) < MB, {p.name: p.stat().st_size for p in (student_dir(out, "amplifier")).iterdir()}
     assert _size(out) < 2 * MB
-    for name in ("grading.json", "results.json", "feedback.md"):
+    for name in ("grading.json", "results.json", "feedback.md", "feedback.html"):
         assert (student_dir(out, "amplifier") / name).stat().st_size <= kit.FILE_BYTES
     assert "modified_utils" in (student_dir(out, "amplifier") / "grading.json").read_text()
     assert kit.CUT in (student_dir(out, "amplifier") / "feedback.md").read_text()   # the diff line was clipped

@@ -96,7 +96,15 @@ def test_a_number_written_into_the_code_is_told_from_dividing_twice(part, key):
     twice = diagnose(half, e, part, here, 0, TOL, Say(here))
     assert "once too often" in twice or "averaged twice" in twice
     fixed = diagnose(half, e, part, here, 0, TOL, Say(here), passed=[Check(name="default")])
-    assert fixed.endswith(f"divided by 4 written into the code, not by {key}; it was right only at check 'default'")
+    assert fixed.endswith(f"divided by 4 written into the code, not by {key}; it is right where {key} is 4, as at "
+                          f"check 'default'")
+    # Every check passed with that number is named (hidden ones counted), never "only" one of them.
+    more = [Check(name="default"), Check(name="big"), Check(name="secret", hidden=True)]
+    said = diagnose(half, e, part, here, 0, TOL, Say(here), passed=more)
+    assert said.endswith(f"right where {key} is 4, as at checks 'default', 'big' and 1 hidden check"), said
+    alone = diagnose(half, e, part, here, 0, TOL, Say(here), passed=[Check(name="secret", hidden=True)])
+    assert alone.endswith(f"divided by a fixed number written into the code, not by {key}; it is right where {key} "
+                          f"is that number, as at 1 hidden check"), alone
     public = Check(**{**here.__dict__, "hidden": False})
     assert f"not by {key} (2 at this check)" in diagnose(half, e, part, public, 0, TOL, passed=[Check(name="default")])
 

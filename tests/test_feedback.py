@@ -243,12 +243,28 @@ def test_a_rank_that_skips_a_collective_is_named_with_the_collective_it_left_the
     public = judged[PUBLIC[0].name]
     numel = PUBLIC[0].input_dim * PUBLIC[0].output_dim
     assert public.status == Status.TIMEOUT
-    assert (f"rank 1 returned from the part without calling a collective; ranks 0, 2, 3 waited in collective #1 "
+    assert (f"rank 1 returned from the part without calling a collective; ranks 0, 2 and 3 waited in collective #1 "
             f"of the part (all_reduce of {numel} elements), while rank 1 never called it") in public.message
     secret = judged[hidden.name]
     assert secret.status == Status.TIMEOUT
     assert "waited in collective #1 of the part (all_reduce)" in secret.message
     assert "rank 1" not in secret.message and "elements" not in secret.message
+
+
+def test_ranks_that_did_the_same_are_named_together_in_a_hang():
+    """Rank 0 waits in an all-reduce the three others returned without: one clause for the three,
+    at a public check with their numbers, at a hidden one without."""
+    from grader.rerun.check import hang_detail
+    from grader.rerun.hidden import Words
+    call = {"op": "all_reduce", "numel": 2048, "reduce_op": "sum"}
+    calls = {0: [call], 1: [], 2: [], 3: []}
+    said = hang_detail(calls, {1, 2, 3}, Words({}, hidden=False))
+    assert said.startswith("ranks 1, 2 and 3 returned from the part without calling a collective; rank 0 waited in "
+                           "collective #1 of the part (all_reduce of 2048 elements), while ranks 1, 2 and 3 never "
+                           "called it"), said
+    hidden = hang_detail(calls, {1, 2, 3}, Words({}, hidden=True))
+    assert "other ranks never called it" in hidden and "rank 1" not in hidden and "2048" not in hidden
+    assert hidden.count("never called it") == 1
 
 
 @pytest.mark.timeout(300)
@@ -260,7 +276,7 @@ def test_a_hang_past_the_parts_clock_is_told_from_the_records_the_ranks_left(tmp
     judged = _judge(stall, [PUBLIC[0]], rubric, tmp_path)
     o = judged[PUBLIC[0].name]
     assert o.status == Status.TIMEOUT
-    assert "ranks 0, 2, 3 waited in collective #1 of the part (all_reduce of" in o.message
+    assert "ranks 0, 2 and 3 waited in collective #1 of the part (all_reduce of" in o.message
     assert "rank 1 called no collective at all in the part" in o.message
 
 

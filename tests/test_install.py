@@ -91,6 +91,7 @@ def test_pip_install_ships_the_assignment_and_its_data_and_finds_the_kit_from_th
     python, venv, elsewhere = installed
     lib = site_packages(venv)
     for rel in ("grader/rubric.yaml", "grader/gradescope/setup.sh", "grader/grades/example/roster.csv",
+                "grader/pipeline/templates/feedback.html", "grader/analytics/templates/report.html",
                 "assignment_4/assignment4.py", "assignment_4/utils.py", "assignment_4/reference/assignment4.py",
                 "slurm/assignment4.sbatch", "slurm/run-local.sh", "slurm/clusters/example.yaml", "lab/mlp.py"):
         assert (lib / rel).read_bytes() == (ROOT / rel).read_bytes(), rel

@@ -9,7 +9,14 @@ from grader.rerun.executor import SandboxUnavailable
 from grader.rubric import RubricError
 
 
+def _counts(statuses: dict) -> str:
+    """"graded 3, timeout 1": statuses by count, most first."""
+    return ", ".join(f"{s} {n}" for s, n in sorted(statuses.items(), key=lambda sn: (-sn[1], sn[0])))
+
+
 def grade_command(args) -> int:
+    """Exit 0: every hand-in graded; 1: some could not be (error, infra_error); 2: the command was
+    refused (nothing graded); 3: the batch could not be graded at all (grader.results.ungradable)."""
     try:
         summary = grade_batch(args.paths, args.out, jobs=args.jobs, rubric_path=args.rubric, force=args.force,
                               only=args.only, executor=args.executor, sandbox=args.sandbox,
@@ -29,9 +36,9 @@ def grade_command(args) -> int:
         print(f"read {line}")
     for line in summary.strays:
         print(f"not graded, fits no student: {plain(line)}", file=sys.stderr)
-    counts = ", ".join(f"{s} {n}" for s, n in sorted(summary.statuses.items())) or "no hand-ins found"
-    print(f"graded {summary.graded} hand-in(s) and reused {summary.cached} earlier result(s) "
-          f"in {summary.seconds:g} s; by status: {counts}")
+    ran = f"; by status: {_counts(summary.ran)}" if summary.ran else ""
+    print(f"graded {summary.graded} hand-in(s) and reused {summary.cached} earlier result(s) in {summary.seconds:g} s{ran}")
+    print(f"{summary.out} holds {sum(summary.statuses.values())} result(s): {_counts(summary.statuses) or 'none'}")
     print(f"wrote {summary.out}/grades.csv, {summary.out}/summary.md (every result in it) and a folder per "
           f"hand-in in {summary.out}/students/")
     print(f"staff report: {summary.out}/report.html (plots, pass rates per check, diagnoses; numbers in analytics.json)")
@@ -39,6 +46,9 @@ def grade_command(args) -> int:
         print(f"replaced: {plain(line)}")
     if summary.duplicates:
         print(f"{summary.duplicates} student(s) have several hand-ins (flagged duplicate): see summary.md")
+    if summary.ungradable:
+        print(f"grader: {summary.ungradable}", file=sys.stderr)
+        return 3
     if summary.trouble:
         print(f"{summary.trouble} hand-in(s) could not be graded (error or infra_error): see summary.md",
               file=sys.stderr)

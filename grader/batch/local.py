@@ -1,8 +1,8 @@
 """Grade hand-ins on this machine: `jobs` at once, each with its own executor, the canary first.
 
 Before grading, the reference solution is re-run at every check through the same machinery (the
-canary). If it does not pass, nothing can be trusted: every hand-in is recorded `infra_error` and
-no score is written. A crash while grading one hand-in becomes that hand-in's result; the batch
+canary), and its outcome kept in OUT/canary.json (grader.results.ungradable reads it). If it does
+not pass, nothing can be trusted: every hand-in is recorded `infra_error` and no score is written. A crash while grading one hand-in becomes that hand-in's result; the batch
 goes on. Every hand-in's files are written as soon as it is graded. Every world of a batch runs on
 the data of OUT's data key (OUT/.data-key, grader.rerun.secret), so the same code gives the same
 weight in every hand-in and every regrade into OUT.
@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import datetime, timezone
 from pathlib import Path
 
 from grader import kit
@@ -24,7 +25,7 @@ from grader.rerun import secret
 from grader.rerun.check import prepare_code
 from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
-from grader.results import Status, new_result, ungraded
+from grader.results import Canary, Status, grader_digest, new_result, ungraded, write_canary
 
 
 DATA_KEY = ".data-key"
@@ -60,16 +61,22 @@ def data_key(out: Path) -> bytes:
     return key
 
 
-def canary(executor, rubric, scratch: Path) -> str:
-    """Re-run the reference at every check; return what failed ('' when everything passed)."""
+def canary(executor, rubric, scratch: Path) -> Canary:
+    """Re-run the reference at every check: passed, or infra_error with what failed first."""
+    said = Canary(status=Status.NOT_RUN, cause="no reference solution in this tree", grader_digest=grader_digest(),
+                  rubric_sha256=rubric.digest(), ran_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     if not kit.REFERENCE.exists():
-        return ""
+        return said
     code = prepare_code(kit.REFERENCE)
     for check in rubric.checks:
         for part, outcome in judge_check(executor, code, check, rubric, scratch).items():
             if outcome.status != Status.PASSED:
-                return f"the reference solution fails {part} at check '{check.name}': {outcome.message}"
-    return ""
+                said.status = Status.INFRA_ERROR
+                said.cause = (f"the reference solution fails {part} at check '{check.name}' "
+                              f"({outcome.status}: {' '.join(outcome.message.split())})")
+                return said
+    said.status, said.cause = Status.PASSED, ""
+    return said
 
 
 class Progress:
@@ -127,9 +134,9 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = 
         idle.put(ex)
     try:
         executors[0].start()   # SandboxUnavailable before anything runs, where hand-ins cannot be isolated
-        broken = canary(executors[0], rubric, scratch)
-        if broken:
-            broken += "; the grading machine is not working"
+        tried = canary(executors[0], rubric, scratch)
+        write_canary(out, tried)   # what the staff report and `gradebook` read (grader.results.ungradable)
+        broken = f"{tried.cause}; the grading machine is not working" if tried.status == Status.INFRA_ERROR else ""
 
         def grade_one(h):
             if broken:

@@ -31,6 +31,7 @@ import difflib
 import hashlib
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from grader.kit import write_json
 from grader.names import SEP, result_files, student_dir, student_of, students_dir
 from grader.pipeline import report
 from grader.rerun.executors import make_executor
-from grader.results import Status, grader_digest, new_result, ungraded
+from grader.results import Status, grader_digest, new_result, ungradable, ungraded
 from grader.rubric import load_rubric
 
 STRAYS = "strays.json"
@@ -54,9 +55,12 @@ class InputError(ValueError):
 
 @dataclass
 class BatchSummary:
-    graded: int = 0
-    cached: int = 0
-    statuses: dict = field(default_factory=dict)   # over every result in `out`
+    graded: int = 0               # hand-ins this run graded (an unreadable one's refusal included)
+    cached: int = 0               # earlier results this run reused
+    ran: dict = field(default_factory=dict)        # status -> hand-ins, of those this run graded
+    statuses: dict = field(default_factory=dict)   # status -> results, over every result in `out`
+    ungradable: str = ""          # why `out` holds no score at all (grader.results.ungradable), else ''
+
     out: str = ""
     seconds: float = 0.0
     worlds: int = 0               # re-run worlds started, the canary's included
@@ -154,6 +158,57 @@ def _cached(out: Path, h, rubric, sandbox: str):
     return data if same else None
 
 
+def _found(paths, out: Path, rubric, only, lms) -> tuple:
+    """The hand-ins (and unreadable ones) under `paths` that `only` names, each given its folder in
+    `out`, with {folder: sha256 of the result it replaces} and the summary of what was read."""
+    found = find_handins(paths, rubric.files.student_id_pattern, lms)
+    items = found.handins + found.unreadable
+    replaces = _place(items, _index(out))
+    items, only_problems = _select(items, only)
+    problems = [message for _, message in found.errors] + only_problems
+    if problems:
+        raise InputError("\n".join(problems))
+    return items, replaces, BatchSummary(out=str(out), shapes=found.shapes, strays=[s.message for s in found.strays])
+
+
+def _todo(items: list, out: Path, rubric, sandbox: str, force: bool, summary: BatchSummary) -> list:
+    """The hand-ins to grade: those without an earlier result that can stand (counted as cached)."""
+    todo = []
+    for h in (i for i in items if isinstance(i, handins.Handin)):
+        if not force and _cached(out, h, rubric, sandbox) is not None:
+            summary.cached += 1
+        else:
+            todo.append(h)
+    return todo
+
+
+def _unreadable(items: list, out: Path, rubric) -> dict:
+    """Write the result of every hand-in that could not be read; {folder: its gradebook view}."""
+    weights, views = {c.name: c.weight for c in rubric.checks}, {}
+    for u in (i for i in items if isinstance(i, Unreadable)):
+        result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
+                          "not run: the hand-in could not be read",
+                          score=0.0 if rubric.files.invalid_scores_zero else None)
+        report.write_handin(result, out, weights)
+        views[u.student] = report.gradebook_view(result.to_dict())
+    return views
+
+
+def _write_outputs(out: Path, rubric, items: list, summary: BatchSummary) -> None:
+    """download.json beside each result this run wrote, then grades.csv, summary.md and the staff
+    report over every result in `out`, and the summary's counts of them."""
+    # Beside the result, once it is written (a replaced result is moved aside whole, see report.write_handin).
+    for h in (i for i in items if isinstance(i, handins.Handin)):
+        if student_dir(out, h.student).is_dir():
+            write_json(student_dir(out, h.student) / "download.json", h.intake(), sort_keys=True)
+    views = outputs.load_views(out)
+    outputs.write_outputs(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced,
+                          _strays(out, summary.strays))
+    summary.statuses = dict(Counter(r["status"] for r in views))
+    summary.duplicates = len(outputs.duplicates(views))
+    summary.ungradable = ungradable(out)
+
+
 def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False, only=None,
                 executor: str = "warm", sandbox: str = "auto", progress: bool = True,
                 slurm: dict = None, lms: str = None) -> BatchSummary:
@@ -166,21 +221,8 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     started = time.monotonic()
     rubric = load_rubric(rubric_path)
     out = Path(out)
-    found = find_handins(paths, rubric.files.student_id_pattern, lms)
-    items = found.handins + found.unreadable
-    replaces = _place(items, _index(out))
-    items, only_problems = _select(items, only)
-    problems = [message for _, message in found.errors] + only_problems
-    if problems:
-        raise InputError("\n".join(problems))
-    summary = BatchSummary(out=str(out), shapes=found.shapes, strays=[s.message for s in found.strays])
-    todo = []
-    for h in (i for i in items if isinstance(i, handins.Handin)):
-        cached = None if force else _cached(out, h, rubric, sandbox)
-        if cached is not None:
-            summary.cached += 1
-        else:
-            todo.append(h)
+    items, replaces, summary = _found(paths, out, rubric, only, lms)
+    todo = _todo(items, out, rubric, sandbox, force, summary)
     # The sandbox is probed before OUT is touched: a refusal (SandboxUnavailable) leaves it as it was.
     first = make_executor(executor, sandbox, rubric.limits) if todo and executor != "slurm" else None
     try:
@@ -189,35 +231,20 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
         out.mkdir(parents=True, exist_ok=True)
         if todo:
             data_key(out)   # made here, before any array task needs it
-        weights = {c.name: c.weight for c in rubric.checks}
-        for h in items:
-            if h.student in replaces:
-                summary.replaced.append(_set_aside(out, h.student, replaces[h.student], h))
-        for u in (i for i in items if isinstance(i, Unreadable)):
-            result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
-                              "not run: the hand-in could not be read",
-                              score=0.0 if rubric.files.invalid_scores_zero else None)
-            report.write_handin(result, out, weights)
+        summary.replaced = [_set_aside(out, h.student, replaces[h.student], h) for h in items if h.student in replaces]
+        graded = _unreadable(items, out, rubric)
         if executor == "slurm":
             from grader.batch.array import grade_on_slurm
-            graded = grade_on_slurm(todo, out, rubric_path, rubric, sandbox=sandbox, jobs=jobs,
-                                    progress=progress, **(slurm or {}))
+            graded |= grade_on_slurm(todo, out, rubric_path, rubric, sandbox=sandbox, jobs=jobs,
+                                     progress=progress, **(slurm or {}))
         else:
-            graded, summary.worlds, summary.world_seconds = grade_handins(todo, out, rubric, jobs, executor,
-                                                                          sandbox, progress, first=first)
+            done, summary.worlds, summary.world_seconds = grade_handins(todo, out, rubric, jobs, executor,
+                                                                       sandbox, progress, first=first)
+            graded |= done
     finally:
         if first is not None:
             first.close()   # closing twice is harmless: grade_handins closes it too
-    # Beside the result, once it is written (a replaced result is moved aside whole, see report.write_handin).
-    for h in (i for i in items if isinstance(i, handins.Handin)):
-        if student_dir(out, h.student).is_dir():
-            write_json(student_dir(out, h.student) / "download.json", h.intake(), sort_keys=True)
-    summary.graded = len(graded)
-    views = outputs.load_views(out)
-    outputs.write_outputs(views, out, rubric.max_score, rubric.files.student_id_pattern, summary.replaced,
-                              _strays(out, summary.strays))
-    for r in views:
-        summary.statuses[r["status"]] = summary.statuses.get(r["status"], 0) + 1
-    summary.duplicates = len(outputs.duplicates(views))
+    summary.graded, summary.ran = len(graded), dict(Counter(v["status"] for v in graded.values()))
+    _write_outputs(out, rubric, items, summary)
     summary.seconds = round(time.monotonic() - started, 2)
     return summary

@@ -1,6 +1,7 @@
 """Write what grading found for one hand-in: grading.json (everything, for TAs), feedback.md and
-Gradescope's results.json. Every file is written atomically (a temporary file, then a rename).
-(The batch's grades.csv and summary.md are grader.batch.outputs's.)
+feedback.html (what the student reads, grader.pipeline.feedback) and Gradescope's results.json.
+Every file is written atomically (a temporary file, then a rename). (The batch's grades.csv and
+summary.md are grader.batch.outputs's.)
 
 Hidden checks are named, never their values: their messages were said without them where they
 were made (grader.verdict.say), a rank's own words never reached them (grader.rerun.hidden), and
@@ -22,102 +23,12 @@ import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from grader.kit import atomic_write, fit, fit_text
-from grader.names import inert, student_dir, student_of, students_dir
+from grader.kit import FILE_BYTES, LEVELS, atomic_write, bounded, fit, fit_text
+from grader.names import student_dir, students_dir
 from grader.parts import BY_ID
+from grader.pipeline.feedback import check_line, feedback_html, feedback_markdown, public_view
 
 REPLACED = ".replaced"   # earlier results replaced by a student's newer hand-in, under OUT/students
-
-
-def _check_line(o, label: str = None) -> str:
-    name = label or (f"hidden check `{o['check']}`" if o["hidden"] else
-                     f"check `{o['check']}` (world size {o['world_size']})")
-    message = o["message"]
-    flaky = " *(passed when run again: flagged for a person to look at)*" if o.get("flaky") else ""
-    return f"- {name}: **{o['status']}**, {message}{flaky}"
-
-
-def _fmt(points) -> str:
-    return f"{points:g}" if points is not None else "-"
-
-
-def _public_view(part: dict) -> tuple:
-    """(status, message) of a part at its public checks only."""
-    public = [o for o in part["checks"] if not o["hidden"]]
-    if len(public) == len(part["checks"]):
-        return part["status"], part["message"] if part["status"] != "passed" else "Passed every re-run check."
-    failing = [o for o in public if o["status"] != "passed"]
-    if failing:
-        return failing[0]["status"], f"check '{failing[0]['check']}': {failing[0]['message']}"
-    comm = [o for o in public if not o.get("comm_ok", True)]
-    if comm:
-        return "failed", f"right weights, but {comm[0]['comm_message']}; no re-run points"
-    return "passed", "Passed every public check."
-
-
-def _part_markdown(part: dict, public_only: bool = False, shown_tracebacks: dict = None) -> str:
-    info = BY_ID[part["part"]]
-    shown_tracebacks = {} if shown_tracebacks is None else shown_tracebacks
-    status, message = _public_view(part) if public_only else (part["status"], part["message"])
-    if status == "passed" and not public_only:
-        message = "Passed every re-run check."
-    lines = [f"## {info.title}: {status} ({_fmt(part['score'])} / {_fmt(part['max_score'])})", "",
-             f"**{message}**", ""]
-    lines += [_check_line(o) for o in part["checks"] if not (public_only and o["hidden"])]
-    shown = next((o for o in part["checks"] if not o["hidden"] and o.get("traceback")), None)
-    if shown:
-        head = "\n".join(shown["traceback"].strip("\n").rstrip().splitlines()[-12:])
-        if head in shown_tracebacks:
-            lines += ["", f"Traceback: the same as {shown_tracebacks[head]}'s, above."]
-        else:
-            shown_tracebacks[head] = info.title.split(":")[0]
-            lines += ["", f"Traceback (check `{shown['check']}`, last lines):", "```", head, "```"]
-    if part.get("log"):
-        log = part["log"]
-        lines += ["", f"**Log:** {log['message']} ({_fmt(log['points'])} / {_fmt(part['log_max'])} points)"]
-        if log.get("excerpt"):
-            lines += ["```", *log["excerpt"][:8], "```"]
-    elif part.get("log_max"):
-        lines += ["", f"**Log:** no log evidence (0 / {_fmt(part['log_max'])} points)"]
-    return "\n".join(lines)
-
-
-def feedback_markdown(result: dict, public_only: bool = False) -> str:
-    """The student's feedback: the verdict and message first, then the evidence. `public_only`
-    leaves the hidden checks' results out (Gradescope shows them after the due date)."""
-    if result["score"] is None:
-        head = f"**No score yet** ({result['status']}): {result['message']}"
-    else:
-        head = f"**Score: {_fmt(result['score'])} / {_fmt(result['max_score'])}**. {result['message']}"
-    lines = [f"# Assignment 4: feedback for {inert(student_of(result['student']))}", "", head, "",
-             "| part | re-run | points |", "| --- | --- | --- |"]
-    for part in result["parts"].values():
-        status = _public_view(part)[0] if public_only else part["status"]
-        lines.append(f"| {BY_ID[part['part']].title} | {status} | {_fmt(part['score'])} / {_fmt(part['max_score'])} |")
-    if result["penalties"]:
-        lines.append(f"| penalties | | -{_fmt(sum(result['penalties'].values()))} |")
-    lines.append("")
-    hidden = any(o["hidden"] for p in result["parts"].values() for o in p["checks"])
-    public_ok = all(o["status"] == "passed" for p in result["parts"].values() for o in p["checks"] if not o["hidden"])
-    log_earned = sum(p.get("log_points") or 0 for p in result["parts"].values())
-    log_max = sum(p.get("log_max") or 0 for p in result["parts"].values())
-    if result["parts"] and public_ok and any(p["checks"] for p in result["parts"].values()):
-        lines += ["All public re-run checks passed." + (" Hidden checks run your code at other sizes, seeds, "
-                                                        "world sizes and layouts; they are listed by name below."
-                                                        if hidden and not public_only else "")
-                  + (f" **The log earned {_fmt(log_earned)} of {_fmt(log_max)} log "
-                     f"points**: see each part's log line and the notes below." if log_earned < log_max else ""), ""]
-    if public_only and hidden:
-        lines += ["Hidden checks run your code at other sizes, seeds and world sizes: their results are "
-                  "shown after the due date, as tests of their own.", ""]
-    shown_tracebacks = {}
-    for part in result["parts"].values():
-        lines += [_part_markdown(part, public_only, shown_tracebacks), ""]
-    if result["notes"]:
-        lines += ["## Notes on the hand-in", ""] + [f"- {n}" for n in result["notes"]] + [""]
-    lines += ["---", f"Hand-in {inert(result['source'])}, sha256 `{result['sha256'][:16]}...`, graded "
-              f"{result['graded_at']} by grader {result['grader_version']}."]
-    return "\n".join(lines) + "\n"
 
 
 def _neutral_names(result: dict) -> dict:
@@ -160,10 +71,10 @@ def gradescope_results(result: dict, weights: dict = None) -> dict:
         points = _check_points(part, weights)
         public = [o for o in part["checks"] if not o["hidden"]]
         hidden = [o for o in part["checks"] if o["hidden"]]
-        status, message = _public_view(part)
+        status, message = public_view(part)
         if not part["checks"]:
             status, message, points = part["status"], part["message"], {}
-        lines = "\n".join(_check_line(o) for o in public)
+        lines = "\n".join(check_line(o) for o in public)
         tests.append(_test(f"{title}, re-run" + (" (public checks)" if hidden else ""),
                            sum(points[o["check"]][0] for o in public) if part["checks"] else part["rerun_points"],
                            sum(points[o["check"]][1] for o in public) if part["checks"] else part["rerun_max"],
@@ -172,7 +83,7 @@ def gradescope_results(result: dict, weights: dict = None) -> dict:
         tests.append(_test(f"{title}, log evidence", log["points"], part["log_max"],
                            log["points"] >= part["log_max"], log["message"]))
         if hidden:
-            lines = "\n".join(_check_line(o, names[o["check"]]) for o in hidden)
+            lines = "\n".join(check_line(o, names[o["check"]]) for o in hidden)
             tests.append(_test(f"{title}, hidden checks", sum(points[o["check"]][0] for o in hidden),
                                sum(points[o["check"]][1] for o in hidden),
                                all(o["status"] == "passed" for o in hidden), lines, "after_due_date"))
@@ -235,19 +146,29 @@ def limited_results(metadata: Path, max_submissions: int, window_hours: float = 
     return fit(doc)
 
 
+def _fit_page(data: dict) -> str:
+    """feedback.html within kit.FILE_BYTES: a page is never cut mid-tag, so its result is cut first,
+    at the loosest of kit.LEVELS whose page fits (else the tightest)."""
+    for chars, items in LEVELS:
+        page = feedback_html(bounded(data, chars, items))
+        if len(page.encode()) <= FILE_BYTES:
+            break
+    return page
+
+
 def replaced_folder(out: Path, folder: str, sha256: str) -> Path:
     """Where an earlier result of other bytes than its hand-in's newer version is kept."""
     return students_dir(out) / REPLACED / f"{folder}-{(sha256 or 'unknown')[:8]}"
 
 
 def write_handin(result, out: Path, weights: dict = None) -> Path:
-    """Write grading.json, results.json and feedback.md of one hand-in into OUT/students/<student>/, each at
+    """Write grading.json, results.json, feedback.md and feedback.html of one hand-in into OUT/students/<student>/, each at
     most kit.FILE_BYTES. An earlier result there of other bytes (the student's earlier hand-in) is set
     aside into OUT/students/.replaced/ only once this one is written beside it, and then in one rename."""
     data = fit(result.to_dict())
     files = {"grading.json": json.dumps(data, indent=1, sort_keys=True) + "\n",
              "results.json": json.dumps(gradescope_results(data, weights), indent=1) + "\n",
-             "feedback.md": fit_text(feedback_markdown(data))}
+             "feedback.md": fit_text(feedback_markdown(data)), "feedback.html": _fit_page(data)}
     folder = student_dir(out, result.student)
     try:
         earlier = json.loads((folder / "grading.json").read_text()).get("sha256", "")

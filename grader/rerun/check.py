@@ -154,8 +154,9 @@ def _what(call: dict, words: Words) -> str:
 def hang_detail(calls: dict, returned: set, words: Words) -> str:
     """Who waited for whom, from each rank's collectives in the part (`calls`: rank -> list, in
     order; `returned`: the ranks that returned from the part): "rank 1 returned from the part
-    without calling a collective; ranks 0, 2, 3 waited in collective #1 of the part (all_reduce of
-    2048 elements), while rank 1 never called it". Rank numbers, counts past 3 and sizes are not
+    without calling a collective; ranks 0, 2 and 3 waited in collective #1 of the part (all_reduce
+    of 2048 elements), while rank 1 never called it"; ranks that did the same are named together
+    ("ranks 1, 2 and 3 never called it"). Rank numbers, counts past 3 and sizes are not
     said at a hidden check. "" when no rank waited in a collective."""
     size = len(calls)
     waiting = {r: c for r, c in calls.items() if r not in returned and c}
@@ -172,20 +173,23 @@ def hang_detail(calls: dict, returned: set, words: Words) -> str:
             f" after {counts[0]} collective{'s' if counts[0] != 1 else ''}"
         said.append(f"{words.ranks(done, size)} returned from the part{after}")
     said.append(f"{words.ranks(same, size)} waited in {_ordinal(n, words)} ({_what(stuck, words)})")
-    others = []
+    others = {}   # what the other ranks did -> those ranks: said once, for all of them
     for rank in sorted(set(calls) - set(same)):
         mine = calls[rank]
         if len(mine) >= n and mine[n - 1] != stuck:
-            others.append(f"{words.rank(rank, 'one rank')} called {_what(mine[n - 1], words)} there instead")
+            did = f"called {_what(mine[n - 1], words)} there instead"
         elif len(mine) < n and rank in returned:
-            others.append(f"{words.rank(rank, 'one rank')} never called it")
+            did = "never called it"
         elif len(mine) < n and mine:
-            others.append(f"{words.rank(rank, 'one rank')} waited in an earlier one ({_what(mine[-1], words)})")
+            did = f"waited in an earlier one ({_what(mine[-1], words)})"
         elif not mine and rank not in returned:
-            others.append(f"{words.rank(rank, 'one rank')} called no collective at all in the part (still computing: a loop "
-                          f"that does not end?)")
+            did = "called no collective at all in the part (still computing: a loop that does not end?)"
+        else:
+            continue
+        others.setdefault(did, []).append(rank)
+    others = [f"{words.ranks(ranks, 0, 'other ranks')} {did}" for did, ranks in others.items()]
     if others:
-        said[-1] += ", while " + "; ".join(dict.fromkeys(others))
+        said[-1] += ", while " + "; ".join(others)
     return "; ".join(said) + " (a rank that skips, adds or reorders a collective makes the others wait)"
 
 

@@ -114,10 +114,11 @@ class Words:
         return name if self.hidden else f"rank {rank}"
 
     def ranks(self, ranks, total: int, name: str = "some ranks") -> str:
-        """"rank 2", "ranks 1, 3", "every rank"; at a hidden check `name` ("one rank" for one)."""
-        ranks = sorted(ranks)
+        """"rank 2", "ranks 1 and 3", "ranks 0, 2 and 3", "every rank"; at a hidden check `name`
+        ("one rank" for one)."""
+        ranks = [str(r) for r in sorted(ranks)]
         if total and len(ranks) == total:
             return "every rank"
         if self.hidden:
             return "one rank" if len(ranks) == 1 else name
-        return f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
+        return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks[:-1])} and {ranks[-1]}"

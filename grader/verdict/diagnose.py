@@ -70,12 +70,24 @@ def _fixed_number(k, part, check, say, passed):
     for p in passed:
         c = getattr(p, key)
         if c > 1 and c != here and abs(k - here / c) <= 1e-3 * max(1.0, here / c):
-            shown, where = (f"{c}", f"check '{p.name}'") if not p.hidden else ("a fixed number", "another check")
+            # The checks passed so far with that number, as examples: later checks may pass too
+            # (the list under the message says which), so the sentence never says "only there".
+            alike = [q for q in passed if getattr(q, key) == c]
+            public = [f"'{q.name}'" for q in alike if not q.hidden]
+            hidden = len(alike) - len(public)
+            shown = f"{c}" if public else "a fixed number"
+            where = public + ([f"{hidden} hidden check{'s' if hidden > 1 else ''}"] if hidden else [])
+            where[0] = (f"check{'s' if len(public) > 1 else ''} " if public else "") + where[0]
             what = "the summed gradient" if part == "data_parallel" else "each micro-batch loss"
             here_is = "" if say.hidden else f" ({here} at this check)"
             return (f"{what} was divided by {shown} written into the code, not by {name}{here_is}; "
-                    f"it was right only at {where}")
+                    f"it is right where {name} is {c if public else 'that number'}, as at {_and(where)}")
     return None
+
+
+def _and(items: list) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _factor(k, part, check, say, passed) -> str:
