@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from grader.analytics.numbers import REFERENCE_PASSED, analyse
-from grader.analytics.page import LOOK, STAFF_ONLY, refresh_integrity, write_report
+from grader.analytics.page import LOOK, MATRICES_FROM, STAFF_ONLY, refresh_integrity, write_report
 from grader.grades.commands import make_gradebook
-from grader.parts import PART_IDS
+from grader.parts import BY_ID, PART_IDS
 from grader.results import CheckOutcome, Status
 from tests.conftest import skip_unless_required
 from tests.test_gradebook import RUBRIC, out_with, policy_file, result
@@ -77,22 +77,22 @@ def test_it_renders_in_headless_chromium(tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         skip_unless_required("A4_REQUIRE_CHROMIUM", "no headless Chromium here (Debian: apt-get install chromium); .ci/run installs it")
-    out = batch(tmp_path)
+    out = batch(tmp_path, MATRICES_FROM)   # a class the plots are drawn for
     write_report(out)
     png = tmp_path / "report.png"
     proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
                            f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
-                           "--window-size=1280,2000", (out / "report.html").as_uri()],
+                           "--window-size=1280,5000", (out / "report.html").as_uri()],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, HOME=str(tmp_path)))
     assert proc.returncode == 0 and png.is_file(), proc.stderr[-2000:]
     from PIL import Image
     image = Image.open(png).convert("RGB")
-    assert image.size == (1280, 2000)
+    assert image.size == (1280, 5000)
     r, g, b = image.getpixel((640, 10))
     assert r > 90 and g < 40 and b < 40, (r, g, b)   # the staff-only banner, first
     # The plots drew: many coloured (not grey) pixels below the banner.
-    body = image.crop((0, 200, 1280, 2000)).resize((320, 450))
+    body = image.crop((0, 200, 1280, 5000)).resize((320, 1200))
     coloured = sum(1 for p in body.getdata() if max(p) - min(p) > 60)
     assert coloured > 2000, coloured
     if os.environ.get("A4_REPORT_PNG"):   # to look at it
@@ -107,9 +107,13 @@ def test_the_command_line_stays_free_of_matplotlib():
     assert proc.stdout.splitlines()[-1] == "False", proc.stdout[-500:] + proc.stderr
 
 
-def test_every_part_has_a_column(tmp_path):
+def test_every_graded_part_has_a_column_and_a_part_turned_off_has_none(tmp_path):
     a = analyse(batch(tmp_path, 2))
-    assert list(a.by_visibility) == list(PART_IDS) and a.cofailure["parts"] == list(PART_IDS)
+    graded = [p for p in PART_IDS if p in RUBRIC.parts]
+    assert a.parts == graded and list(a.by_visibility) == graded and a.cofailure["parts"] == graded
+    off = [BY_ID[p].title for p in PART_IDS if p not in RUBRIC.parts]
+    page = (write_report(tmp_path / "out") and (tmp_path / "out" / "report.html").read_text())
+    assert all(title not in page for title in off) and all(BY_ID[p].title in page for p in graded)
 
 
 def test_the_integrity_command_gives_the_report_its_count_and_keeps_the_final_grades(tmp_path):

@@ -1,7 +1,10 @@
 """The batch's item analytics, as numbers: what report.html draws and analytics.json holds.
 
-Read from every result in OUT (grader.names.result_files), never from a re-run:
+Read from every result in OUT (grader.names.result_files), never from a re-run, over the parts
+the batch graded (`parts`: a part the course turns off is in no result, so in no number):
 
+- one row per hand-in, worst first (grader.analytics.triage), and why the batch could not be
+  graded at all when it could not (grader.results.ungradable: the canary's cause);
 - pass rates per check x part (an outcome passes when its status is `passed`; every outcome that
   was attempted counts, a TODO left as `not_implemented` too), and per part over its public and
   its hidden checks;
@@ -36,9 +39,10 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from grader.analytics import triage
 from grader.parts import BY_ID, PART_IDS
-from grader.names import result_files, student_dir
-from grader.results import ToDict
+from grader.names import result_files
+from grader.results import ToDict, ungradable
 
 MIN_RAN = 2          # a check is flagged only over at least this many hand-ins
 WRONG = ("failed", "crashed", "timeout", "oom")   # ran and was wrong (not a TODO, not infra)
@@ -53,6 +57,9 @@ class Analytics(ToDict):
     """Every number of report.html; `to_dict()` is analytics.json."""
     made_at: str = ""
     handins: int = 0
+    ungradable: str = ""                                # why no hand-in has a score (grader.results.ungradable)
+    parts: list = field(default_factory=list)           # the parts this batch graded (a part turned off: none)
+    students: list = field(default_factory=list)        # triage rows, worst first (grader.analytics.triage)
     statuses: dict = field(default_factory=dict)        # status -> hand-ins
     max_score: float = 0.0
     part_points: dict = field(default_factory=dict)     # part -> its points (log + re-run)
@@ -70,7 +77,6 @@ class Analytics(ToDict):
     late_days: dict = None                              # days late -> students (final gradebook only)
     integrity: dict = None                              # {pairs, strong, report} when integrity.csv exists
     run: dict = field(default_factory=dict)             # what was run: digests, isolation, torch, seconds
-    feedback: dict = field(default_factory=dict)        # key -> its feedback.md, relative to OUT
 
     @property
     def median(self):
@@ -104,11 +110,11 @@ def _grid(results: dict, a: Analytics) -> None:
                 seen.setdefault(o["check"], {"check": o["check"], "hidden": bool(o.get("hidden")),
                                              "world_size": o.get("world_size")})
     a.checks = list(seen.values())
-    counts = {c: {p: [0, 0] for p in PART_IDS} for c in seen}
-    visible = {p: {"public": [0, 0], "hidden": [0, 0]} for p in PART_IDS}
+    counts = {c: {p: [0, 0] for p in a.parts} for c in seen}
+    visible = {p: {"public": [0, 0], "hidden": [0, 0]} for p in a.parts}
     for r in results.values():
         for pid, part in r.get("parts", {}).items():
-            for o in part.get("checks") or []:
+            for o in part.get("checks") or [] if pid in a.parts else []:
                 if o["status"] in ("not_run", "infra_error"):
                     continue
                 ok = o["status"] == "passed"
@@ -150,7 +156,7 @@ def _look_at(results: dict, a: Analytics) -> None:
         mine = folders & telling
         if len(mine) < MIN_RAN or (check, pid) in flagged:
             continue
-        for other in PART_IDS:
+        for other in a.parts:
             if other != pid and all(other in wrong_parts[f] for f in mine):
                 a.look_at.append({"check": check, "part": pid, "reference": reference,
                                   "why": f"wrong only in hand-ins wrong at {BY_ID[other].title} too "
@@ -159,7 +165,7 @@ def _look_at(results: dict, a: Analytics) -> None:
 
 
 def _diagnoses(results: dict, a: Analytics) -> None:
-    for pid in PART_IDS:
+    for pid in a.parts:
         found = {}
         for folder, r in results.items():
             part = r.get("parts", {}).get(pid) or {}
@@ -174,8 +180,8 @@ def _diagnoses(results: dict, a: Analytics) -> None:
 def _cofailure(results: dict, a: Analytics) -> None:
     wrong = {f: {pid for pid, p in r.get("parts", {}).items() if p.get("status") in WRONG}
              for f, r in results.items() if r.get("score") is not None}
-    a.cofailure = {"parts": list(PART_IDS),
-                   "matrix": [[sum(p in w and q in w for w in wrong.values()) for q in PART_IDS] for p in PART_IDS]}
+    a.cofailure = {"parts": list(a.parts),
+                   "matrix": [[sum(p in w and q in w for w in wrong.values()) for q in a.parts] for p in a.parts]}
     by_check = {}   # folder -> the checks it is wrong at, at any part
     for (check, _), folders in _wrong_sets(results).items():
         for f in folders:
@@ -184,13 +190,13 @@ def _cofailure(results: dict, a: Analytics) -> None:
     a.cofailure |= {"checks": checks, "by_check": [[sum(c in w and d in w for f, w in by_check.items() if f in wrong)
                                                     for d in checks] for c in checks]}
     ran = {f: {pid for pid, p in results[f].get("parts", {}).items() if p.get("checks")} for f in wrong}
-    patterns = Counter(tuple(p for p in PART_IDS if p in w) for f, w in wrong.items()
+    patterns = Counter(tuple(p for p in a.parts if p in w) for f, w in wrong.items()
                        if len(w) >= 2 and w != ran[f])   # right at one part at least: code that ran
     if not patterns:
         a.cluster = {}
         return
     parts, n = min(patterns.items(), key=lambda kv: (-kv[1], kv[0]))
-    members = [f for f, w in wrong.items() if tuple(p for p in PART_IDS if p in w) == parts and w != ran[f]]
+    members = [f for f, w in wrong.items() if tuple(p for p in a.parts if p in w) == parts and w != ran[f]]
     said = Counter(d for f in members for p in parts
                    for d in {o["diagnosis"] for o in results[f]["parts"][p].get("checks") or [] if o.get("diagnosis")})
     misconception, count = said.most_common(1)[0] if said else ("no diagnosis: the parts crashed or hung", 0)
@@ -208,7 +214,7 @@ def _collective(outcome: dict) -> str:
 
 
 def _hangs(results: dict, a: Analytics) -> None:
-    for pid in PART_IDS:
+    for pid in a.parts:
         row = {"timeout": 0, "crashed": 0, "collectives": Counter()}
         for r in results.values():
             outcomes = [o for o in (r.get("parts", {}).get(pid) or {}).get("checks") or []
@@ -260,9 +266,11 @@ def analyse(out, final_rows=None) -> Analytics:
     a.max_score = max((r.get("max_score") or 0 for r in results.values()), default=0.0)
     for r in results.values():
         for pid, part in r.get("parts", {}).items():
-            a.part_points.setdefault(pid, part.get("max_score"))
+            a.part_points.setdefault(pid, part.get("max_score"))   # a part turned off is in no result
     a.scores = sorted(r["score"] for r in results.values() if r.get("score") is not None)
-    a.feedback = {f: student_dir(".", f).joinpath("feedback.md").as_posix() for f in results}
+    a.parts = [p for p in PART_IDS if any(p in (r.get("parts") or {}) for r in results.values())]
+    a.students = triage.rows(results, out)
+    a.ungradable = ungradable(out)
     _grid(results, a)
     _look_at(results, a)
     _diagnoses(results, a)

@@ -28,11 +28,13 @@ from collections import Counter
 from pathlib import Path
 
 from grader.analytics.page import write_report
+from grader.analytics.triage import readable
 from grader.intake.handin import id_match
 from grader.kit import atomic_write
 from grader.names import cell, inert, result_files, student_of
 from grader.parts import BY_ID, PART_IDS, PARTS
 from grader.pipeline.report import gradebook_view
+from grader.results import ungradable
 
 CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
 MARKED = re.compile(r"<!-- ([\w-]+): begin -->.*?<!-- \1: end -->", re.S)   # other commands' sections
@@ -75,7 +77,7 @@ def look_reasons(view: dict) -> list:
     """Why a person should look at this hand-in's grade ([] when nothing)."""
     reasons = []
     if view["status"] in ("error", "infra_error", "invalid"):
-        reasons.append(f"{view['status']}, {'no score' if view['score'] is None else 'scored ' + _fmt(view['score'])}: "
+        reasons.append(f"{view['status']}, {'no score' if view['score'] is None else 'scored ' + readable(view['score'])}: "
                        f"{view['message']}")
     elif view["score"] == 0:
         reasons.append(f"scored 0: {view['message']}")
@@ -128,22 +130,27 @@ def _reason(part: dict) -> str:
 def _scores(scored: list, max_score: float) -> list:
     scores = sorted(r["score"] for r in scored)
     mean = sum(scores) / len(scores)
-    return [f"mean {mean:.1f}, median {scores[len(scores) // 2]:g}, min {scores[0]:g}, "
-            f"max {scores[-1]:g} (of {max_score:g}); the distribution, pass rates per check and "
-            f"co-failure are in [report.html](report.html)"]
+    return [f"mean {readable(mean)}, median {readable(scores[len(scores) // 2])}, min {readable(scores[0])}, "
+            f"max {readable(scores[-1])} (of {readable(max_score)}); every hand-in's row, the distribution, pass "
+            f"rates per check and co-failure are in [report.html](report.html)"]
 
 
-def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)", replaced=(), strays=()) -> str:
+def summary_markdown(views: list, max_score: float, pattern: str = r"(?P<id>.+)", replaced=(), strays=(),
+                     blocked: str = "") -> str:
     """summary.md of `views`; `replaced` and `strays` are sentences of this invocation's (results set
-    aside by a newer hand-in; files of a download that fit no student)."""
+    aside by a newer hand-in; files of a download that fit no student); `blocked`: why nothing in
+    the batch could be graded (grader.results.ungradable), said first."""
     n = len(views)
     lines = [f"# Assignment 4: summary of {n} hand-in{'s' if n != 1 else ''}", ""]
+    if blocked:
+        lines += [f"> **{inert(blocked)}**", ""]
     unsandboxed = sum(r.get("sandbox") == "off" for r in views)
     if unsandboxed:
         lines += [f"> **Warning:** {unsandboxed} hand-in(s) were graded with `--sandbox off`: their code ran "
                   f"with the grader's user's rights and network (`isolation` in their grading.json).", ""]
-    lines += ["For staff: plots, pass rates per check (hidden ones named), diagnoses, co-failure and what "
-              "was run are in [report.html](report.html) (numbers: analytics.json).", ""]
+    lines += ["For staff: a row per hand-in (worst first, each part lost and why, linked to its feedback), pass "
+              "rates per check (hidden ones named), diagnoses, co-failure and what was run are in "
+              "[report.html](report.html) (numbers: analytics.json).", ""]
     statuses = Counter(r["status"] for r in views)
     lines += ["| status | hand-ins |", "| --- | --- |"] + [f"| {s} | {c} |" for s, c in statuses.most_common()] + [""]
     scored = [r for r in views if r["score"] is not None]
@@ -185,7 +192,7 @@ def write_outputs(views: list, out: Path, max_score: float, pattern: str = r"(?P
                     strays=()) -> None:
     """grades.csv, summary.md, report.html and analytics.json into `out`."""
     atomic_write(out / "grades.csv", grades_csv(views))
-    text = summary_markdown(views, max_score, pattern, replaced, strays)
+    text = summary_markdown(views, max_score, pattern, replaced, strays, ungradable(out))
     try:
         kept = [m.group(0) for m in MARKED.finditer((out / "summary.md").read_text())]
     except OSError:
