@@ -3,7 +3,8 @@
 The house, one room per job; a hand-in travels down the list:
 
     shared       kit (paths, atomic writes, the source digest), parts, rubric (and its limits),
-                 results (statuses and result dataclasses, where a batch keeps them), plots (figures
+                 results (statuses and result dataclasses, where a batch keeps them, and whether a
+                 batch could be graded at all: its canary, OUT/canary.json), plots (figures
                  by matplotlib, loaded only to draw; the lab's bandwidth plot uses it too), cli
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
                  its weights (executor, executors, torchrun, zygote, world, supervise, worker, source, secret,
@@ -20,7 +21,8 @@ The house, one room per job; a hand-in travels down the list:
                  backward (the tensor-parallel layer's gradients), megatron (the optional Part 5's
                  block), say (what a student may see of hidden checks), score (the points)
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
-                 feedback.md, Gradescope's results.json (report)
+                 Gradescope's results.json (report), feedback.md and feedback.html (feedback, its
+                 page from templates/)
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (outputs)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
@@ -30,8 +32,9 @@ The house, one room per job; a hand-in travels down the list:
     gradescope/  grading inside Gradescope's container, and the bundle that sets it up
     instructor/  the skeleton generated from the reference, the configuration check, the student
                  release and the public rubric it ships (derived from rubric.yaml)
-    analytics/   the batch report for course staff: item analytics over every result in OUT
-                 (numbers) as report.html with its plots and analytics.json (page)
+    analytics/   the batch report for course staff: a row per hand-in, worst first (triage), item
+                 analytics over every result in OUT (numbers), as report.html from templates/ with
+                 its plots, and analytics.json (page)
     integrity/   the pairs of hand-ins a person should compare, from graded results and the hand-ins
                  (code, facts, similar, evidence, report); it runs no code
 

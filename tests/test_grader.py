@@ -501,6 +501,7 @@ def test_when_gloo_cannot_start_every_result_is_infra_error_and_no_score_is_writ
     summary = grade_batch([graded[3] / "reference.zip", graded[3] / "skeleton_forged_log.zip"], tmp_path / "out",
                           rubric_path=rubric, progress=False)
     assert summary.statuses == {"infra_error": 2}
+    assert summary.ungradable.startswith("Not graded: no hand-in has a score, because the reference solution fails")
     rows = list(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
     assert [row["score"] for row in rows] == ["", ""]
     doc = json.loads((tmp_path / "out" / "students" / "reference" / "results.json").read_text())

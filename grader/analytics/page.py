@@ -142,7 +142,7 @@ def report_html(a: Analytics) -> str:
         statuses=", ".join(f"{s} {n}" for s, n in a.statuses.items()) or "none",
         scores=None if a.ungradable else _scores(a), grid=_grid(a), cofailure=_cofailure(a), hangs=hangs,
         points=[(BY_ID[p].title, readable(a.part_points.get(p) or 0)) for p in a.parts], run=_run(a),
-        matrices_from=MATRICES_FROM, plots_from=PLOTS_FROM, shown=lambda folders, most=12: folders[:most])
+        diagnosed=any(a.diagnoses.get(p) for p in a.parts), matrices_from=MATRICES_FROM, plots_from=PLOTS_FROM, shown=lambda folders, most=12: folders[:most])
 
 
 def _write(out: Path, a: Analytics) -> None:
