@@ -21,8 +21,11 @@
 - Every world runs on the data of OUT's data key (OUT/.data-key, made by the first `grade` into OUT,
   readable by its owner alone; grader.rerun.secret): the same wrong code gives the same weight in
   every hand-in and every regrade into OUT. Deleting it gives the next run new data.
-- Every hand-in's files are written as soon as it is graded, atomically; then grades.csv and
-  summary.md from every result in OUT, whatever this invocation graded (grader.batch.outputs).
+- Every hand-in's files are written as soon as it is graded, atomically; then grades.csv,
+  summary.md and report.html from every result in OUT, whatever this invocation graded
+  (grader.batch.outputs). The canary's outcome is kept in OUT/canary.json (grader.batch.local):
+  when nothing in OUT could be graded, the summary's `ungradable` says why and what to do
+  (grader.results.ungradable), as report.html and summary.md do at their top.
 - A refused `grade` changes nothing in OUT: the paths, the rubric and (on this machine) the sandbox
   are checked before anything is written.
 """
