@@ -11,8 +11,9 @@ The house, one room per job; a hand-in travels down the list:
                  keeps a hidden check's results free of a rank's words; doctor says which sandbox
                  layers work on a machine)
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
-                 hand-ins), download (whose each file of an LMS download is), handin (unpack safely,
-                 locate the code and the runs)
+                 hand-ins), download (whose each file of an LMS download is), listing (a folder's or
+                 a zip's files, each read from disk only when used), handin (unpack safely, locate
+                 the code and the runs)
     evidence/    the logs, as evidence and never the verdict: runs (a run's stdout and stderr,
                  found by what they hold, and which run counts), logfile and errfile (what they
                  say), logtext (the patterns and reports both share)

@@ -291,7 +291,7 @@ def test_a_moodle_worksheet_is_filled_by_participant_number_and_locked_grades_ar
 
 def test_lms_bulk_download_names_give_the_id_and_the_late_marker():
     assert student_id("Jane Doe_12345_assignsubmission_file_hw4.zip", "moodle") == "12345"
-    assert student_id("bulk.zip!Jane Doe_12345_assignsubmission_file/hw4.zip", "moodle") == "12345"
+    assert student_id("bulk.zip › Jane Doe_12345_assignsubmission_file/hw4.zip", "moodle") == "12345"
     assert student_id("doejane_12345_67890_hw4.zip", "canvas") == "12345"
     assert student_id("doejane_LATE_12345_67890_hw4-1.zip", "canvas") == "12345"
     assert lms_marks("doejane_LATE_12345_67890_hw4.zip") == {"lms": "canvas", "id": "12345", "late": True}

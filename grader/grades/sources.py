@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from grader.grades.policy import PolicyError, parse_time
-from grader.names import gradescope_user
+from grader.names import gradescope_user, innermost
 from grader.rubric import ID_PATTERNS
 
 
@@ -108,7 +108,7 @@ def read_roster(path: Path) -> tuple:
 
 def lms_marks(source: str) -> dict:
     """What an LMS bulk-download name says of a hand-in: {"lms": "moodle"|"canvas", "id", "late"} or {}."""
-    name = re.split(r"[!]", source)[-1]
+    name = innermost(source)
     for lms, pattern in ID_PATTERNS.items():
         match = re.search(pattern, name)
         if match:
@@ -118,7 +118,7 @@ def lms_marks(source: str) -> dict:
 
 def same_source(recorded: str, source: str) -> bool:
     """Whether a record's `source` names the hand-in graded from `source` (its file name, or the
-    name of a zip inside a bulk download)."""
+    name of a zip inside a bulk download: grader.names.innermost)."""
     if not recorded:
         return False
-    return recorded == source or recorded == source.split("!")[-1] or recorded == Path(source.split("!")[-1]).name
+    return recorded in (source, innermost(source), Path(innermost(source)).name)
