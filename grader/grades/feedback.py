@@ -28,7 +28,7 @@ from pathlib import Path
 from grader.grades.statement import markdown, number, statement
 from grader.kit import atomic_write
 from grader.names import plain, student_dir
-from grader.parts import BY_ID
+from grader.parts import BY_ID, PART_IDS
 
 FOLDER = "feedback-upload"
 NAME = "assignment4-feedback.md"
@@ -53,9 +53,10 @@ def counted(book, results: list) -> dict:
 
 def part_lines(result: dict) -> list:
     """Each part's outcome in a line (for an LMS cell, where the full feedback cannot go)."""
-    return [f"{BY_ID[p['part']].title}: {number(p['score'])} / {number(p['max_score'])}, {p['status']}"
+    parts = result.get("parts") or {}
+    return [f"{BY_ID[i].title}: {number(p['score'])} / {number(p['max_score'])}, {p['status']}"
             + (f": {plain(p['message'])[:200]}" if p.get("message") and p["status"] != "passed" else "")
-            for p in (result.get("parts") or {}).values() if p.get("part") in BY_ID]
+            for i, p in ((i, parts[i]) for i in PART_IDS if i in parts)]
 
 
 def with_statement(text: str, said) -> str:
