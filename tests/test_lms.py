@@ -325,3 +325,151 @@ def test_canvas_times_from_its_submissions_page_saved_in_the_browser(tmp_path):
     (tmp_path / "page1.json").write_text("while(1);" + json.dumps(SUBMISSIONS))
     row = {r.student: r for r in make_gradebook(out, policy_file(tmp_path, "page1.json"))[0].rows}
     assert (row["50001"].late_days, row["50001"].final, row["50002"].late_days) == (2, 80.0, 0)
+
+
+# --- each LMS's download, graded for real, and its way back ----------------------------------------
+
+def lms_downloads(tmp: Path) -> list:
+    """Each LMS's download, zipped and unzipped: (path, lms). Reference hand-ins score, skeletons do
+    not; a late one per LMS, Blackboard's with an earlier attempt."""
+    from tests.corpus import REFERENCE, UTILS, Files, skeleton, zip_bytes
+    right, wrong = zip_bytes(Files(code=REFERENCE.read_text())), skeleton()
+    meta = ("submission_{n}:\n  :submitters:\n  - :name: Student {n}\n    :sid: 's{n}'\n    :email: s{n}@uni.edu\n"
+            "  :created_at: {when}\n")
+    shapes = {
+        "canvas": ({"lateann_LATE_50001_99901_handin.zip": right, "skelbob_50002_99902_assignment4.py": wrong,
+                    "skelbob_50002_99902_utils.py": UTILS.read_text()},
+                   {"onceeve_50003_99903_handin.zip": right}),
+        "moodle": ({"Ann Late_1001_assignsubmission_file_/handin.zip": right,
+                    "Bob Skel_1002_assignsubmission_file_/assignment4.py": wrong,
+                    "Bob Skel_1002_assignsubmission_file_/utils.py": UTILS.read_text()},
+                   {"Eve Once_1003_assignsubmission_file_/handin.zip": right}),
+        "blackboard": ({"Assignment 4_alate_attempt_2026-04-14-20-00-00_assignment4.py": wrong,
+                        "Assignment 4_alate_attempt_2026-04-14-20-00-00.txt": "Name: Ann Late (alate)\n",
+                        "Assignment 4_alate_attempt_2026-04-16-10-00-00_handin.zip": right,
+                        "Assignment 4_alate_attempt_2026-04-16-10-00-00.txt": "Name: Ann Late (alate)\n"},
+                       {"Assignment 4_eonce_attempt_2026-04-14-21-00-00_handin.zip": right,
+                        "Assignment 4_eonce_attempt_2026-04-14-21-00-00.txt": "Name: Eve Once (eonce)\n"}),
+        "gradescope": ({"assignment_1_export/submission_metadata.yml":
+                        meta.format(n=1, when="2026-04-16 10:00:00.000000000 +02:00")
+                        + meta.format(n=2, when="2026-04-14 20:00:00.000000000 +02:00"),
+                        "assignment_1_export/submission_1/handin.zip": right,
+                        "assignment_1_export/submission_2/assignment4.py": wrong},
+                       {"assignment_1_export/submission_metadata.yml":
+                        meta.format(n=3, when="2026-04-14 21:00:00.000000000 +02:00"),
+                        "assignment_1_export/submission_3/handin.zip": right}),
+    }
+    paths = []
+    for lms, (zipped, unzipped) in shapes.items():
+        with zipfile.ZipFile(tmp / f"{lms}.zip", "w") as z:
+            for name, data in zipped.items():
+                z.writestr(name, data)
+        for name, data in unzipped.items():
+            (tmp / lms / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / lms / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+        paths += [(tmp / f"{lms}.zip", lms), (tmp / lms, lms)]
+    return paths
+
+
+@pytest.fixture(scope="module")
+def every_lms(tmp_path_factory):
+    """Each LMS's download, zipped and not, graded in one batch with one check."""
+    from grader.batch.run import grade_batch
+    from tests.corpus import fast_rubric
+    tmp = tmp_path_factory.mktemp("lms")
+    paths = lms_downloads(tmp)
+    rubric = fast_rubric(tmp, checks=[{"name": "default"}], public_world_sizes=[])
+    summary = grade_batch([p for p, _ in paths], tmp / "out", rubric_path=rubric, progress=False)
+    return tmp, summary
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_every_lms_download_graded_and_its_imports_say_what_its_feedback_says(every_lms, capsys):
+    tmp, summary = every_lms
+    out = tmp / "out"
+    grades = list(csv.DictReader((out / "grades.csv").open()))
+    assert sorted({r["student"] for r in grades}) == ["1001", "1002", "1003", "50001", "50002", "50003", "alate",
+                                                      "eonce", "s1", "s2", "s3"]
+    sources = {r["source"] for r in grades}
+    assert "canvas.zip › lateann_LATE_50001_99901_handin.zip" in sources
+    assert "gradescope.zip › assignment_1_export/submission_1/handin.zip" in sources
+    assert "canvas/onceeve_50003_99903_handin.zip" in sources           # unzipped: by the folder's name
+    attempts = [r for r in grades if r["student"] == "alate"]     # Blackboard's two attempts: no duplicate
+    assert len(attempts) == 2 and not any("duplicate" in r["flags"] for r in attempts)
+    assert sorted("earlier_attempt" in r["flags"] for r in attempts) == [False, True]
+    assert summary.duplicates == 0
+    skel = json.loads((out / "students" / "1002" / "grading.json").read_text())
+    late = json.dumps([{"user_id": 50001, "submitted_at": "2026-04-16T08:00:00Z"},
+                       {"user_id": 50003, "submitted_at": "2026-04-14T19:00:00Z"}])
+    (tmp / "canvas-page.json").write_text("while(1);" + late)
+    policy = policy_file(tmp, "canvas-page.json", extensions={"alate": "2026-04-18T23:59:00+02:00"},
+                         overrides=[{"student": "1002", "part": "baseline", "reason": "regrade: accepted",
+                                     "points": skel["parts"]["baseline"]["max_score"], "sha256": skel["sha256"]}])
+    # One course per LMS in life; here four share a batch, so Canvas's SIS ids must not be the others' ids.
+    (tmp / "canvas.csv").write_text(CANVAS.replace(",s1,alate,", ",c1,cl1,").replace(",s2,oover,", ",c2,cl2,")
+                                    .replace(",s3,eext,", ",c3,cl3,"))
+    (tmp / "moodle.csv").write_text(MOODLE.replace("Ann Late\",a@uni.example,\"Submitted for grading\",,50.00,Yes,-",
+                                                   "Ann Late\",a@uni.example,\"Submitted for grading\",,50.00,Yes,"
+                                                   "\"Thursday, 16 April 2026, 10:00 AM\""))
+    people = [["Late", "Ann", "alate", "1", "", "Yes", "", ""], ["Once", "Eve", "eonce", "3", "", "Yes", "", ""]]
+    (tmp / "gc.csv").write_bytes(bb_export(people))
+    (tmp / "gs.csv").write_text(GRADESCOPE.replace("Eve,Ext,,e@uni.example", "Eve,Ext,s3,s3@uni.edu"))
+    assert main(["gradebook", str(out), "--policy", str(policy), "--feedback", "-o", str(tmp / "final.csv"),
+                 *[f"--lms={lms}:{tmp / name}" for lms, name in (("canvas", "canvas.csv"), ("moodle", "moodle.csv"),
+                                                                ("blackboard", "gc.csv"), ("gradescope", "gs.csv"))]]) == 0
+    final = {r["student"]: r for r in csv.DictReader((tmp / "final.csv").open())}
+    assert final["50001"]["late_days"] == "2" and final["1001"]["late_days"] == "2" and final["s1"]["late_days"] == "2"
+    assert "extension" in final["alate"]["flags"] and final["alate"]["penalty"] == "0"
+    assert final["1002"]["overrides"].startswith("baseline=")
+
+    def sent(lms: str) -> dict:   # student -> the feedback headline's grade "X / Y"
+        files = feedback_of(out, lms)
+        return {name: headline(text).split("Grade: ")[1].split(" (")[0] for name, text in files.items()}
+
+    canvas = {r[1]: r[-1] for r in csv.reader(io.StringIO((tmp / "final-canvas-import.csv").read_text("utf-8-sig")))}
+    said = sent("canvas")
+    for key, upload in (("50001", "lateann_LATE_50001_99901"), ("50002", "skelbob_50002_99902"),
+                        ("50003", "onceeve_50003_99903")):
+        assert said[f"{upload}_assignment4-feedback.md"] == f"{canvas[key]} / 25", key
+    assert float(canvas["50001"]) == pytest.approx(float(final["50001"]["final"]) * 25 / 100, abs=0.005)
+    moodle = {r["Identifier"]: r for r in csv.DictReader(io.StringIO((tmp / "final-moodle-import.csv").read_text()))}
+    said = sent("moodle")
+    for number, folder in (("1001", "Ann Late"), ("1002", "Bob Skel"), ("1003", "Eve Once")):
+        grade = moodle[f"Participant {number}"]["Grade"]
+        assert said[f"{folder}_{number}_assignsubmission_file_/assignment4-feedback.md"] == f"{grade} / 50"
+        assert moodle[f"Participant {number}"]["Feedback comments"].startswith(f"Grade: {grade} / 50")
+    assert "regrade: accepted" in moodle["Participant 1002"]["Feedback comments"]
+    board = list(csv.reader(io.StringIO((tmp / "final-blackboard-import.csv").read_text("utf-8-sig"))))
+    for row in board[1:]:
+        assert row[7].startswith(f"<p><strong>Grade: {row[4]} / 20 (as Blackboard shows it")
+    scope = {r["SID"]: r["Total Score"] for r in csv.DictReader(io.StringIO((tmp / "final-gradescope-import.csv").read_text()))}
+    said = sent("gradescope")
+    assert said["submission_1/assignment4-feedback.md"] == f"{scope['s1']} / 10"
+    printed = capsys.readouterr().out
+    assert "Blackboard takes no feedback files: 2 student(s)' feedback goes in the Feedback to Learner column" in printed
+    assert "no feedback file for the LMS" not in printed and "not in the" not in printed   # each file, its own students
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_a_batch_where_no_world_could_start_gets_no_lms_file(tmp_path, monkeypatch, capsys):
+    """gloo cannot start anywhere (no such network interface): the canary fails, every hand-in is
+    infra_error, and gradebook refuses the LMS files, saying why."""
+    from grader.batch.run import grade_batch
+    from tests.corpus import REFERENCE, Files, fast_rubric, write_zip
+    download = tmp_path / "submissions"
+    download.mkdir()
+    write_zip(download / "lateann_50001_99901_handin.zip", Files(code=REFERENCE.read_text()))
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], public_world_sizes=[])
+    summary = grade_batch([download], tmp_path / "out", rubric_path=rubric, progress=False)
+    assert summary.statuses == {"infra_error": 1}
+    (tmp_path / "export.csv").write_text(CANVAS)
+    capsys.readouterr()
+    assert main(["gradebook", str(tmp_path / "out"), "--policy", str(policy_file(tmp_path)),
+                 "--lms", f"canvas:{tmp_path / 'export.csv'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gradebook: no LMS file written: 1 of 1 hand-in(s) were not graded: the grading machine "
+                          "failed, not the students (the reference solution fails") and err.count("\n") == 1
+    assert not list((tmp_path / "out").glob("*-import.csv"))

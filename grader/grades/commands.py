@@ -90,8 +90,12 @@ def make_gradebook(out, policy_path, output=None, keep_stale: bool = False, lms=
     output = Path(output) if output else Path(out) / "final.csv"
     atomic_write(output, book_csv(book))
     write_report(out, book.rows)   # report.html again, with the final grades and late days
-    details = {s: part_lines(r) for s, r in counted(book, results).items()} if feedback else None
+    chosen = counted(book, results)
+    details = {s: part_lines(r) for s, r in chosen.items()} if feedback else None
     filled = [imports.fill(name, path, book, output, assignment, details) for name, path in specs]
+    for f in filled:   # a batch of several LMSs' downloads: each file misses only its own students
+        f.not_in_export = [s for s in f.not_in_export if (chosen[s].get("download") or {}).get("lms", "")
+                           in ("", f.lms)] if len(specs) > 1 else f.not_in_export
     uploads = write_uploads(out, book, results, {f.lms: f for f in filled}) if feedback else None
     return book, output, filled, uploads
 

@@ -105,8 +105,8 @@ def write_uploads(out, book, results: list, filled: dict = None) -> Uploads:
         except OSError as e:
             uploads.left_out.append(f"{row.student}: no feedback.md ({e.strerror}); grade the hand-in again")
             continue
-        points = filled[lms].points.get(row.student) if lms in filled else None
-        said = statement(row, book.max_score, lms if lms in filled else "", points)
+        shown = lms in filled and row.student in filled[lms].points   # its grade is in the LMS's import
+        said = statement(row, book.max_score, lms if shown else "", filled[lms].points[row.student] if shown else None)
         members[lms][_member(lms, plain(upload))] = with_statement(text, said)
     for lms, count in in_sheet.items():
         where = filled[lms].written if lms in filled else f"--lms {lms}:FILE"

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 from grader.names import inert, plain
 
-LMS_NAMES = {"canvas": "Canvas", "moodle": "Moodle", "blackboard": "Blackboard", "gradescope": "Gradescope", "": ""}
+# Where the import's grade is read: Gradescope takes no import, its grade export goes to the course's gradebook.
+SHOWN = {"canvas": "as Canvas shows it", "moodle": "as Moodle shows it", "blackboard": "as Blackboard shows it",
+         "gradescope": "as the course's grades from Gradescope's export give it"}
 
 
 def number(value) -> str:
@@ -54,7 +56,7 @@ class Statement:
     def headline(self) -> str:
         if self.final is None:
             return f"No grade yet: {self.pending}"
-        said = [f"as {LMS_NAMES[self.lms]} shows it"] if self.lms else []
+        said = [SHOWN[self.lms]] if self.lms else []
         if self.scaled:
             said.append(f"{number(self.final)} / {number(self.max_score)} on the autograder's scale")
         return f"Grade: {self.shown} / {self.out_of}" + (f" ({'; '.join(said)})" if said else "")

@@ -181,7 +181,7 @@ class Listing:
                 raise DownloadError(f"{folder}: more than {MAX_FILES} files under it; give the download's "
                                     f"folder itself, not a folder above it")
             blobs[rel] = Blob(path.absolute(), "", path.stat().st_size)
-        return cls(str(folder), blobs)
+        return cls(folder.resolve().name or str(folder), blobs)   # by its name, as a zip is, wherever it lies
 
     def close(self) -> None:
         if self.z is not None:
