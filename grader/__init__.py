@@ -25,8 +25,10 @@ The house, one room per job; a hand-in travels down the list:
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (gradebook)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
-                 extensions, overrides), submission times, roster, LMS files (book, policy, sources,
-                 lms), and what a regrade moved (diff)
+                 extensions, overrides), submission times, roster (book, policy, sources), the grade
+                 each student is told and why (statement), each LMS's import (lms/: canvas, moodle,
+                 blackboard, gradescope, read and written back by sheet, named by imports) and
+                 feedback uploads (feedback), and what a regrade moved (diff)
     student/     the student tools: check and package
     gradescope/  grading inside Gradescope's container, and the bundle that sets it up
     instructor/  the skeleton generated from the reference, the configuration check, the student

@@ -210,12 +210,6 @@ class Listing:
         except BlobError as e:
             raise DownloadError(f"{self.where(rel)}: {e}") from None
 
-    def digest(self, rel: str) -> str:
-        try:
-            return self.blob(rel).digest(self.z, MAX_MEMBER_BYTES)
-        except BlobError as e:
-            raise DownloadError(f"{self.where(rel)}: {e}") from None
-
     def where(self, rel: str) -> str:
         """How a file of the listing is shown: `download.zip › folder/file`, or `folder/file`."""
         return inside(self.label, rel) if self.archive else f"{self.label}/{rel}"
