@@ -317,3 +317,23 @@ def test_a_zipped_folder_of_unpacked_hand_ins_is_read_as_one_hand_in_each(tmp_pa
     found = find_handins([zipped])
     assert sorted(rows(found)) == ["alice", "bob"] and code_of(rows(found)["bob"], tmp_path) == "b\n"
     assert [s.name for s in found.strays] == ["unpacked.zip › notes.txt"]
+
+
+def test_an_lms_attempts_are_ordered_by_their_times_and_anything_else_is_a_duplicate():
+    from grader.intake.download import latest_attempt
+    board = [{"lms": "blackboard", "submitted_at": "2026-04-14T20:00:00"},
+             {"lms": "blackboard", "submitted_at": "2026-04-16T08:00:00"}]
+    assert latest_attempt(board) == 1 and latest_attempt(board[::-1]) == 0
+    assert latest_attempt([board[0], dict(board[0])]) is None                        # the same time: no order
+    assert latest_attempt([board[0], {"lms": "", "submitted_at": ""}]) is None        # a plain zip beside it
+    assert latest_attempt([board[0], {"lms": "canvas", "submitted_at": "2026-04-16T08:00:00"}]) is None
+    assert latest_attempt([board[0], {"lms": "blackboard", "submitted_at": "2026-04-16T08:00:00+02:00"}]) is None
+    assert latest_attempt(board[:1]) is None
+
+
+def test_a_source_inside_a_zip_names_the_zips_edge_once():
+    from grader.names import inside, innermost
+    assert inside("export.zip", "export/submission_11001") == "export.zip › export/submission_11001"
+    assert innermost(inside(inside("bulk.zip", "a/b.zip"), "x/y.py")) == "x/y.py"
+    assert innermost(inside("bulk.zip", "evil › alice_1_2_h.zip")) == "evil > alice_1_2_h.zip"   # never a false edge
+    assert innermost("alice.zip") == "alice.zip"

@@ -146,7 +146,8 @@ def test_blackboard_upload_is_keyed_by_username_with_the_columns_id_and_feedback
     quoted = io.StringIO()   # every value quoted, as Blackboard asks of a comma file; CRLF lines
     csv.writer(quoted, delimiter="\t" if tab else ",", quoting=csv.QUOTE_ALL, lineterminator="\r\n").writerows(rows)
     assert text.lstrip("\ufeff") == quoted.getvalue()
-    assert rows[0] == ["Last Name", "First Name", "Username", "Student ID", "Assignment 4 [Total Pts: 20 Score] |123456",
+    assert rows[0] == ["Last Name", "First Name", "Username", "Student ID",
+                       "Assignment 4 [Total Pts: 20 Score] |123456",
                        "Grading Notes", "Notes Format", "Feedback to Learner", "Feedback Format"]
     by = {r[2]: r for r in rows[1:] if r}
     assert (by["alate"][3], by["alate"][4], by["oover"][4], by["eext"][4]) == ("0042", "16.00", "20.00", "20.00")
@@ -200,8 +201,8 @@ def test_an_infra_error_batch_writes_no_lms_file_unless_told_and_says_why_in_one
                       "not be started; the grading machine is not working; grade it again")
     out = out_with(tmp_path, result("50001"), broken)
     (tmp_path / "export.csv").write_text(CANVAS)
-    command = ["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--lms", f"canvas:{tmp_path / 'export.csv'}",
-               "--feedback"]
+    command = ["gradebook", str(out), "--policy", str(policy_file(tmp_path)),
+               "--lms", f"canvas:{tmp_path / 'export.csv'}", "--feedback"]
     assert main(command) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no LMS file written: 1 of 2 hand-in(s) were not graded: the grading machine " \
@@ -415,9 +416,9 @@ def test_every_lms_download_graded_and_its_imports_say_what_its_feedback_says(ev
     people = [["Late", "Ann", "alate", "1", "", "Yes", "", ""], ["Once", "Eve", "eonce", "3", "", "Yes", "", ""]]
     (tmp / "gc.csv").write_bytes(bb_export(people))
     (tmp / "gs.csv").write_text(GRADESCOPE.replace("Eve,Ext,,e@uni.example", "Eve,Ext,s3,s3@uni.edu"))
+    files = (("canvas", "canvas.csv"), ("moodle", "moodle.csv"), ("blackboard", "gc.csv"), ("gradescope", "gs.csv"))
     assert main(["gradebook", str(out), "--policy", str(policy), "--feedback", "-o", str(tmp / "final.csv"),
-                 *[f"--lms={lms}:{tmp / name}" for lms, name in (("canvas", "canvas.csv"), ("moodle", "moodle.csv"),
-                                                                ("blackboard", "gc.csv"), ("gradescope", "gs.csv"))]]) == 0
+                 *[f"--lms={lms}:{tmp / name}" for lms, name in files]]) == 0
     final = {r["student"]: r for r in csv.DictReader((tmp / "final.csv").open())}
     assert final["50001"]["late_days"] == "2" and final["1001"]["late_days"] == "2" and final["s1"]["late_days"] == "2"
     assert "extension" in final["alate"]["flags"] and final["alate"]["penalty"] == "0"
@@ -443,12 +444,13 @@ def test_every_lms_download_graded_and_its_imports_say_what_its_feedback_says(ev
     board = list(csv.reader(io.StringIO((tmp / "final-blackboard-import.csv").read_text("utf-8-sig"))))
     for row in board[1:]:
         assert row[7].startswith(f"<p><strong>Grade: {row[4]} / 20 (as Blackboard shows it")
-    scope = {r["SID"]: r["Total Score"] for r in csv.DictReader(io.StringIO((tmp / "final-gradescope-import.csv").read_text()))}
+    scope = {r["SID"]: r["Total Score"]
+             for r in csv.DictReader(io.StringIO((tmp / "final-gradescope-import.csv").read_text()))}
     said = sent("gradescope")
     assert said["submission_1/assignment4-feedback.md"] == f"{scope['s1']} / 10"
     printed = capsys.readouterr().out
-    assert "Blackboard takes no feedback files: 2 student(s)' feedback goes in the Feedback to Learner column" in printed
-    assert "no feedback file for the LMS" not in printed and "not in the" not in printed   # each file, its own students
+    assert "Blackboard takes no feedback files: 2 student(s)' feedback goes in the Feedback to Learner" in printed
+    assert "no feedback file for the LMS" not in printed and "not in the" not in printed   # each file: its own
 
 
 @pytest.mark.torch

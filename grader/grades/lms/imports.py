@@ -1,11 +1,12 @@
 """Every LMS's way back: which file of the LMS `gradebook --lms LMS:FILE` fills, and where the import goes.
 
-| LMS        | FILE (exported by the TA)                                  | written (beside -o)                 | the TA uploads it with                                   |
-| ---------- | ---------------------------------------------------------- | ----------------------------------- | -------------------------------------------------------- |
-| canvas     | Grades > Export > Export Entire Gradebook                  | FINAL-canvas-import.csv             | Grades > Import                                          |
-| moodle     | View all submissions > Download grading worksheet          | FINAL-moodle-import.csv             | View all submissions > Upload grading worksheet          |
-| blackboard | Grade Center > Work Offline > Download (.csv, or .xls)     | FINAL-blackboard-import.csv (.xls)  | Grade Center > Work Offline > Upload                     |
-| gradescope | Review Grades > Download Grades > CSV                      | FINAL-gradescope-import.csv         | none in Gradescope: where the course keeps its grades    |
+- canvas:FILE, Grades > Export > Export Entire Gradebook: FINAL-canvas-import.csv, for Grades > Import;
+- moodle:FILE, View all submissions > Download grading worksheet: FINAL-moodle-import.csv, for View all
+  submissions > Upload grading worksheet;
+- blackboard:FILE, Grade Center > Work Offline > Download (.csv, or the tab-delimited .xls):
+  FINAL-blackboard-import.csv (or .xls), for Grade Center > Work Offline > Upload;
+- gradescope:FILE, Review Grades > Download Grades > CSV: FINAL-gradescope-import.csv, for wherever
+  the course keeps its grades (Gradescope itself imports none).
 
 FINAL is the final gradebook's name (`-o`, default OUT/final.csv), so an import file is named by
 the run that wrote it; one of that name written earlier with other content is kept, renamed with
