@@ -6,7 +6,8 @@
 #   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
 #   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
-#                    the integrity report over every pair of 500 hand-ins, the staff report's size and time
+#                    the integrity report over every pair of 500 hand-ins, the staff report's size and time,
+#                    a batch's peak memory on a 1 GB download of 300 hand-ins (built under the temporary folder)
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
 #   make release     write the tree students receive into build/release
 SHELL := /bin/bash
@@ -78,6 +79,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/grading_throughput.py
 	$(PY) benchmarks/integrity_pairs.py
 	$(PY) benchmarks/report_size.py
+	$(PY) benchmarks/intake_memory.py
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton

@@ -12,8 +12,9 @@ The house, one room per job; a hand-in travels down the list:
                  keeps a hidden check's results free of a rank's words; doctor says which sandbox
                  layers work on a machine)
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
-                 hand-ins), download (whose each file of an LMS download is), handin (unpack safely,
-                 locate the code and the runs)
+                 hand-ins), download (whose each file of an LMS download is), listing (a folder's or
+                 a zip's files, each read from disk only when used), handin (unpack safely, locate
+                 the code and the runs)
     evidence/    the logs, as evidence and never the verdict: runs (a run's stdout and stderr,
                  found by what they hold, and which run counts), logfile and errfile (what they
                  say), logtext (the patterns and reports both share)
@@ -26,8 +27,10 @@ The house, one room per job; a hand-in travels down the list:
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (outputs)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
-                 extensions, overrides), submission times, roster, LMS files (book, policy, sources,
-                 lms), and what a regrade moved (diff)
+                 extensions, overrides), submission times, roster (book, policy, sources), the grade
+                 each student is told and why (statement), each LMS's import (lms/: canvas, moodle,
+                 blackboard, gradescope, read and written back by sheet, named by imports) and
+                 feedback uploads (feedback), and what a regrade moved (diff)
     student/     the student tools: check and package
     gradescope/  grading inside Gradescope's container, and the bundle that sets it up
     instructor/  the skeleton generated from the reference, the configuration check, the student

@@ -138,14 +138,27 @@ def _gradebook_arguments(p) -> None:
     p.add_argument("-o", "--output", metavar="FINAL.csv", help="the final gradebook (default OUT/final.csv)")
     p.add_argument("--keep-stale-overrides", action="store_true",
                    help="apply overrides made for other bytes than the hand-in graded now (flagged override_stale)")
-    p.add_argument("--lms", action="append", metavar="canvas:FILE|moodle:FILE",
-                   help="fill the final grades into Canvas's gradebook export or Moodle's grading worksheet; "
-                        "writes FILE's name + -import.csv beside the final gradebook")
-    p.add_argument("--assignment", metavar="NAME", help="Canvas: the assignment column to fill (part of its name)")
+    p.add_argument("--lms", action="append", metavar="LMS:FILE",
+                   help="fill the final grades into the file the LMS exported: canvas:GRADEBOOK_EXPORT.csv, "
+                        "moodle:GRADING_WORKSHEET.csv, blackboard:GRADE_CENTER.csv (or .xls), "
+                        "gradescope:GRADES.csv; writes FINAL-<lms>-import.csv beside the final gradebook "
+                        "(FINAL: -o's name), keeping an earlier one of that name under its time")
+    p.add_argument("--assignment", metavar="NAME",
+                   help="Canvas and Blackboard: the assignment column to fill (part of its name)")
     p.add_argument("--feedback", action="store_true",
-                   help="also write OUT/feedback-upload/: each LMS's zip of feedback files for its bulk upload "
-                        "(Moodle's feedback files, Canvas's submission re-upload); with --lms moodle:FILE the "
-                        "worksheet's Feedback comments get a short text")
+                   help="also write OUT/feedback-upload/: each LMS's feedback for its bulk upload, headed by the "
+                        "grade that LMS shows (Moodle's feedback files, Canvas's submission re-upload); with --lms "
+                        "moodle:FILE or blackboard:FILE the worksheet's Feedback comments or the Grade Center's "
+                        "Feedback to Learner too")
+    p.add_argument("--canvas", metavar="ASSIGNMENT_URL",
+                   help="read the submission times from Canvas's API: the assignment page's address "
+                        "(https://CANVAS/courses/N/assignments/M); the token from CANVAS_API_TOKEN or --canvas-token")
+    p.add_argument("--canvas-token", metavar="TOKEN",
+                   help="Canvas API token (Account > Settings > New Access Token); prefer CANVAS_API_TOKEN, "
+                        "which stays out of the shell's history")
+    p.add_argument("--allow-infra-error", action="store_true",
+                   help="write the LMS files even though some hand-ins are infra_error (their cells left as "
+                        "they were); without it such a batch gets none")
 
 
 def _diff_arguments(p) -> None:

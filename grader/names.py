@@ -9,6 +9,9 @@ Names come from students (file and folder names in a download): before one is wr
 Markdown or CSV it goes through `inert` (Markdown: control characters removed, Markdown's
 characters escaped) or `cell` (CSV: control characters removed, and a cell a spreadsheet would
 take for a formula, starting with `= + - @`, a tab or a carriage return, prefixed with `'`).
+
+A hand-in's source (grading.json's `source`, grades.csv's, every page's) names where it was found:
+a file or folder name, and inside a zip `inside`'s rendering, `bulk.zip › folder/alice.zip`.
 """
 
 import re
@@ -17,6 +20,7 @@ from pathlib import Path
 
 STUDENTS = "students"   # OUT/students/<key>/: one folder per hand-in
 SEP = "~"               # a further hand-in of a student is graded as "<id>~<sha256[:8]>" (grader.batch.run)
+INSIDE = " › "          # between a zip and a file in it, in a hand-in's source: "bulk.zip › alice.zip"
 MARKDOWN = re.compile(r"([\\`*\[\]<>#!|~])")   # what can start markup anywhere in a line (not `_`: ids have it)
 LINE_START = re.compile(r"^(\s*)([-+=])")   # what starts a list item or underlines a heading
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
@@ -46,6 +50,18 @@ def gradescope_user(user: dict) -> str:
     course's id), else its `email`, else its Gradescope `id`; '' if none. Grading names a submission
     by it and the gradebook matches submission times by it, so both call this."""
     return str(user.get("sid") or user.get("email") or user.get("id") or "").strip()
+
+
+def inside(archive: str, member: str) -> str:
+    """How a file inside a zip is named wherever a source is shown: `export.zip › export/submission_1`.
+    Inside the zip its folders keep `/`; INSIDE marks the zip's edge only, and a `›` in a member's
+    own name is shown as `>`, so the edge is never ambiguous (`innermost` finds it)."""
+    return f"{archive}{INSIDE}{member.replace(INSIDE.strip(), '>')}"
+
+
+def innermost(source: str) -> str:
+    """The part of a source inside its innermost zip (the whole source when it is in none)."""
+    return source.rsplit(INSIDE, 1)[-1]
 
 
 def plain(text) -> str:

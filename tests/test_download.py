@@ -169,7 +169,7 @@ def test_the_lms_can_be_named_and_what_fits_no_student_is_said_never_graded(tmp_
     members = dict(CANVAS, **{"index.html": "<html>", "readme.txt": "notes"})
     found = find_handins([both(tmp_path, "mixed", members)[0]], lms="canvas")
     assert sorted(rows(found)) == ["23456", "50001", "777"]
-    assert sorted(s.name for s in found.strays) == ["mixed.zip!index.html", "mixed.zip!readme.txt"]
+    assert sorted(s.name for s in found.strays) == ["mixed.zip › index.html", "mixed.zip › readme.txt"]
     assert all("not graded" in s.message for s in found.strays)
     assert found.shapes == [f"{tmp_path / 'mixed.zip'}: a Canvas download of 3 hand-in(s), 2 file(s) that fit no student"]
 
@@ -184,7 +184,7 @@ def test_a_students_zip_of_zips_in_a_download_is_that_students_alone(tmp_path):
                                    "rival_33333_44444_assignment4.py": CODE}))
     found = find_handins([download])
     assert sorted(rows(found)) == ["33333", "66666"]
-    with pytest.raises(HandinError, match=r"submissions.zip!mallory_66666_77777_handin.zip: no assignment4.py, "
+    with pytest.raises(HandinError, match=r"submissions.zip › mallory_66666_77777_handin.zip: no assignment4.py, "
                                           r"and 3 zips in it"):
         unpack(rows(found)["66666"], tmp_path / "m", Files())
 
@@ -308,7 +308,7 @@ def test_a_damaged_file_in_a_download_is_that_students_refusal_naming_it(tmp_pat
     found = find_handins([download])
     assert [h.student for h in found.handins] == ["33333"]
     assert [(u.student, u.message.split(": ")[0]) for u in found.unreadable] == [
-        ("11111", "submissions.zip!ann_11111_22222_assignment4.py")]
+        ("11111", "submissions.zip › ann_11111_22222_assignment4.py")]
 
 
 def test_a_zipped_folder_of_unpacked_hand_ins_is_read_as_one_hand_in_each(tmp_path):
@@ -316,4 +316,24 @@ def test_a_zipped_folder_of_unpacked_hand_ins_is_read_as_one_hand_in_each(tmp_pa
     zipped.write_bytes(make_zip({"alice/assignment4.py": "a\n", "bob/a4/assignment4.py": "b\n", "notes.txt": "x"}))
     found = find_handins([zipped])
     assert sorted(rows(found)) == ["alice", "bob"] and code_of(rows(found)["bob"], tmp_path) == "b\n"
-    assert [s.name for s in found.strays] == ["unpacked.zip!notes.txt"]
+    assert [s.name for s in found.strays] == ["unpacked.zip › notes.txt"]
+
+
+def test_an_lms_attempts_are_ordered_by_their_times_and_anything_else_is_a_duplicate():
+    from grader.intake.download import latest_attempt
+    board = [{"lms": "blackboard", "submitted_at": "2026-04-14T20:00:00"},
+             {"lms": "blackboard", "submitted_at": "2026-04-16T08:00:00"}]
+    assert latest_attempt(board) == 1 and latest_attempt(board[::-1]) == 0
+    assert latest_attempt([board[0], dict(board[0])]) is None                        # the same time: no order
+    assert latest_attempt([board[0], {"lms": "", "submitted_at": ""}]) is None        # a plain zip beside it
+    assert latest_attempt([board[0], {"lms": "canvas", "submitted_at": "2026-04-16T08:00:00"}]) is None
+    assert latest_attempt([board[0], {"lms": "blackboard", "submitted_at": "2026-04-16T08:00:00+02:00"}]) is None
+    assert latest_attempt(board[:1]) is None
+
+
+def test_a_source_inside_a_zip_names_the_zips_edge_once():
+    from grader.names import inside, innermost
+    assert inside("export.zip", "export/submission_11001") == "export.zip › export/submission_11001"
+    assert innermost(inside(inside("bulk.zip", "a/b.zip"), "x/y.py")) == "x/y.py"
+    assert innermost(inside("bulk.zip", "evil › alice_1_2_h.zip")) == "evil > alice_1_2_h.zip"   # never a false edge
+    assert innermost("alice.zip") == "alice.zip"

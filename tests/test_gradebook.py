@@ -265,7 +265,7 @@ def test_a_canvas_export_is_filled_by_sis_or_login_id_and_scaled_to_its_points(t
     assert main(command) == 2
     assert "2 assignment columns in it; name the one to fill with --assignment" in capsys.readouterr().err
     assert main(command + ["--assignment", "assignment 4"]) == 0
-    written = out / "canvas-import.csv"
+    written = out / "final-canvas-import.csv"          # named by the final gradebook (OUT/final.csv)
     rows = list(csv.reader(io.StringIO(written.read_text())))
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Assignment 4 (123456)"]
     assert rows[1][0].strip() == "Points Possible" and rows[1][-1] == "50.00"
@@ -281,7 +281,7 @@ def test_a_moodle_worksheet_is_filled_by_participant_number_and_locked_grades_ar
     (tmp_path / "worksheet.csv").write_text(MOODLE)
     assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path, roster=["1001", "1002", "1003"])),
                  "--lms", f"moodle:{tmp_path / 'worksheet.csv'}", "-o", str(tmp_path / "final.csv")]) == 0
-    rows = list(csv.reader(io.StringIO((tmp_path / "worksheet-import.csv").read_text())))
+    rows = list(csv.reader(io.StringIO((tmp_path / "final-moodle-import.csv").read_text())))
     assert rows[0] == next(csv.reader(io.StringIO(MOODLE)))
     assert [(r[0], r[4]) for r in rows[1:]] == [("Participant 1001", "90.00"), ("Participant 1002", ""),
                                                 ("Participant 1003", "0.00")]
@@ -291,7 +291,7 @@ def test_a_moodle_worksheet_is_filled_by_participant_number_and_locked_grades_ar
 
 def test_lms_bulk_download_names_give_the_id_and_the_late_marker():
     assert student_id("Jane Doe_12345_assignsubmission_file_hw4.zip", "moodle") == "12345"
-    assert student_id("bulk.zip!Jane Doe_12345_assignsubmission_file/hw4.zip", "moodle") == "12345"
+    assert student_id("bulk.zip › Jane Doe_12345_assignsubmission_file/hw4.zip", "moodle") == "12345"
     assert student_id("doejane_12345_67890_hw4.zip", "canvas") == "12345"
     assert student_id("doejane_LATE_12345_67890_hw4-1.zip", "canvas") == "12345"
     assert lms_marks("doejane_LATE_12345_67890_hw4.zip") == {"lms": "canvas", "id": "12345", "late": True}
@@ -552,13 +552,17 @@ def test_feedback_goes_back_as_each_lms_bulk_upload_wants_it(tmp_path, capsys):
     with zipfile.ZipFile(out / "feedback-upload" / "moodle-feedback.zip") as z:
         assert sorted(z.namelist()) == ["Jane Doe_1001_assignsubmission_file_/assignment4-feedback.md",
                                         "Rick Roe_1002_assignsubmission_file_/assignment4-feedback.md"]
-        assert z.read(z.namelist()[0]).decode() == (out / "students" / "1001" / "feedback.md").read_text()
+        sent = z.read(z.namelist()[0]).decode()
+    graded = (out / "students" / "1001" / "feedback.md").read_text()
+    assert sent.startswith("# Assignment 4: feedback for 1001\n\n## Grade: 90.00 / 100 (as Moodle shows it)\n")
+    assert sent.endswith(graded.split("\n", 2)[2].replace("**Score: ", "**Autograde: "))   # the report, under it
+    assert "**Score: " not in sent and "**Autograde: 90 / 100**" in sent
     with zipfile.ZipFile(out / "feedback-upload" / "canvas-feedback.zip") as z:
         assert z.namelist() == ["martineve_LATE_50001_99901_assignment4-feedback.md"]
-    assert "no feedback file for the LMS: jdoe: blackboard; its feedback is" in printed
+    assert "Blackboard takes no feedback files: 1 student(s)' feedback goes in the Feedback to Learner column" in printed
     assert "2 feedback file(s) for Moodle's bulk upload" in printed
-    sheet = list(csv.DictReader(io.StringIO((tmp_path / "worksheet-import.csv").read_text())))
-    assert sheet[0]["Feedback comments"] == "Autograder: 90 / 100. What was checked and why: assignment4-feedback.md."
+    sheet = list(csv.DictReader(io.StringIO((tmp_path / "final-moodle-import.csv").read_text())))
+    assert sheet[0]["Feedback comments"] == "Grade: 90.00 / 100 (as Moodle shows it). Autograde 90."
     assert sheet[2]["Feedback comments"] == ""   # 1003 handed in nothing graded here
 
 

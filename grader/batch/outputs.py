@@ -5,7 +5,8 @@ after the course policy, is `python -m grader gradebook`'s: grader.grades.)
 Whatever one invocation graded (`--only`, a late folder graded into the same `--out`), these
 are made from every `students/<folder>/grading.json` in OUT: a row per hand-in, its `source`
 (file name) telling apart several hand-ins of one student, who are flagged `duplicate` (the final
-gradebook, `python -m grader gradebook`, decides which counts). A hand-in with no score (invalid,
+gradebook, `python -m grader gradebook`, decides which counts), unless they are an LMS's attempts,
+each with its time (Blackboard's): then the earlier ones are flagged `earlier_attempt`. A hand-in with no score (invalid,
 error, infra_error) has an empty score and says why in its status.
 
 summary.md is short: statuses, pass rates and the most common failures per part, the scores'
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from grader.analytics.page import write_report
 from grader.analytics.triage import readable
+from grader.intake.download import latest_attempt
 from grader.intake.handin import id_match
 from grader.kit import atomic_write
 from grader.names import cell, inert, result_files, student_of
@@ -48,20 +50,36 @@ def load_views(out: Path) -> list:
             view = gradebook_view(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue   # written atomically: only a file damaged by hand; the next run grades it again
-        try:   # the LMS it came from: its id came from the LMS's names, not from the id pattern
-            view["lms"] = json.loads((path.parent / "download.json").read_text()).get("lms", "")
-        except (OSError, ValueError, AttributeError):
-            view["lms"] = ""
+        try:   # what the LMS download said of it: its id came from the LMS's names, not from the id pattern
+            view["download"] = dict(json.loads((path.parent / "download.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            view["download"] = {}
+        view["lms"] = view["download"].get("lms", "")
         views.append(view)
     return views
 
 
-def duplicates(views: list) -> dict:
-    """Student id -> their results, for students with hand-ins of different bytes."""
+def _by_student(views: list) -> dict:
     by_id = {}
     for v in views:
         by_id.setdefault(student_of(v["student"]), []).append(v)
-    return {s: vs for s, vs in by_id.items() if len({v["sha256"] for v in vs}) > 1}
+    return by_id
+
+
+def duplicates(views: list) -> dict:
+    """Student id -> their results, for students with hand-ins of different bytes that are not an
+    LMS's ordered attempts (Blackboard's: the latest counts, grader.intake.download.latest_attempt)."""
+    return {s: vs for s, vs in _by_student(views).items() if len({v["sha256"] for v in vs}) > 1
+            and latest_attempt([v.get("download") or {} for v in vs]) is None}
+
+
+def earlier_attempts(views: list) -> set:
+    """The (student, source) of every attempt a later attempt of the same student replaces."""
+    earlier = set()
+    for vs in _by_student(views).values():
+        latest = latest_attempt([v.get("download") or {} for v in vs])
+        earlier |= {(v["student"], v["source"]) for i, v in enumerate(vs) if latest is not None and i != latest}
+    return earlier
 
 
 def _fmt(points) -> str:
@@ -88,7 +106,7 @@ def look_reasons(view: dict) -> list:
 
 
 def grades_csv(views: list) -> str:
-    twice = duplicates(views)
+    twice, earlier = duplicates(views), earlier_attempts(views)
     buffer = io.StringIO()
     # An optional part has its column only where some hand-in was graded on it.
     graded = [p for p in PART_IDS if not BY_ID[p].optional or any(p in r["parts"] for r in views)]
@@ -96,7 +114,8 @@ def grades_csv(views: list) -> str:
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for r in sorted(views, key=lambda r: (student_of(r["student"]), r["source"])):
-        flags = r["flags"] + (["duplicate"] if student_of(r["student"]) in twice else [])
+        flags = r["flags"] + (["duplicate"] if student_of(r["student"]) in twice else []) \
+            + (["earlier_attempt"] if (r["student"], r["source"]) in earlier else [])
         row = {"student": cell(student_of(r["student"])), "score": "" if r["score"] is None else _fmt(r["score"]),
                "max_score": _fmt(r["max_score"]), "status": r["status"], "flags": ";".join(flags),
                "source": cell(r["source"])}

@@ -32,6 +32,7 @@ from pathlib import Path
 from grader.grades.policy import PolicyError
 from grader.grades.sources import lms_marks, same_source
 from grader.names import cell, result_files, student_of
+from grader.parts import BY_ID
 from grader.results import ToDict
 
 COLUMNS = ["student", "autograde", "overrides", "submitted_at", "late_days", "penalty", "final", "flags"]
@@ -76,6 +77,8 @@ class Row(ToDict):
     source: str = ""              # the hand-in that counted
     sha256: str = ""
     notes: list = field(default_factory=list)   # sentences for a person
+    changes: list = field(default_factory=list)  # [why, points]: each step from the autograde to the final
+                                                 # grade, in words a student reads (grader.grades.statement)
 
 
 @dataclass
@@ -153,6 +156,8 @@ def _apply_overrides(result: dict, overrides: list, keep_stale: bool, policy, ro
             if not keep_stale:
                 continue
         applied.append(f"{o.part}={o.points:g} ({o.points - part['score']:+g})")
+        row.changes.append([f"{BY_ID[o.part].title}: {o.points:g} points instead of {part['score']:g} "
+                            f"({o.reason})", o.points - part["score"]])
         parts[o.part] = o.points
     row.overrides = "; ".join(applied)
     if not applied:
@@ -166,14 +171,22 @@ def _late(row: Row, earned, when, deadline, budget: int, policy) -> None:
     if earned is None:
         return
     row.penalty = 0.0
+    late = (f"handed in {when:%Y-%m-%d %H:%M %z}, {row.late_days} started day(s) after the deadline "
+            f"{deadline:%Y-%m-%d %H:%M %z}" + (" (your extension)" if "extension" in row.flags else "")
+            if row.late_days else "")
     if row.late_days and policy.max_late_days is not None and row.late_days > policy.max_late_days:
         row.flags.append("too_late")
         row.penalty = earned
+        row.changes.append([f"{late}: more than the {policy.max_late_days} day(s) a hand-in may be late, "
+                            f"so the grade is 0", -earned])
     elif row.late_days:
         charged = max(0, row.late_days - budget)
         if charged < row.late_days:
             row.flags.append(f"late_budget:{row.late_days - charged}")
         row.penalty = round(min(earned, earned * policy.late_penalty_per_day / 100 * charged), 4)
+        used = f"; {row.late_days - charged} of them from your late days" if charged < row.late_days else ""
+        row.changes.append([f"{late}{used}: {policy.late_penalty_per_day:g} % of the earned score for each of "
+                            f"{charged} day(s)", -row.penalty])
     row.final = round(earned - row.penalty, 4)
 
 
@@ -220,6 +233,8 @@ def _grade_one(student, candidates, records, policy, roster, keep_stale) -> Row:
         if lms_marks(result["source"]).get("late") or (result.get("download") or {}).get("late"):
             row.flags.append("lms_late")
             row.notes.append("no submission time, but the LMS marked the file LATE: not penalised; check it")
+            row.changes.append(["the LMS marked the hand-in late, but its time was not given: no late "
+                                "penalty yet", 0.0])
     else:
         row.submitted_at = when.isoformat()
         if when > deadline:

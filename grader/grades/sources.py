@@ -6,6 +6,11 @@
 - Gradescope's `submission_metadata.json` (one object, or a list of them): `created_at` is the
   submission time, `users` the students (all of a group hand-in), each by `sid`, else `email`,
   else `id` (grader.names.gradescope_user, as `python -m grader gradescope` names a submission).
+- Canvas's submissions, a page of its API saved from the browser (`.../api/v1/courses/C/assignments/
+  A/submissions?per_page=100`, `while(1);` and all; grader.grades.lms.canvas says how): `submitted_at`
+  per `user_id`. With an API token `gradebook --canvas` reads the same (grader.grades.lms.canvas).
+- the LMS files `gradebook --lms` fills: Moodle's worksheet, Gradescope's grade export
+  (grader.grades.lms.imports.times).
 - LMS bulk-download file names (grader.rubric.ID_PATTERNS): Moodle's
   `Full Name_12345_assignsubmission_file_...` and Canvas's `name_12345_67890_file.zip`, whose
   `LATE` marker (`name_LATE_12345_67890_file.zip`) says the LMS saw it after the due date; it is
@@ -21,8 +26,10 @@ from datetime import datetime
 from pathlib import Path
 
 from grader.grades.policy import PolicyError, parse_time
-from grader.names import gradescope_user
+from grader.names import gradescope_user, innermost
 from grader.rubric import ID_PATTERNS
+
+CANVAS_GUARD = "while(1);"   # what Canvas puts before the JSON it shows a logged-in browser
 
 
 @dataclass
@@ -62,13 +69,38 @@ def read_submissions_csv(path: Path) -> list:
     return found
 
 
-def read_gradescope_metadata(path: Path) -> list:
+def _json(path: Path):
+    """A JSON file's document; Canvas's `while(1);` prefix (a page saved from the browser) is skipped."""
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8-sig").strip()
     except OSError as e:
         raise PolicyError(f"{path}: cannot read it ({e.strerror})") from e
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not UTF-8 text; save it again") from None
+    try:
+        return json.loads(text[len(CANVAS_GUARD):] if text.startswith(CANVAS_GUARD) else text)
     except ValueError as e:
         raise PolicyError(f"{path}: not valid JSON ({e})") from e
+
+
+def read_canvas_submissions(data: list, path: Path) -> list:
+    """Canvas's submissions (a page of its API, saved from the browser): `submitted_at` for `user_id`,
+    the id of its bulk download's names; students who have not submitted have none."""
+    found = []
+    for i, item in enumerate(data):
+        if isinstance(item, dict) and item.get("submitted_at") and item.get("user_id") is not None:
+            where = f"{path}[{i}]"
+            found.append(Submission((str(item["user_id"]),), parse_time(str(item["submitted_at"]),
+                                                                        f"{where}.submitted_at"), "", where))
+    return found
+
+
+def is_canvas_submissions(data) -> bool:
+    return isinstance(data, list) and any(isinstance(i, dict) and "user_id" in i and "submitted_at" in i for i in data)
+
+
+def read_gradescope_metadata(path: Path, data=None) -> list:
+    data = _json(path) if data is None else data
     found = []
     for i, item in enumerate(data if isinstance(data, list) else [data]):
         where = f"{path}[{i}]" if isinstance(data, list) else str(path)
@@ -82,10 +114,16 @@ def read_gradescope_metadata(path: Path) -> list:
 
 
 def read_submissions(paths) -> list:
-    """Every Submission in the files `paths` (a .json is Gradescope metadata, anything else a CSV)."""
+    """Every Submission in the files `paths`: a .json is Canvas's submissions (a list with user_id and
+    submitted_at) or Gradescope's metadata; anything else a CSV."""
     found = []
     for path in map(Path, paths):
-        found += read_gradescope_metadata(path) if path.suffix.lower() == ".json" else read_submissions_csv(path)
+        if path.suffix.lower() != ".json":
+            found += read_submissions_csv(path)
+            continue
+        data = _json(path)
+        found += read_canvas_submissions(data, path) if is_canvas_submissions(data) else \
+            read_gradescope_metadata(path, data)
     return found
 
 
@@ -108,7 +146,7 @@ def read_roster(path: Path) -> tuple:
 
 def lms_marks(source: str) -> dict:
     """What an LMS bulk-download name says of a hand-in: {"lms": "moodle"|"canvas", "id", "late"} or {}."""
-    name = re.split(r"[!]", source)[-1]
+    name = innermost(source)
     for lms, pattern in ID_PATTERNS.items():
         match = re.search(pattern, name)
         if match:
@@ -118,7 +156,7 @@ def lms_marks(source: str) -> dict:
 
 def same_source(recorded: str, source: str) -> bool:
     """Whether a record's `source` names the hand-in graded from `source` (its file name, or the
-    name of a zip inside a bulk download)."""
+    name of a zip inside a bulk download: grader.names.innermost)."""
     if not recorded:
         return False
-    return recorded == source or recorded == source.split("!")[-1] or recorded == Path(source.split("!")[-1]).name
+    return recorded in (source, innermost(source), Path(innermost(source)).name)

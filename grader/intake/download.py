@@ -25,7 +25,7 @@ The LMSs name their downloads so (`ORIG` is the file's name as the student uploa
   `Assignment_user_attempt_YYYY-MM-DD-HH-MM-SS_ORIG` and one `Assignment_user_attempt_DATE.txt`
   (name, date submitted, the list of files); the attempt's date is its submission time (in the
   server's zone, which the name does not carry). Several attempts of one student are several
-  hand-ins; the final gradebook counts the latest.
+  hand-ins; the latest counts (`latest_attempt`), and the earlier ones are no duplicate.
 - **A plain folder of hand-ins**: each zip, and each folder holding assignment4.py, is one
   hand-in, its id from its name by `files.student_id_pattern`.
 
@@ -34,14 +34,12 @@ The LMS is recognised from the names (the one whose pattern most top-level names
 lists at most MAX_FILES files; a member over MAX_MEMBER_BYTES is that student's refusal, named.
 """
 
-import io
 import re
-import zipfile
-import zlib
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from datetime import datetime
+from pathlib import PurePosixPath
 
-from grader.intake.handin import JUNK
+from grader.intake.listing import MAX_MEMBER_BYTES, BlobError, DownloadError, Listing, files_digest
 
 LMSS = ("canvas", "moodle", "gradescope", "blackboard")
 CANVAS = re.compile(r"^(?P<login>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_(?P<orig>.+)$")
@@ -52,31 +50,25 @@ GRADESCOPE_META = "submission_metadata.yml"
 GRADESCOPE_FOLDER = re.compile(r"^submission_\d+$")
 RESUBMITTED = re.compile(r"^(?P<stem>.+)-(?P<n>\d+)(?P<ext>\.[^.]+)$")   # Canvas's "assignment4-1.py"
 CODE_NAMES = ("assignment4.py", "utils.py")
-MAX_FILES = 20000
-MAX_MEMBER_BYTES = 200 << 20
-
-
-class DownloadError(ValueError):
-    """A download that cannot be read as the TA gave it; the message names the file."""
-
 
 @dataclass
 class Entry:
-    """One student's hand-in as the download holds it."""
+    """One student's hand-in as the download holds it: where its files are, never their bytes."""
     student: str               # the id from the LMS's names (not yet made safe as a folder name)
-    name: str                  # where it is, e.g. "download.zip!Jane Doe_12345_assignsubmission_file_"
+    name: str                  # where it is, e.g. "download.zip › Jane Doe_12345_assignsubmission_file_"
     lms: str                   # one of LMSS
-    files: dict = field(default_factory=dict)   # its file names (as uploaded) -> bytes
+    files: dict = field(default_factory=dict)   # its file names (as uploaded) -> grader.intake.listing.Blob
     where: dict = field(default_factory=dict)   # its file names -> where each is in the download
     upload: str = ""           # the download's name for the student, for feedback (Moodle's folder, Canvas's prefix)
     submitted_at: str = ""     # ISO 8601 as the download says it ("" when it does not; maybe without a zone)
     late: bool = False         # Canvas's LATE marker
     also: list = field(default_factory=list)    # the other students of a group hand-in (Gradescope)
     error: str = ""            # why a file of it could not be read (then it is graded invalid)
+    sha256: str = ""           # of its one zip, else of its files (grader.intake.listing.files_digest)
 
     @property
     def single_zip(self):
-        """The bytes of the student's one zip, when that is all they handed in."""
+        """The Blob of the student's one zip, when that is all they handed in."""
         names = list(self.files)
         return self.files[names[0]] if len(names) == 1 and names[0].lower().endswith(".zip") else None
 
@@ -92,74 +84,6 @@ class Shape:
     lms: str                   # one of LMSS, or "" when the names are no LMS's
     entries: list = field(default_factory=list)   # Entry
     strays: list = field(default_factory=list)    # Stray
-
-
-def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
-    """A member's bytes, never more than MAX_MEMBER_BYTES whatever its header declares."""
-    try:
-        with z.open(info) as member:
-            data = member.read(MAX_MEMBER_BYTES + 1)
-    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, zlib.error) as e:
-        raise DownloadError(f"cannot be read from the download ({e})") from None
-    if len(data) > MAX_MEMBER_BYTES:
-        raise DownloadError(f"over {MAX_MEMBER_BYTES >> 20} MB unpacked; not opened")
-    return data
-
-
-class Listing:
-    """The files of a zip or a folder: POSIX path relative to its root -> a way to read the bytes."""
-
-    def __init__(self, label: str, paths: dict, sizes: dict):
-        self.label, self.paths, self.sizes = label, paths, sizes
-
-    @classmethod
-    def of_zip(cls, label: str, data: bytes):
-        try:
-            z = zipfile.ZipFile(io.BytesIO(data))
-            infos = z.infolist()
-        except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
-            return None
-        if len(infos) > MAX_FILES:
-            raise DownloadError(f"{label}: {len(infos)} members, more than the {MAX_FILES} a download may "
-                                f"list; give it unzipped, or in parts")
-        files = {i.filename: i for i in infos if not i.is_dir() and not JUNK.search(i.filename)
-                 and not i.filename.startswith("/") and ".." not in PurePosixPath(i.filename).parts}
-        return cls(label, {name: (lambda info=info: _read_member(z, info)) for name, info in files.items()},
-                   {name: info.file_size for name, info in files.items()})
-
-    @classmethod
-    def of_folder(cls, folder: Path):
-        paths, sizes = {}, {}
-        for path in sorted(folder.rglob("*")):
-            rel = path.relative_to(folder).as_posix()
-            if path.is_symlink() or not path.is_file() or JUNK.search(rel):
-                continue
-            if len(paths) >= MAX_FILES:
-                raise DownloadError(f"{folder}: more than {MAX_FILES} files under it; give the download's "
-                                    f"folder itself, not a folder above it")
-            paths[rel], sizes[rel] = path.read_bytes, path.stat().st_size
-        return cls(str(folder), paths, sizes)
-
-    def stripped(self):
-        """The listing without a single folder everything is in (a download unzipped into a folder)."""
-        tops = {PurePosixPath(p).parts[0] for p in self.paths}
-        if len(tops) == 1 and all("/" in p for p in self.paths):
-            top = tops.pop()
-            cut = len(top) + 1
-            return Listing(self.where(top), {p[cut:]: r for p, r in self.paths.items()},
-                           {p[cut:]: s for p, s in self.sizes.items()})
-        return self
-
-    def read(self, rel: str) -> bytes:
-        try:
-            if self.sizes[rel] > MAX_MEMBER_BYTES:
-                raise DownloadError(f"{self.sizes[rel]} bytes, over {MAX_MEMBER_BYTES >> 20} MB; not opened")
-            return self.paths[rel]()
-        except (DownloadError, OSError) as e:
-            raise DownloadError(f"{self.where(rel)}: {e}") from None
-
-    def where(self, rel: str) -> str:
-        return f"{self.label}!{rel}" if "!" in self.label or self.label.lower().endswith(".zip") else f"{self.label}/{rel}"
 
 
 def _orig(name: str) -> str:
@@ -181,7 +105,7 @@ def _add(entry: Entry, name: str, listing: Listing, rel: str, notes: list) -> No
         notes.append(Stray(listing.where(rel), f"{listing.where(rel)}: a second file named {name} for "
                            f"{entry.student}; kept this one, left out {entry.where[name]}"))
     try:
-        entry.files[name], entry.where[name] = listing.read(rel), listing.where(rel)
+        entry.files[name], entry.where[name] = listing.blob(rel), listing.where(rel)
     except DownloadError as e:
         entry.error = entry.error or str(e)
 
@@ -315,5 +239,36 @@ def read_shape(listing: Listing, lms: str = None) -> Shape:
         raise DownloadError(f"{listing.label}: --lms gradescope, but no {GRADESCOPE_META} in it; give the "
                             f"export's folder or zip as Gradescope made it")
     readers = {"canvas": _canvas, "moodle": _moodle, "blackboard": _blackboard, "gradescope": _gradescope}
-    return readers[found](listing) if found else Shape("")
+    shape = readers[found](listing) if found else Shape("")
+    for entry in shape.entries:
+        _seal(entry, listing)
+    return shape
 
+
+def _seal(entry: Entry, listing: Listing) -> None:
+    """The entry's sha256, its files read once as a stream (a damaged one is the student's refusal, named)."""
+    if entry.error:
+        return
+    try:
+        one = entry.single_zip
+        entry.sha256 = one.digest(listing.z, MAX_MEMBER_BYTES) if one else \
+            files_digest(entry.files, listing.z, MAX_MEMBER_BYTES)
+    except BlobError as e:
+        entry.error = f"{entry.where.get(e.name) or next(iter(entry.where.values()))}: {e}"
+
+
+
+def latest_attempt(said: list):
+    """Of several hand-ins of one student (what the download said of each: download.json), the index
+    of the one that counts when they are the LMS's own attempts: all from one LMS's download, each
+    with a submission time of its own (Blackboard's attempts); None when they are not (a real
+    duplicate: two files of one student, or no time to order them by)."""
+    lmss = {s.get("lms") or "" for s in said}
+    times = [s.get("submitted_at") or "" for s in said]
+    if len(said) < 2 or len(lmss) != 1 or "" in lmss or "" in times or len(set(times)) != len(times):
+        return None
+    try:
+        parsed = [datetime.fromisoformat(t) for t in times]
+        return parsed.index(max(parsed))
+    except (TypeError, ValueError):   # mixed zones, or no time at all
+        return None

@@ -12,14 +12,14 @@ look at, never graded as anybody), and paths that are not hand-ins at all (a typ
 the TA's mistake, never graded as a student).
 """
 
-import hashlib
-import io
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from grader.intake import download
-from grader.intake.handin import JUNK, Handin, folder_digest, safe_id, student_id
+from grader.intake.handin import Handin, folder_digest, safe_id, student_id
+from grader.intake.listing import JUNK, MAX_MEMBER_BYTES, Blob, BlobError, DownloadError, Listing, files_digest
+from grader.names import inside
 
 
 @dataclass
@@ -48,20 +48,9 @@ def _is_handin_folder(path: Path) -> bool:
     return len(entries) == 1 and entries[0].is_dir() and (entries[0] / "assignment4.py").is_file()
 
 
-def _zip_members(data: bytes):
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            return [i.filename for i in z.infolist()]
-    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
-        return None
-
-
-def files_digest(files: dict) -> str:
-    """The sha256 of a hand-in given as files (names and bytes, in name order)."""
-    h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(name.encode() + b"\0" + files[name] + b"\0")
-    return h.hexdigest()
+def _holds_code(top: str, rels: list) -> bool:
+    """Whether the folder `top` is a hand-in: assignment4.py at its top, or in its only folder."""
+    return any(len(PurePosixPath(r).parts) in (2, 3) and PurePosixPath(r).name == "assignment4.py" for r in rels)
 
 
 def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
@@ -71,97 +60,122 @@ def discover(paths, pattern: str = r"(?P<id>.+)") -> tuple:
         [(path.name, message) for path, message in found.errors]
 
 
+def _add_zip(found: Found, name: str, blob: Blob, pattern: str, z=None) -> None:
+    """One zip hand-in (`blob`: the zip on disk, or a member of one), read once now to check that it
+    is a zip and take its sha256; its bytes are read again from disk when it is graded."""
+    student = student_id(name, pattern)
+    try:
+        f, digest = blob.seekable(MAX_MEMBER_BYTES, z)
+    except BlobError as e:
+        found.unreadable.append(Unreadable(name, student, "", f"{name}: {e}"))
+        return
+    try:
+        with f, zipfile.ZipFile(f) as opened:
+            opened.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError):
+        found.unreadable.append(Unreadable(name, student, digest, f"{name}: not a readable zip file; ask for the "
+                                                                  f"hand-in again"))
+        return
+    found.handins.append(Handin(name=name, student=student, sha256=digest, zip_file=blob))
+
+
 def _from_entry(entry) -> Handin:
-    """The hand-in of one student of an LMS download."""
-    data = entry.single_zip
-    name = next(iter(entry.where.values())) if data is not None else entry.name
-    return Handin(name=name, student=safe_id(entry.student),
-                  sha256=hashlib.sha256(data).hexdigest() if data is not None else files_digest(entry.files),
-                  zip_bytes=data, files=None if data is not None else entry.files, lms=entry.lms,
-                  upload=entry.upload, submitted_at=entry.submitted_at, late=entry.late, also=entry.also)
+    """The hand-in of one student of an LMS download: its one zip, or its loose files, where they are."""
+    blob = entry.single_zip
+    return Handin(name=next(iter(entry.where.values())) if blob is not None else entry.name,
+                  student=safe_id(entry.student), sha256=entry.sha256, zip_file=blob,
+                  files=None if blob is not None else entry.files, lms=entry.lms, upload=entry.upload,
+                  submitted_at=entry.submitted_at, late=entry.late, also=entry.also)
+
+
+def _add_download(found: Found, path: Path, shape) -> None:
+    """The students of an LMS download: one hand-in each, a refusal for each one that cannot be read."""
+    found.handins.extend(_from_entry(e) for e in shape.entries if not e.error)
+    found.unreadable.extend(Unreadable(e.name, safe_id(e.student), "", e.error) for e in shape.entries if e.error)
+    found.strays.extend(shape.strays)
+    found.shapes.append(f"{path}: a {shape.lms.capitalize()} download of {len(shape.entries)} hand-in(s)"
+                        + (f", {len(shape.strays)} file(s) that fit no student" if shape.strays else ""))
+
+
+def _add_plain(found: Found, path: Path, listing: Listing, zipped: bool, pattern: str) -> bool:
+    """A plain folder of hand-ins (zipped when `zipped`): each zip, and each folder holding
+    assignment4.py, one hand-in; False when it is one hand-in (the code at its top, or one zip or
+    folder in a zip)."""
+    tops = {}
+    for rel in listing.paths:
+        tops.setdefault(PurePosixPath(rel).parts[0], []).append(rel)
+    zips = [t for t, rels in tops.items() if rels == [t] and t.lower().endswith(".zip")]
+    folders = [t for t, rels in tops.items() if rels != [t] and _holds_code(t, rels)]
+    if zipped and ("assignment4.py" in listing.paths or len(zips) + len(folders) < 2):
+        return False
+    for top in sorted(zips):
+        name = inside(path.name, top) if zipped else top
+        try:
+            _add_zip(found, name, listing.blob(top), pattern, listing.z)
+        except DownloadError as e:
+            found.unreadable.append(Unreadable(name, student_id(name, pattern), "", str(e)))
+    for top in sorted(folders):
+        if not zipped:
+            found.handins.append(Handin(name=top, student=student_id(top, pattern),
+                                        sha256=folder_digest(path / top), folder=path / top))
+            continue
+        name, files = inside(path.name, top), {rel[len(top) + 1:]: listing.blobs[rel] for rel in tops[top]}
+        try:
+            digest = files_digest(files, listing.z, MAX_MEMBER_BYTES)
+        except BlobError as e:
+            found.unreadable.append(Unreadable(name, student_id(top, pattern), "", f"{name}/{e.name}: {e}"))
+            continue
+        found.handins.append(Handin(name=name, student=student_id(top, pattern), sha256=digest, files=files))
+    rest = sorted(set(tops) - set(zips) - set(folders))
+    found.strays.extend(download.Stray(listing.where(t), f"{listing.where(t)}: not a zip, nor a folder with "
+                                       f"assignment4.py; not graded") for t in rest)
+    if zips or folders:
+        found.shapes.append(f"{path}: a folder of {len(zips) + len(folders)} hand-in(s)"
+                            + (f", {len(rest)} file(s) that are none" if rest else ""))
+    return bool(zips or folders)
+
+
+def _expand(found: Found, path: Path, listing: Listing, pattern: str, lms: str, zipped: bool = False) -> bool:
+    """Read `listing` (of the path the TA gave: a folder, or a zip when `zipped`) as a download of
+    an LMS, else as a plain folder of hand-ins; False when it is one hand-in."""
+    shape = download.read_shape(listing, lms)
+    if shape.lms:
+        _add_download(found, path, shape)
+        return True
+    return _add_plain(found, path, listing, zipped, pattern)
+
+
+def _add_path(found: Found, path: Path, pattern: str, lms: str) -> None:
+    """What the TA gave as `path`: a download or a folder of hand-ins (zipped or not), or one hand-in."""
+    if not path.exists():
+        found.errors.append((path, f"{path}: no such file or folder"))
+    elif path.is_file() and path.suffix.lower() == ".zip":
+        listing = Listing.of_zip(path)
+        try:
+            if listing is None or not _expand(found, path, listing, pattern, lms, zipped=True):
+                _add_zip(found, path.name, Blob(path.absolute()), pattern)
+        finally:
+            if listing is not None:
+                listing.close()
+    elif path.is_dir() and _is_handin_folder(path):
+        found.handins.append(Handin(name=path.name, student=student_id(path.name, pattern),
+                                    sha256=folder_digest(path), folder=path))
+    elif path.is_dir():
+        if not _expand(found, path, Listing.of_folder(path), pattern, lms):
+            found.errors.append((path, f"{path}: no hand-in in it (no .zip file, no folder with assignment4.py, "
+                                       f"no LMS's names)"))
+    else:
+        found.errors.append((path, f"{path}: not a zip file or a folder of hand-ins"))
 
 
 def find_handins(paths, pattern: str = r"(?P<id>.+)", lms: str = None) -> Found:
     """The hand-ins under `paths`, those that cannot be read, the files of a download that fit no
-    student, and the paths that hold none. `lms` names the LMS of the downloads (else recognised)."""
+    student, and the paths that hold none. `lms` names the LMS of the downloads (else recognised).
+    Nothing of a hand-in's bytes is kept: each is read again from disk when it is graded."""
     found = Found()
-
-    def add_zip(name, data, zip_path, members=()):
-        """One zip hand-in; its bytes are read again from `zip_path` (and `members`) when it is graded."""
-        if _zip_members(data) is None:
-            found.unreadable.append(Unreadable(name, student_id(name, pattern), hashlib.sha256(data).hexdigest(),
-                                               f"{name}: not a readable zip file; ask for the hand-in again"))
-            return
-        found.handins.append(Handin(name=name, student=student_id(name, pattern),
-                                    sha256=hashlib.sha256(data).hexdigest(), zip_path=zip_path, members=members))
-
-    def expand(path, listing, zipped=False):
-        """Read `listing` (of the path the TA gave: a folder, or a zip when `zipped`) as a download;
-        False when it is one hand-in."""
-        shape = download.read_shape(listing, lms)
-        if shape.lms:
-            found.handins.extend(_from_entry(e) for e in shape.entries if not e.error)
-            found.unreadable.extend(Unreadable(e.name, safe_id(e.student), "", e.error) for e in shape.entries
-                                    if e.error)
-            found.strays.extend(shape.strays)
-            found.shapes.append(f"{path}: a {shape.lms.capitalize()} download of {len(shape.entries)} hand-in(s)"
-                                + (f", {len(shape.strays)} file(s) that fit no student" if shape.strays else ""))
-            return True
-        tops = {}
-        for rel in listing.paths:
-            tops.setdefault(PurePosixPath(rel).parts[0], []).append(rel)
-        zips = [t for t, rels in tops.items() if rels == [t] and t.lower().endswith(".zip")]
-        folders = [t for t, rels in tops.items() if rels != [t] and _holds_code(t, rels)]
-        if zipped and ("assignment4.py" in listing.paths or len(zips) + len(folders) < 2):
-            return False   # one hand-in: the code at its top, or one zip or folder in it
-        for top in sorted(zips):
-            name = f"{path.name}!{top}" if zipped else top
-            try:
-                add_zip(name, listing.read(top), path.absolute() if zipped else (path / top).absolute(),
-                        (top,) if zipped else ())
-            except download.DownloadError as e:
-                found.unreadable.append(Unreadable(name, student_id(name, pattern), "", str(e)))
-        for top in sorted(folders):
-            if not zipped:
-                found.handins.append(Handin(name=top, student=student_id(top, pattern),
-                                            sha256=folder_digest(path / top), folder=path / top))
-            else:
-                files = {rel[len(top) + 1:]: listing.read(rel) for rel in tops[top]}
-                found.handins.append(Handin(name=f"{path.name}!{top}", student=student_id(top, pattern),
-                                            sha256=files_digest(files), files=files))
-        rest = sorted(set(tops) - set(zips) - set(folders))
-        found.strays.extend(download.Stray(listing.where(t), f"{listing.where(t)}: not a zip, nor a folder with "
-                                           f"assignment4.py; not graded") for t in rest)
-        if zips or folders:
-            found.shapes.append(f"{path}: a folder of {len(zips) + len(folders)} hand-in(s)"
-                                + (f", {len(rest)} file(s) that are none" if rest else ""))
-        return bool(zips or folders)
-
     for path in map(Path, paths):
         try:
-            if not path.exists():
-                found.errors.append((path, f"{path}: no such file or folder"))
-            elif path.is_file() and path.suffix.lower() == ".zip":
-                data = path.read_bytes()
-                listing = download.Listing.of_zip(path.name, data)
-                if listing is None or not expand(path, listing, zipped=True):
-                    add_zip(path.name, data, path.absolute())
-            elif path.is_dir() and _is_handin_folder(path):
-                found.handins.append(Handin(name=path.name, student=student_id(path.name, pattern),
-                                            sha256=folder_digest(path), folder=path))
-            elif path.is_dir():
-                if not expand(path, download.Listing.of_folder(path)):
-                    found.errors.append((path, f"{path}: no hand-in in it (no .zip file, no folder with "
-                                               f"assignment4.py, no LMS's names)"))
-            else:
-                found.errors.append((path, f"{path}: not a zip file or a folder of hand-ins"))
-        except download.DownloadError as e:
+            _add_path(found, path, pattern, lms)
+        except DownloadError as e:
             found.errors.append((path, str(e)))
     return found
-
-
-def _holds_code(top: str, rels: list) -> bool:
-    """Whether the folder `top` is a hand-in: assignment4.py at its top, or in its only folder."""
-    return any(len(PurePosixPath(r).parts) in (2, 3) and PurePosixPath(r).name == "assignment4.py" for r in rels)
-
-

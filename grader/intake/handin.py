@@ -16,14 +16,14 @@ import io
 import re
 import stat
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from grader.evidence import runs as run_logs
+from grader.intake.listing import CHUNK, JUNK, MAX_MEMBER_BYTES, Blob, BlobError
+from grader.names import inside, innermost
 from grader.rubric import id_regex
-
-JUNK = re.compile(r"(^|/)(__MACOSX|__pycache__|\.git|\.ipynb_checkpoints)(/|$)|(^|/)(\.DS_Store|\._[^/]*|Thumbs\.db)$")
-CHUNK = 1 << 16
 
 
 class HandinError(ValueError):
@@ -33,14 +33,13 @@ class HandinError(ValueError):
 @dataclass
 class Handin:
     """One hand-in found on disk, not yet unpacked."""
-    name: str          # file or folder name, e.g. "alice.zip" or "bulk.zip!alice.zip"
+    name: str          # file or folder name, e.g. "alice.zip" or "bulk.zip › alice.zip" (grader.names.inside)
     student: str
     sha256: str
-    zip_bytes: bytes = None   # a zip's content, when it is not on disk (a student's own check, an LMS entry); or
-    zip_path: Path = None     # a zip on disk, read when graded (a batch holds no hand-in's bytes),
-    members: tuple = ()       # and the zip's path inside it (a bulk download's member), outermost first
-    folder: Path = None       # or an unpacked hand-in
-    files: dict = None        # or a hand-in of loose files in a download: name as uploaded -> bytes
+    zip_bytes: bytes = None   # a zip's content, when it is not on disk (a student's own check); or
+    zip_file: Blob = None     # a zip on disk, or a member of one (a download's), read when graded; or
+    folder: Path = None       # an unpacked hand-in; or
+    files: dict = None        # a hand-in of loose files in a download: name as uploaded -> Blob (or bytes)
     lms: str = ""             # the LMS whose download it came from ("" for none)
     upload: str = ""          # the download's name for the student (feedback goes back under it)
     submitted_at: str = ""    # as the download says it, "" when it does not
@@ -53,14 +52,21 @@ class Handin:
                 "submitted_at": self.submitted_at, "late": self.late, "also": self.also,
                 "files": sorted(self.files) if self.files else []}
 
-    def zip_data(self) -> bytes:
-        """The zip's bytes, read now; HandinError if they changed since the hand-in was found."""
-        data = self.zip_bytes if self.zip_bytes is not None else self.zip_path.read_bytes()
-        for member in self.members:
-            data = zipfile.ZipFile(io.BytesIO(data)).read(member)
-        if self.zip_bytes is None and hashlib.sha256(data).hexdigest() != self.sha256:
-            raise HandinError(f"{self.name}: changed on disk while the batch ran; grade it again")
-        return data
+    @contextmanager
+    def opened_zip(self):
+        """The zip as a seekable binary file, read now from where it is (never the whole download);
+        HandinError if it cannot be read or changed since the hand-in was found."""
+        if self.zip_bytes is not None:
+            yield io.BytesIO(self.zip_bytes)
+            return
+        try:
+            f, digest = self.zip_file.seekable(MAX_MEMBER_BYTES)
+        except BlobError as e:
+            raise HandinError(f"{self.name}: {e}; grade it again, or ask for the hand-in again") from None
+        with f:
+            if digest != self.sha256:
+                raise HandinError(f"{self.name}: changed on disk while the batch ran; grade it again")
+            yield f
 
 
 @dataclass
@@ -72,7 +78,7 @@ class Unpacked:
 
 
 def _stem(name: str) -> str:
-    stem = name.split("!")[-1]
+    stem = innermost(name)
     return stem[:-4] if stem.lower().endswith(".zip") else stem
 
 
@@ -125,12 +131,13 @@ def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:
     return raw
 
 
-def extract_zip(data: bytes, dest: Path, zip_name: str, limits) -> list:
-    """Extract a zip into `dest` within `limits` (rubric.files); return the notes on what was dropped."""
+def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
+    """Extract a zip (bytes, or a seekable binary file) into `dest` within `limits` (rubric.files);
+    return the notes on what was dropped."""
     max_member = int(limits.max_member_mb * (1 << 20))
     max_total = int(limits.max_total_mb * (1 << 20))
     try:
-        z = zipfile.ZipFile(io.BytesIO(data))
+        z = zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise HandinError(f"{zip_name}: not a readable zip file ({e}); ask for the hand-in again") from e
     infos = z.infolist()
@@ -176,26 +183,34 @@ def extract_zip(data: bytes, dest: Path, zip_name: str, limits) -> list:
 
 
 def write_files(files: dict, dest: Path, name: str, limits) -> None:
-    """Write a hand-in given as loose files (name -> bytes) into `dest` within `limits`."""
+    """Write a hand-in given as loose files (name -> Blob or bytes) into `dest` within `limits`, each
+    read as it is written."""
     if len(files) > limits.max_members:
         raise HandinError(f"{name}: {len(files)} files, more than the {limits.max_members} allowed; "
                           f"hand in only the four required files")
     total, dest = 0, dest.resolve()
+    over = HandinError(f"{name}: more than the limits allow ({limits.max_member_mb:g} MB a file, "
+                       f"{limits.max_total_mb:g} MB in all)")
     for member, data in sorted(files.items()):
         info = zipfile.ZipInfo(member)
         info.flag_bits |= 0x800
         member = _safe_name(info, name)
         if JUNK.search(member):
             continue
-        total += len(data)
-        if len(data) > limits.max_member_mb * (1 << 20) or total > limits.max_total_mb * (1 << 20):
-            raise HandinError(f"{name}: more than the limits allow ({limits.max_member_mb:g} MB a file, "
-                              f"{limits.max_total_mb:g} MB in all)")
         target = (dest / member).resolve()
         if dest not in target.parents:
             raise HandinError(f"{name}: the file {member!r} would be written outside the hand-in; refused")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        written = 0
+        try:
+            with open(target, "wb") as out:
+                for chunk in [data] if isinstance(data, bytes) else data.chunks():
+                    written, total = written + len(chunk), total + len(chunk)
+                    if written > limits.max_member_mb * (1 << 20) or total > limits.max_total_mb * (1 << 20):
+                        raise over
+                    out.write(chunk)
+        except BlobError as e:
+            raise HandinError(f"{name}: {member} {e}; grade it again, or ask for the hand-in again") from None
 
 
 def _strip_single_folder(root: Path) -> list:
@@ -241,8 +256,9 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
     rubric asks of a run, grader.evidence.runs.LogRule, to choose among several)."""
     dest.mkdir(parents=True, exist_ok=True)
     notes = []
-    if handin.zip_bytes is not None or handin.zip_path is not None:
-        notes += extract_zip(handin.zip_data(), dest, handin.name, limits)
+    if handin.zip_bytes is not None or handin.zip_file is not None:
+        with handin.opened_zip() as data:
+            notes += extract_zip(data, dest, handin.name, limits)
     elif handin.files is not None:
         write_files(handin.files, dest, handin.name, limits)
     else:
@@ -265,7 +281,8 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
                               f"or one zip of them: hand in one zip with assignment4.py in it")
         nested = inner[0]
         nested_dest = dest / "_nested"
-        notes += extract_zip(nested.read_bytes(), nested_dest, f"{handin.name}!{nested.name}", limits)
+        with open(nested, "rb") as data:
+            notes += extract_zip(data, nested_dest, inside(handin.name, nested.name), limits)
         notes += _strip_single_folder(nested_dest)
         notes.append(f"the files were inside another zip, {nested.name}; hand in one zip next time")
     files, run = locate(dest, notes, rule)
