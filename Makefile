@@ -13,7 +13,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# The venv is (re)installed when requirements.txt changes, and only then.
+# The venv: the kit's runtime pins and the test suite's, (re)installed when either file changes, and only then.
+REQUIREMENTS := requirements.txt requirements-test.txt
 STAMP := $(VENV)/.installed
 # torch's CPU build, from PyTorch's own index when it answers within 3 s (PyPI's Linux torch is the
 # CUDA build: GBs of libraries a CPU grader never uses); else at once from the default index.
@@ -23,7 +24,7 @@ RELEASE := build/release
 
 .PHONY: venv demo test test-course test-slurm test-pythons bench skeleton release clean
 
-$(STAMP): requirements.txt
+$(STAMP): $(REQUIREMENTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if timeout 3 $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=3)" \
 	    >/dev/null 2>&1; then \
@@ -33,8 +34,8 @@ $(STAMP): requirements.txt
 	else \
 	  echo "torch: $(TORCH_CPU_INDEX) did not answer within 3 s; torch from the default index (on Linux that may be the CUDA build)"; \
 	fi
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	@cp requirements.txt $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(addprefix -r ,$(REQUIREMENTS))
+	@cat $(REQUIREMENTS) > $(STAMP)
 
 venv: $(STAMP)
 
