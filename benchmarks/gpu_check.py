@@ -155,7 +155,7 @@ def step_shared_gpu(host: Host, step: Step) -> None:
     outcomes = {}
     for backend in ("gloo", "nccl"):
         status, text = host.run(["torchrun", "--standalone", "--nproc-per-node", n, "benchmarks/gpu_ranks.py",
-                                 backend], timeout=90)
+                                 backend], timeout=60)
         line = next((json.loads(m) for m in re.findall(r"^GPU_RANKS (.*)$", text, re.M)), None)
         outcomes[backend] = line
         if line and line.get("ok"):
