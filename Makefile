@@ -5,16 +5,22 @@
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
+#   make test-cuda   with torch's CUDA build (.venv-cuda): the demo's check and grade, the grading,
+#                    sandbox and self-check tests (tests/cuda/test-cuda.sh; no GPU needed)
 #   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
 #                    the integrity report over every pair of 500 hand-ins, the staff report's size and time,
 #                    a batch's peak memory on a 1 GB download of 300 hand-ins (built under the temporary folder)
+#                    (RUBRIC=benchmarks/part5.yaml: with Part 5 on)
+#   make gpu-check   on a GPU machine, with the Python given (PYTHON=python3): NCCL runs, the lab, the
+#                    demo and the throughput benchmark with torch's CUDA build, each figure printed
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
 #   make release     write the tree students receive into build/release
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# The venv is (re)installed when requirements.txt changes, and only then.
+# The venv: the kit's runtime pins and the test suite's, (re)installed when either file changes, and only then.
+REQUIREMENTS := requirements.txt requirements-test.txt
 STAMP := $(VENV)/.installed
 # torch's CPU build, from PyTorch's own index when it answers within 3 s (PyPI's Linux torch is the
 # CUDA build: GBs of libraries a CPU grader never uses); else at once from the default index.
@@ -22,9 +28,9 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 DEMO := build/demo
 RELEASE := build/release
 
-.PHONY: venv demo test test-course test-slurm test-pythons bench skeleton release clean
+.PHONY: venv demo test test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
 
-$(STAMP): requirements.txt
+$(STAMP): $(REQUIREMENTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if timeout 3 $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=3)" \
 	    >/dev/null 2>&1; then \
@@ -34,8 +40,8 @@ $(STAMP): requirements.txt
 	else \
 	  echo "torch: $(TORCH_CPU_INDEX) did not answer within 3 s; torch from the default index (on Linux that may be the CUDA build)"; \
 	fi
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	@cp requirements.txt $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(addprefix -r ,$(REQUIREMENTS))
+	@cat $(REQUIREMENTS) > $(STAMP)
 
 venv: $(STAMP)
 
@@ -75,11 +81,29 @@ test-slurm: $(STAMP)
 test-pythons:
 	tests/pythons/test-pythons.sh
 
+# torch's CUDA build (PyPI's torch for Linux, what clusters bring) in a venv of its own, .venv-cuda,
+# from the default index whatever this machine's pip configuration says: the demo's check and grade,
+# the grading, sandbox and self-check tests (tests/cuda/test-cuda.sh). Fails, never skips, where the
+# CUDA build cannot be had. No GPU needed.
+test-cuda:
+	PYTHON=$(PYTHON) TEST_PROCESSES=$(TEST_PROCESSES) tests/cuda/test-cuda.sh
+
+# RUBRIC=FILE: the grading and report benchmarks under a rubric read on top of grader/rubric.yaml
+# (benchmarks/part5.yaml turns Part 5 on). The throughput benchmark exits 1, with no figures, when a
+# hand-in's result is not what its corpus expects.
+RUBRIC ?=
 bench: $(STAMP)
-	$(PY) benchmarks/grading_throughput.py
+	$(PY) benchmarks/grading_throughput.py $(if $(RUBRIC),--rubric $(RUBRIC))
 	$(PY) benchmarks/integrity_pairs.py
-	$(PY) benchmarks/report_size.py
+	$(PY) benchmarks/report_size.py $(if $(RUBRIC),--rubric $(RUBRIC))
 	$(PY) benchmarks/intake_memory.py
+
+# On a machine with GPUs and torch's CUDA build, with the Python given (PYTHON=python3 make gpu-check;
+# no venv is made, nothing installed): the reference and the skeleton on NCCL, several ranks on one
+# GPU, the lab and its bandwidth table, the demo's check and grade, the throughput benchmark at
+# --jobs = cores, and a summary table (benchmarks/gpu_check.py). Not part of .ci/run: CI has no GPU.
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton

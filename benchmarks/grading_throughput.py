@@ -1,15 +1,20 @@
 """Grading throughput: the warm executor against the torchrun baseline, side by side in one run.
 
-    make bench
-    python benchmarks/grading_throughput.py [--handins 100] [--baseline-handins 6] [--jobs 2]
+    make bench [RUBRIC=benchmarks/part5.yaml]
+    python benchmarks/grading_throughput.py [--handins 100] [--baseline-handins 6] [--jobs 2] [--rubric FILE]
 
 Builds synthetic hand-ins from the test corpus (the reference, the skeleton and fast-failing
 mutants, each with a real run's log), grades them all with the warm executor and a few with the
-torchrun baseline (each re-run at every check of grader/rubric.yaml), and prints:
-hand-ins per minute for both and their ratio; the time per world against the fork-and-gloo floor
-measured on the spot; the grader's memory at the start, its peak and its end, and the helpers'
-peak; and the log parser's speed on a 100 MB log. Not a test: the figures depend on the machine
-and on what else runs on it.
+torchrun baseline (each re-run at every check of the rubric: grader/rubric.yaml, with --rubric's
+changes on top), and prints: hand-ins per minute for both and their ratio; the time per world
+against the fork-and-gloo floor measured on the spot; the grader's memory at the start, its peak
+and its end, and the helpers' peak; and the log parser's speed on a 100 MB log. Not a test: the
+figures depend on the machine and on what else runs on it.
+
+It cannot lie: every hand-in's result is held against what the corpus says it must get (the
+reference every part passed and full marks, the skeleton every part not implemented, each mutant
+its part's status and the others passed). When one differs (a machine that cannot run worlds gives
+infra_error to all), it prints each difference and no rate or ratio, and exits 1.
 """
 
 import argparse
@@ -36,7 +41,7 @@ from grader.batch.run import grade_batch  # noqa: E402
 from grader.evidence.logfile import parse_log  # noqa: E402
 from grader.rerun import worker  # noqa: E402
 from grader.rubric import load_rubric  # noqa: E402
-from tests.corpus import REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
+from tests.corpus import MUTANTS as CORPUS, REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
 
 MUTANTS = ["dp_summed", "acc_unscaled", "baseline_wrong_sign", "tp_own_shard_only", "baseline_no_step",
            "dp_no_allreduce", "tp_returns_shard", "acc_zero_grad_in_loop"]
@@ -92,17 +97,52 @@ def reference_log(tmp: Path) -> tuple:
     return log.read_text(), log.with_suffix(".err").read_text()
 
 
-def build_handins(inbox: Path, n: int, log: str, err: str) -> None:
-    """n hand-ins: half the reference, a tenth the skeleton, the rest mutants that fail fast."""
+def build_handins(inbox: Path, n: int, log: str, err: str) -> dict:
+    """n hand-ins: half the reference, a tenth the skeleton, the rest mutants that fail fast.
+    Returns each zip's name -> its kind ("reference", "skeleton" or a mutant of tests.corpus)."""
     inbox.mkdir(parents=True)
     codes = {"reference": REFERENCE.read_text(), "skeleton": skeleton(), **{m: mutate(m) for m in MUTANTS}}
     kinds = ["reference"] * 5 + ["skeleton"] + MUTANTS[:4]
+    made = {}
     for i in range(n):
         kind = kinds[i % len(kinds)] if i % 20 else MUTANTS[(i // 20) % len(MUTANTS)]
         code = codes[kind]
         # Each hand-in is a different file (a comment with its number), as in a real batch.
         code = f"{code}\n# hand-in {i}\n"
-        write_zip(inbox / f"student{i:03d}_{kind}.zip", Files(code=code, log=refingerprint(log, code), err=err))
+        name = f"student{i:03d}_{kind}.zip"
+        write_zip(inbox / name, Files(code=code, log=refingerprint(log, code), err=err))
+        made[name] = kind
+    return made
+
+
+def expected(kind: str, rubric) -> dict:
+    """What a hand-in of `kind` must get under `rubric`: {"status", "score" (None: any), part: status}."""
+    if kind == "reference":
+        parts = {part: "passed" for part in rubric.part_ids}
+    elif kind == "skeleton":
+        parts = {part: "not_implemented" for part in rubric.part_ids}
+    else:
+        mutant = CORPUS[kind]
+        parts = {part: mutant.status if part == mutant.part else mutant.others for part in rubric.part_ids}
+    full = sum(p.log + p.rerun for p in rubric.parts.values())
+    return {"status": "graded", "score": full if kind == "reference" else None, **parts}
+
+
+def wrong_results(out: Path, kinds: dict, rubric) -> list:
+    """One line per hand-in graded into `out` whose result is not what its kind must get; a hand-in
+    with no result at all counts as one."""
+    wrong, seen = [], set()
+    for path in sorted((out / "students").glob("*/grading.json")):
+        result = json.loads(path.read_text())
+        seen.add(result["source"])
+        want = expected(kinds[result["source"]], rubric)
+        got = {"status": result["status"], "score": result["score"] if want["score"] is not None else None,
+               **{part: result["parts"].get(part, {}).get("status") for part in rubric.part_ids}}
+        if got != want:
+            differs = {k: f"{got[k]} (expected {want[k]})" for k in want if got[k] != want[k]}
+            wrong.append(f"{result['source']}: {differs}" + (f": {result['message'][:300]}" if result.get("message") else ""))
+    wrong += [f"{name}: no result" for name in sorted(set(kinds) - seen)]
+    return wrong
 
 
 def fork_gloo_floor(repeats: int = 20, world_size: int = 4) -> float:
@@ -141,10 +181,11 @@ def log_speed(log: str) -> float:
     return len(data) / (1 << 20) / best
 
 
-def grade(inbox, out, jobs, executor, files=None, sandbox="auto"):
+def grade(inbox, out, jobs, executor, rubric_path, files=None, sandbox="auto"):
     paths = [inbox / f for f in files] if files else [inbox]
     started = time.monotonic()
-    summary = grade_batch(paths, out, jobs=jobs, executor=executor, sandbox=sandbox, progress=False)
+    summary = grade_batch(paths, out, jobs=jobs, rubric_path=rubric_path, executor=executor, sandbox=sandbox,
+                          progress=False)
     return summary, time.monotonic() - started
 
 
@@ -153,7 +194,9 @@ def main(argv=None) -> int:
     parser.add_argument("--handins", type=int, default=100)
     parser.add_argument("--baseline-handins", type=int, default=6, help="graded with torchrun (slow)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
     args = parser.parse_args(argv)
+    rubric = load_rubric(args.rubric)
     tmp = Path(tempfile.mkdtemp(prefix="a4-bench-"))
     try:
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
@@ -161,42 +204,54 @@ def main(argv=None) -> int:
               f"Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
               f"load average before: {os.getloadavg()[0]:.1f}")
         log, err = reference_log(tmp / "run")
-        build_handins(tmp / "inbox", args.handins, log, err)
+        kinds = build_handins(tmp / "inbox", args.handins, log, err)
         floor = fork_gloo_floor()
         memory = MemorySampler()
-        warm, warm_s = grade(tmp / "inbox", tmp / "warm", args.jobs, "warm")
+        warm = grade(tmp / "inbox", tmp / "warm", args.jobs, "warm", args.rubric)
         memory.stop()
-        files = sorted(p.name for p in (tmp / "inbox").iterdir())[: args.baseline_handins]
+        files = sorted(kinds)[: args.baseline_handins]
         # The baseline has no sandbox (torchrun starts its own processes): a plain process per rank.
-        cold, cold_s = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", files, sandbox="off")
-        mb_s = log_speed(log)
-        warm_rate = warm.graded / warm_s * 60
-        cold_rate = cold.graded / cold_s * 60
-        per_world = warm_s / max(warm.worlds, 1)      # the batch's wall time over its worlds
-        latency = warm.world_seconds / max(warm.worlds, 1)   # one world, start to report, jobs sharing the CPUs
-        cold_world = cold.world_seconds / max(cold.worlds, 1)
-        grader_mb, helper_mb = memory.grader, memory.helpers
-        tenth = max(len(grader_mb) // 10, 1)
-        print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), "
-              f"each re-run at {len(load_rubric().checks)} checks; --jobs {args.jobs}")
-        isolation = json.loads(next((tmp / "warm" / "students").glob("*/grading.json")).read_text())["isolation"]
-        print(f"sandbox:           {isolation.get('sandbox', 'none')}: {isolation.get('files')}; "
-              f"{isolation.get('network')}; {isolation.get('processes')}; {isolation.get('user')}")
-        print(f"warm executor:     {warm.graded} hand-ins in {warm_s:.1f} s = {warm_rate:.0f} hand-ins/min "
-              f"({warm.worlds} worlds, {latency:.3f} s each from start to report, {args.jobs} at a time)")
-        print(f"torchrun baseline: {cold.graded} hand-ins in {cold_s:.1f} s = {cold_rate:.1f} hand-ins/min "
-              f"({cold.worlds} worlds, {cold_world:.3f} s each)")
-        print(f"throughput ratio:  {warm_rate / cold_rate:.1f}x")
-        print(f"time per world:    {per_world:.3f} s (wall time / worlds) against a fork-and-gloo floor of "
-              f"{floor:.3f} s (4 ranks, one all-reduce) = {per_world / floor:.2f}x the floor")
-        print(f"grader memory:     {grader_mb[0]:.0f} MB at the start, {statistics.mean(grader_mb[:tenth]):.0f} MB "
-              f"over the first tenth of the batch, {statistics.mean(grader_mb[-tenth:]):.0f} MB over the last, "
-              f"peak {max(grader_mb):.0f} MB; re-run processes peak {max(helper_mb):.0f} MB (proportional share)")
-        print(f"log parsing:       {mb_s:.0f} MB/s on a 100 MB log")
-        print(f"statuses:          {dict(sorted(warm.statuses.items()))}")
+        cold = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", args.rubric, files, sandbox="off")
+        print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), each re-run "
+              f"at {len(rubric.checks)} checks ({', '.join(rubric.part_ids)}); --jobs {args.jobs}")
+        print(f"statuses:          {dict(sorted(warm[0].statuses.items()))}")
+        wrong = wrong_results(tmp / "warm", kinds, rubric) + \
+            wrong_results(tmp / "torchrun", {f: kinds[f] for f in files}, rubric)
+        if wrong:
+            print(f"NO FIGURES: {len(wrong)} hand-in(s) did not get what the corpus says they must, so a rate "
+                  f"would count failures as work done:", *wrong[:12], sep="\n  ")
+            return 1
+        report(args, warm, cold, floor, memory, log, tmp / "warm")
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def report(args, warm_run, cold_run, floor: float, memory: MemorySampler, log: str, out: Path) -> None:
+    """Print the figures of a batch whose every result was what the corpus expects."""
+    (warm, warm_s), (cold, cold_s) = warm_run, cold_run
+    mb_s = log_speed(log)
+    warm_rate, cold_rate = warm.graded / warm_s * 60, cold.graded / cold_s * 60
+    per_world = warm_s / max(warm.worlds, 1)      # the batch's wall time over its worlds
+    latency = warm.world_seconds / max(warm.worlds, 1)   # one world, start to report, jobs sharing the CPUs
+    cold_world = cold.world_seconds / max(cold.worlds, 1)
+    grader_mb, helper_mb = memory.grader, memory.helpers
+    tenth = max(len(grader_mb) // 10, 1)
+    isolation = json.loads(next((out / "students").glob("*/grading.json")).read_text())["isolation"]
+    print(f"every result as expected: {warm.graded} hand-ins by the warm executor, {cold.graded} by torchrun")
+    print(f"sandbox:           {isolation.get('sandbox', 'none')}: {isolation.get('files')}; "
+          f"{isolation.get('network')}; {isolation.get('processes')}; {isolation.get('user')}")
+    print(f"warm executor:     {warm.graded} hand-ins in {warm_s:.1f} s = {warm_rate:.0f} hand-ins/min "
+          f"({warm.worlds} worlds, {latency:.3f} s each from start to report, {args.jobs} at a time)")
+    print(f"torchrun baseline: {cold.graded} hand-ins in {cold_s:.1f} s = {cold_rate:.1f} hand-ins/min "
+          f"({cold.worlds} worlds, {cold_world:.3f} s each)")
+    print(f"throughput ratio:  {warm_rate / cold_rate:.1f}x")
+    print(f"time per world:    {per_world:.3f} s (wall time / worlds) against a fork-and-gloo floor of "
+          f"{floor:.3f} s (4 ranks, one all-reduce) = {per_world / floor:.2f}x the floor")
+    print(f"grader memory:     {grader_mb[0]:.0f} MB at the start, {statistics.mean(grader_mb[:tenth]):.0f} MB "
+          f"over the first tenth of the batch, {statistics.mean(grader_mb[-tenth:]):.0f} MB over the last, "
+          f"peak {max(grader_mb):.0f} MB; re-run processes peak {max(helper_mb):.0f} MB (proportional share)")
+    print(f"log parsing:       {mb_s:.0f} MB/s on a 100 MB log")
 
 
 if __name__ == "__main__":

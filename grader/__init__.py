@@ -53,7 +53,9 @@ Import rules (tests/test_layout.py holds the code to them):
 - integrity imports shared modules, intake and evidence (to unpack hand-ins and read their logs),
   and analytics (to give the staff report its count of pairs);
 - evidence, intake, integrity, grades, analytics, instructor and the shared modules import no torch;
-- no module imports, directly or not, one that imports it.
+- no module imports, directly or not, one that imports it;
+- beside the package, slurm/ and lab/ import only shared modules (slurm's cluster profiles are built
+  by typed, as the rubric is; the lab draws through plots), and no grader module imports them.
 """
 
 __version__ = "0.1.0"

@@ -23,6 +23,8 @@ from pathlib import Path
 from grader import kit
 
 HERE = Path(__file__).resolve().parent
+DESCRIPTION = ("Assignment 4's grader and student tools: the commands this copy of the kit holds are listed below; "
+               "`COMMAND --help` says more.")
 EXECUTOR_CHOICES = ("warm", "torchrun", "slurm")   # grader.rerun.executors.EXECUTORS and the job array
 PATH_HELP = ("the folder with your assignment4.py (default: assignment_4/, else the current folder), "
              "or the file itself")
@@ -226,8 +228,18 @@ def available() -> list:
     return [name for name, (room, *_) in COMMANDS.items() if (HERE / room / "__init__.py").is_file()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
+def program_name(argv0: str = None) -> str:
+    """What the user typed to run the kit, for usage lines: `a4` for the console script (whatever
+    it is called, on whatever path), `python -m grader` for the module."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    name = Path(argv0).name
+    if not name or name in ("__main__.py", "-c") or name.endswith(".py"):
+        return "python -m grader"
+    return name
+
+
+def build_parser(prog: str = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog or program_name(), description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in available():
         room, target, arguments, help_text, description = COMMANDS[name]

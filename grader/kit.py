@@ -7,6 +7,7 @@ change anywhere else (integrity/, the gradebook, README) regrades nothing. What 
 bounded here (`fit`, `fit_text`): a hand-in never decides how much is written.
 """
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -25,7 +26,12 @@ SKELETON = ASSIGNMENT / "assignment4.py"                   # generated from REFE
 UTILS = ASSIGNMENT / "utils.py"                            # the provided copy: re-runs always use it
 RUBRIC = GRADER / "rubric.yaml"                            # the graders': public and hidden checks
 PUBLIC_RUBRIC = GRADER / "rubric-public.yaml"              # the release's, written from RUBRIC
-REQUIREMENTS = ROOT / "requirements.txt"
+# The kit's top-level files that commands read (the release, the Gradescope bundle). In a clone they
+# are at ROOT; a wheel (`pip install .`) carries copies in grader/top/ (setup.py), as site-packages
+# has no top folder of the kit: `top_file` finds each where it is.
+TOP_FILES = ("pyproject.toml", "requirements.txt", "requirements-test.txt", "student/README.md",
+             "student/requirements.txt")
+WHEEL_TOP = "top"   # the folder of grader/ that holds a wheel's copies of TOP_FILES
 # Where Gradescope's container puts a submission and its metadata, and where it reads the results
 # (grader.gradescope.run.grade_submission's defaults, and the command line's).
 GRADESCOPE_SUBMISSION = "/autograder/submission"
@@ -62,6 +68,18 @@ HANDIN_ROOMS = ("rerun", "evidence", "intake", "verdict", "pipeline")
 # integrity, grades, instructor, student or gradescope: they read results or build trees, and never
 # change a grading.json.
 GRADING_ROOMS = HANDIN_ROOMS + ("batch",)
+
+
+def top_file(rel: str, root: Path = None) -> Path:
+    """The kit's top-level file `rel` (one of TOP_FILES) of the kit at `root` (default ROOT): the
+    copy an installed wheel carries in grader/top/, else the file in `root` itself."""
+    assert rel in TOP_FILES, f"{rel} is not one of grader.kit.TOP_FILES"
+    root = ROOT if root is None else Path(root)
+    shipped = root / "grader" / WHEEL_TOP / rel
+    return shipped if shipped.is_file() else root / rel
+
+
+REQUIREMENTS = top_file("requirements.txt")
 
 
 def torch_version() -> str:
@@ -167,6 +185,27 @@ def atomic_write(path: Path, text) -> None:
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path):
+    """A temporary path beside `path` for a writer that needs a file name (a zip): renamed to `path`
+    when the block ends, removed when it raises, so a command that fails leaves no half-written file
+    and an earlier `path` stays as it was. The file gets the mode the user's umask gives new files."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        try:
+            os.fchmod(fd, 0o666 & ~_UMASK)
+        finally:
+            os.close(fd)
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
 
 

@@ -1,15 +1,20 @@
-"""Dataclasses from plain data and back: the one validator of the rubric, the course policy and the
-re-run protocol's messages, and the one `plain` that makes results JSON-ready.
+"""Dataclasses from plain data and back: the one validator of the rubric, the course policy, the
+cluster profiles (slurm/profile.py) and the re-run protocol's messages, and the one `plain` that
+makes results JSON-ready.
 
     build(Check, {"world_size": 4, ...}, "grader/rubric.yaml.checks[0]", RubricError) -> Check(...)
     plain(Check(...)) -> {"name": "default", "world_size": 4, ...}
 
-`build` refuses a key the dataclass has no field for ("unknown key 'x'; valid keys: ..."), a
-missing required field, and a value of the wrong type, each as one line of the caller's error
-class that starts with `where` (the file, then the key's path in it). Types it checks: bool, int,
-float, str, Enum, Optional, list[T], dict[K, V] and nested dataclasses; another annotation (a
-bare `list`, `datetime`, `Path`) takes the value as it is, for the caller to check. A whole
-number is never a bool; a mapping key may be a whole number written as text, as JSON writes keys.
+`build` refuses a key the dataclass has no field for ("unknown key 'x'; valid keys: ...", with
+`suggest` also "(did you mean 'y'?)"), a missing required field, and a value of the wrong type,
+each as one line of the caller's error class that starts with `where` (the file, then the key's
+path in it). Types it checks: bool, int, float, str, Enum, Optional and unions (`int | str`: the
+first that takes the value), list[T], tuple[T, ...], dict[K, V] and nested dataclasses; another
+annotation (a bare `list`, `datetime`, `Path`) takes the value as it is, for the caller to check.
+A whole number is never a bool; a mapping key may be a whole number written as text, as JSON
+writes keys. A field's metadata may add `check`, a function that returns the value (normalised)
+or raises ValueError saying what the value must be ("a whole number >= 1": "...: must be a whole
+number >= 1, not 0"), and `help`, what the key is for, which every message about the key ends with.
 
 Why a helper and not pydantic, msgspec or cattrs: the three users need about 80 lines, the grader
 runs inside the sandbox where every import is staged by hand (grader.rerun.bwrap.ENGINE), and a
@@ -18,8 +23,10 @@ interpreter; a dependency would add a compiled wheel per Python version for what
 """
 
 import dataclasses
+import difflib
 import functools
 import math
+import types
 import typing
 from enum import Enum
 from typing import Union
@@ -27,45 +34,78 @@ from typing import Union
 
 @functools.lru_cache(maxsize=None)
 def _fields(cls) -> tuple:
-    """(name, type, required) of each field of dataclass `cls`, its type hints resolved once."""
+    """(name, type, required, metadata) of each field of dataclass `cls`, its type hints resolved once."""
     hints = typing.get_type_hints(cls)
     return tuple((f.name, hints[f.name],
-                  f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                  f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, f.metadata)
                  for f in dataclasses.fields(cls))
 
 
-def refuse_unknown(data: dict, allowed, where: str, error=ValueError) -> None:
-    """`error` naming the first key of `data` that is not in `allowed`, with the allowed ones."""
+def refuse_unknown(data: dict, allowed, where: str, error=ValueError, suggest: bool = False) -> None:
+    """`error` naming the first key of `data` that is not in `allowed`, with the allowed ones (and,
+    with `suggest`, the allowed key it most likely meant)."""
     unknown = sorted(str(k) for k in set(data) - set(allowed))
     if unknown:
-        raise error(f"{where}: unknown key '{unknown[0][:60]}'; valid keys: {', '.join(allowed)}")
+        key = unknown[0][:60]
+        close = ([k for k in allowed if len(key) >= 3 and (key in k or k in key)]
+                 or difflib.get_close_matches(key, list(allowed), n=1)) if suggest else []
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise error(f"{where}: unknown key '{key}'{hint}; valid keys: {', '.join(allowed)}")
 
 
-def build(cls, data, where: str, error=ValueError, ignore=()):
+def build(cls, data, where: str, error=ValueError, ignore=(), suggest: bool = False):
     """Dataclass `cls` from the mapping `data`; `error` (one line, starting with `where`) on an
-    unknown key (but those in `ignore`), a missing required field or a value of the wrong type."""
+    unknown key (but those in `ignore`; with `suggest`, naming the key it most likely meant), a
+    missing required field, a value of the wrong type or one its field's `check` refuses."""
     fields = _fields(cls)
+    names = [name for name, _, _, _ in fields]
     if not isinstance(data, dict):
-        raise error(f"{where}: expected a mapping of {', '.join(name for name, _, _ in fields)}")
-    names = [name for name, _, _ in fields]
+        raise error(f"{where}: expected a mapping of {', '.join(names)}")
     if len(data) > len(names) + len(ignore) or not set(data) <= set(names).union(ignore):
-        refuse_unknown({k: v for k, v in data.items() if k not in ignore}, names, where, error)
+        refuse_unknown({k: v for k, v in data.items() if k not in ignore}, names, where, error, suggest)
     values = {}
-    for name, kind, required in fields:
+    for name, kind, required, metadata in fields:
         if name in data:
-            values[name] = convert(kind, data[name], f"{where}.{name}", error)
+            values[name] = _field(kind, data[name], f"{where}.{name}", error, metadata)
         elif required:
             raise error(f"{where}: '{name}' is missing; expected {', '.join(names)}")
     return cls(**values)
 
 
+def _field(kind, value, where: str, error, metadata):
+    """One field's value converted as `kind` and passed through its metadata's `check`; a message
+    about it ends with its metadata's `help`."""
+    about = f" ({where.rsplit('.', 1)[-1]}: {metadata['help']})" if "help" in metadata else ""
+    try:
+        value = convert(kind, value, where, error)
+    except error as e:
+        raise error(f"{e}{about}") from None
+    if value is not None and "check" in metadata:
+        try:
+            value = metadata["check"](value)
+        except ValueError as e:
+            raise error(f"{where}: must be {e}, not {_shown(value)}{about}") from None
+    return value
+
+
 def convert(kind, value, where: str, error=ValueError, key: bool = False):
     """`value` checked (and converted: an int to a float, a text to an Enum) as annotation `kind`."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is Union:
+    if origin is Union or origin is types.UnionType:
         if value is None and type(None) in args:
             return None
-        return convert(next(a for a in args if a is not type(None)), value, where, error, key)
+        kinds = [a for a in args if a is not type(None)]
+        for each in kinds[:-1]:
+            try:
+                return convert(each, value, where, error, key)
+            except error:
+                pass
+        try:
+            return convert(kinds[-1], value, where, error, key)
+        except error:
+            if len(kinds) == 1:
+                raise
+        raise error(f"{where}: expected {' or '.join(map(_describe, kinds))}, got {_shown(value)}")
     if dataclasses.is_dataclass(kind):
         return build(kind, value, where, error)
     if isinstance(kind, type) and issubclass(kind, Enum):
@@ -77,6 +117,12 @@ def convert(kind, value, where: str, error=ValueError, key: bool = False):
         if not isinstance(value, list):
             raise error(f"{where}: expected a list, got {type(value).__name__}")
         return [convert(args[0], v, f"{where}[{i}]", error) for i, v in enumerate(value)] if args else value
+    if origin is tuple or kind is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise error(f"{where}: expected a list, got {type(value).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(convert(args[0], v, f"{where}[{i}]", error) for i, v in enumerate(value))
+        return tuple(value)
     if origin is dict or kind is dict:
         if not isinstance(value, dict):
             raise error(f"{where}: expected a mapping, got {type(value).__name__}")
@@ -103,6 +149,13 @@ def convert(kind, value, where: str, error=ValueError, key: bool = False):
             raise error(f"{where}: expected text, got {_shown(value)}")
         return value
     return value
+
+
+def _describe(kind) -> str:
+    """What a value of annotation `kind` is, in a message's words."""
+    words = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+    origin = typing.get_origin(kind) or kind
+    return words.get(kind) or {list: "a list", tuple: "a list", dict: "a mapping"}.get(origin, getattr(kind, "__name__", str(kind)))
 
 
 def _shown(value) -> str:

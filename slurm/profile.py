@@ -10,17 +10,17 @@
       - source $HOME/a4/.venv/bin/activate
 
 `load_profile(path)` reads and validates one; every key is optional (the defaults are those of
-slurm/assignment4.sbatch). A bad file raises `ProfileError` with a message that names the file,
-the key and what would be valid. `slurm/clusters/` holds a generic example and the profile of
-the local test cluster.
+slurm/assignment4.sbatch). It is validated by the kit's one typed-YAML mechanism (grader/typed.py,
+as the rubric and the course policy are): a bad file raises `ProfileError` with a message that
+names the file, the key, what would be valid and what the key is for. `slurm/clusters/` holds a
+generic example and the profile of the local test cluster.
 """
 
-import difflib
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-import yaml
+from grader import kit, typed
 
 CLUSTERS_DIR = Path(__file__).resolve().parent / "clusters"
 
@@ -31,29 +31,55 @@ class ProfileError(ValueError):
     """A cluster profile that cannot be used; the message says which file, which key and why."""
 
 
+def _text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("a non-empty text, or nothing")
+    return value.strip()
+
+
+def _at_least(lowest: int):
+    def check(value: int) -> int:
+        if value < lowest:
+            raise ValueError(f"a whole number >= {lowest}")
+        return value
+    return check
+
+
+def _time(value):
+    _minutes(value)
+    return value
+
+
+def _sbatch_options(value: dict) -> dict:
+    if not all(k and not k.startswith("-") for k in value):
+        raise ValueError("a mapping of sbatch option names (without '--') to values")
+    return value
+
+
 @dataclass(frozen=True)
 class ClusterProfile:
     """One cluster's Slurm settings. The defaults are those of slurm/assignment4.sbatch."""
 
     partition: str | None = field(default=None, metadata={
-        "help": "Slurm partition (sbatch --partition); empty: the cluster's default partition"})
+        "check": _text, "help": "Slurm partition (sbatch --partition); empty: the cluster's default partition"})
     account: str | None = field(default=None, metadata={
-        "help": "account the job is charged to (sbatch --account); empty: your default account"})
+        "check": _text, "help": "account the job is charged to (sbatch --account); empty: your default account"})
     gpus_per_node: int = field(default=4, metadata={
-        "help": "GPUs per node (sbatch --gpus-per-node); 0 runs on the CPUs with gloo"})
+        "check": _at_least(0), "help": "GPUs per node (sbatch --gpus-per-node); 0 runs on the CPUs with gloo"})
     nproc_per_node: int | None = field(default=None, metadata={
-        "help": "ranks (processes) per node; empty: one per GPU, or 1 when gpus_per_node is 0"})
+        "check": _at_least(1), "help": "ranks (processes) per node; empty: one per GPU, or 1 when gpus_per_node is 0"})
     cpus_per_task: int = field(default=8, metadata={
-        "help": "CPU cores for each node's torchrun and its ranks (sbatch --cpus-per-task)"})
+        "check": _at_least(1), "help": "CPU cores for each node's torchrun and its ranks (sbatch --cpus-per-task)"})
     time: int | str = field(default="00:15:00", metadata={
-        "help": "wall-clock limit: minutes, or [D-]HH:MM:SS as sbatch --time takes it"})
-    setup: tuple = field(default=(), metadata={
-        "help": "shell lines the job runs before starting Python (module load ..., source .../activate)"})
+        "check": _time, "help": "wall-clock limit: minutes, or [D-]HH:MM:SS as sbatch --time takes it"})
+    setup: tuple[str, ...] = field(default=(), metadata={
+        "help": "shell lines the job runs before starting Python (module load ..., source .../activate), "
+                "one '- line' each"})
     python: str | None = field(default=None, metadata={
-        "help": "command that runs Python on the nodes; empty: the Python running the launcher "
-                "(for a container: apptainer exec --nv a4.sif python)"})
-    sbatch_options: dict = field(default_factory=dict, metadata={
-        "help": "further sbatch options, without dashes: {qos: normal, constraint: a100}"})
+        "check": _text, "help": "command that runs Python on the nodes; empty: the Python running the launcher "
+                                "(for a container: apptainer exec --nv a4.sif python)"})
+    sbatch_options: dict[str, int | str] = field(default_factory=dict, metadata={
+        "check": _sbatch_options, "help": "further sbatch options, without dashes: {qos: normal, constraint: a100}"})
     description: str = field(default="", metadata={"help": "what this profile is for, for people"})
 
     @property
@@ -110,40 +136,6 @@ def _minutes(value) -> int:
     return total
 
 
-def _check_value(key, value):
-    """Return the value in its stored form, or raise ValueError saying what was expected."""
-    if key in ("partition", "account", "python"):
-        if value is None or (isinstance(value, str) and value.strip()):
-            return value.strip() if isinstance(value, str) else None
-        raise ValueError("a non-empty text, or nothing")
-    if key == "description":
-        if not isinstance(value, str):
-            raise ValueError("a text")
-        return value
-    if key in ("gpus_per_node", "nproc_per_node", "cpus_per_task"):
-        if key == "nproc_per_node" and value is None:
-            return None
-        lowest = 0 if key == "gpus_per_node" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise ValueError(f"a whole number >= {lowest}")
-        return value
-    if key == "time":
-        _minutes(value)
-        return value
-    if key == "setup":
-        if not isinstance(value, list) or not all(isinstance(line, str) for line in value):
-            raise ValueError("a list of shell lines, one '- line' each")
-        return tuple(value)
-    if key == "sbatch_options":
-        if not isinstance(value, dict) or not all(isinstance(k, str) and k and not k.startswith("-")
-                                                  for k in value):
-            raise ValueError("a mapping of sbatch option names (without '--') to values")
-        if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value.values()):
-            raise ValueError("a mapping whose values are texts or numbers")
-        return dict(value)
-    raise AssertionError(key)
-
-
 def profile_from_dict(data: dict, source: str = "profile") -> ClusterProfile:
     """Validate `data` (as read from YAML) and build the profile; `source` names it in errors."""
     if data is None:
@@ -151,20 +143,7 @@ def profile_from_dict(data: dict, source: str = "profile") -> ClusterProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: expected a mapping of keys to values at the top level, "
                            f"got {type(data).__name__}; valid keys: {', '.join(profile_keys())}")
-    valid = profile_keys()
-    values = {}
-    for key, value in data.items():
-        if key not in valid:
-            close = ([k for k in valid if str(key) in k or k in str(key)]
-                     or difflib.get_close_matches(str(key), valid, n=1))
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ProfileError(f"{source}: unknown key '{key}'{hint}; valid keys: {', '.join(valid)}")
-        try:
-            values[key] = _check_value(key, value)
-        except ValueError as e:
-            raise ProfileError(f"{source}: '{key}' must be {e}, not {value!r} "
-                               f"({key}: {valid[key][1]})") from None
-    return ClusterProfile(**values)
+    return typed.build(ClusterProfile, data, source, ProfileError, suggest=True)
 
 
 def resolve_profile_path(name_or_path) -> Path:
@@ -182,8 +161,4 @@ def load_profile(name_or_path) -> ClusterProfile:
         known = ", ".join(sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml")))
         raise ProfileError(f"{path}: no such profile; give a YAML file, or one of the profiles in "
                            f"slurm/clusters/ by name ({known})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ProfileError(f"{path}: not valid YAML: {e}") from None
-    return profile_from_dict(data, source=str(path))
+    return profile_from_dict(kit.read_yaml(path, "cluster profile", ProfileError), source=str(path))

@@ -123,6 +123,18 @@ def test_no_module_imports_one_that_imports_it():
         visit(module, [])
 
 
+def test_slurm_and_lab_import_only_the_shared_modules_and_nothing_imports_them():
+    """slurm/ and lab/ ship beside the grader (the release, the installed kit) and use its shared
+    vocabulary (typed, plots), never a room; the grader never reaches back into them."""
+    for path in sorted([*(GRADER.parent / "slurm").rglob("*.py"), *(GRADER.parent / "lab").rglob("*.py")]):
+        for name in imports(path):
+            if name.startswith("grader."):
+                assert room_of(name) in ("shared", "package"), f"{path.relative_to(GRADER.parent)} imports {name}"
+    for module, path in modules().items():
+        reached = {name.split(".")[0] for name in imports(path)}
+        assert not reached & {"slurm", "lab"}, f"{module} imports {reached & {'slurm', 'lab'}}"
+
+
 def test_modules_stay_readable_in_one_sitting():
     long = {m: len(p.read_text().splitlines()) for m, p in modules().items()
             if len(p.read_text().splitlines()) > 320}

@@ -77,20 +77,38 @@ def test_an_unknown_key_is_named_with_a_suggestion_and_the_valid_keys(tmp_path):
 
 
 @pytest.mark.parametrize("key, value, expected", [
-    ("gpus_per_node", "four", "'gpus_per_node' must be a whole number >= 0, not 'four'"),
-    ("gpus_per_node", -1, "'gpus_per_node' must be a whole number >= 0, not -1"),
-    ("cpus_per_task", 0, "'cpus_per_task' must be a whole number >= 1, not 0"),
-    ("nproc_per_node", True, "'nproc_per_node' must be a whole number >= 1, not True"),
-    ("time", "soon", "'time' must be a number of minutes or [D-]HH:MM:SS, not 'soon'"),
-    ("time", 0, "'time' must be a positive number of minutes, not 0"),
-    ("setup", "module load cuda", "'setup' must be a list of shell lines"),
-    ("partition", "", "'partition' must be a non-empty text, or nothing"),
-    ("sbatch_options", {"--qos": "x"}, "'sbatch_options' must be a mapping of sbatch option names"),
+    ("gpus_per_node", "four", "gpus_per_node: expected a whole number, got 'four'"),
+    ("gpus_per_node", -1, "gpus_per_node: must be a whole number >= 0, not -1"),
+    ("cpus_per_task", 0, "cpus_per_task: must be a whole number >= 1, not 0"),
+    ("nproc_per_node", True, "nproc_per_node: expected a whole number, got True"),
+    ("time", "soon", "time: must be a number of minutes or [D-]HH:MM:SS, not 'soon'"),
+    ("time", 0, "time: must be a positive number of minutes, not 0"),
+    ("time", 1.5, "time: expected a whole number or text, got 1.5"),
+    ("setup", "module load cuda", "setup: expected a list, got str"),
+    ("setup", ["module load cuda", 12], "setup[1]: expected text, got 12"),
+    ("partition", "", "partition: must be a non-empty text, or nothing, not ''"),
+    ("sbatch_options", {"--qos": "x"}, "sbatch_options: must be a mapping of sbatch option names (without '--')"),
+    ("sbatch_options", {"exclusive": True}, "sbatch_options.exclusive: expected a whole number or text, got True"),
 ])
-def test_a_bad_value_is_named_with_what_the_key_wants(key, value, expected):
+def test_a_bad_value_is_named_with_the_file_the_key_what_it_wants_and_what_it_is_for(key, value, expected):
     with pytest.raises(ProfileError) as e:
         profile_from_dict({key: value}, source="clusters/x.yaml")
-    assert str(e.value).startswith(f"clusters/x.yaml: {expected}"), str(e.value)
+    message = str(e.value)
+    assert message.startswith(f"clusters/x.yaml.{expected}"), message
+    assert message.endswith(f" ({key}: {profile_keys()[key][1]})"), message
+
+
+def test_profiles_are_validated_by_the_kits_one_typed_mechanism():
+    """grader/typed.py builds the profile (as it builds the rubric and the policy): no validator of its own."""
+    import ast
+    import slurm.profile
+    tree = ast.parse(Path(slurm.profile.__file__).read_text())
+    assert any(isinstance(n, ast.Attribute) and n.attr == "build" and getattr(n.value, "id", "") == "typed"
+               for n in ast.walk(tree))
+    p = profile_from_dict({"setup": ["module load cuda"], "sbatch_options": {"qos": "normal", "nice": 5},
+                           "partition": " gpu ", "time": "1:00:00"})
+    assert (p.setup, p.sbatch_options, p.partition, p.time_minutes) == (("module load cuda",),
+                                                                          {"qos": "normal", "nice": 5}, "gpu", 60)
 
 
 @pytest.mark.parametrize("time, minutes", [(30, 30), ("45", 45), ("00:15:00", 15), ("1:30:00", 90),

@@ -14,6 +14,7 @@ import ast
 import re
 from pathlib import Path
 
+from grader import kit
 from grader.rubric import load_rubric, public_rubric
 
 KEYS = ("global_batch_size", "input_dim", "output_dim", "seed", "accumulation_steps", "hidden_dim")
@@ -75,7 +76,7 @@ def config_drift(root: Path) -> list:
         if key in reference and value != reference[key]:
             drift.append(f"{handout_path.relative_to(root)} says {key} is {value} (\"{sentence}\") but "
                          f"{reference_path.relative_to(root)} sets {key} = {reference[key]}")
-    for guide in (handout_path, root / "student" / "README.md"):
+    for guide in (handout_path, kit.top_file("student/README.md", root)):
         if guide.is_file():
             drift += _check_drift(guide, root, rubric)
     return drift

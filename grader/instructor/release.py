@@ -238,8 +238,8 @@ def _write(out: Path, root: Path, public: str, without: tuple) -> Release:
     release = Release(out=out, rooms=list(ROOMS))
     written = release.files
     for name in ("README.md", "requirements.txt"):
-        _copy_text(root / "student" / name, out / name, written, out, without)
-    _copy(root / "pyproject.toml", out / "pyproject.toml", written, out)
+        _copy_text(kit.top_file(f"student/{name}", root), out / name, written, out, without)
+    _copy(kit.top_file("pyproject.toml", root), out / "pyproject.toml", written, out)
     reference = (root / "assignment_4" / "reference" / "assignment4.py").read_text()
     for name in HANDOUT:
         if name == "assignment4.py":   # the committed skeleton, less the parts the course leaves off

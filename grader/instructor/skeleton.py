@@ -26,6 +26,7 @@ import ast
 import re
 from pathlib import Path
 
+from grader import kit
 from grader.kit import REFERENCE, SKELETON
 
 _BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION:\s*(?P<todo>\S.*?)\s*$")
@@ -124,7 +125,7 @@ def write_skeleton(reference: Path = REFERENCE, skeleton: Path = SKELETON) -> bo
     text = make_skeleton(reference.read_text(), str(reference.name))
     changed = not skeleton.exists() or skeleton.read_text() != text
     if changed:
-        skeleton.write_text(text)
+        kit.atomic_write(skeleton, text)
     return changed
 
 

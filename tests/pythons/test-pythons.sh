@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test-pythons: the kit under every Python from 3.10 to 3.13 this machine offers (pyenv's newest
 # 3.X, else python3.X on PATH), each in a venv of its own under build/pythons/ with the torch-free
-# requirements (requirements.txt without torch): every module of grader/, slurm/ and lab/ compiled
+# requirements (requirements.txt without torch, and requirements-test.txt): every module of grader/, slurm/ and lab/ compiled
 # and imported (tests/pythons/import_all.py), the torch-free tests run (the modules below, less
 # the tests marked torch), and a command that needs torch refused with a message that says so.
 #
@@ -39,7 +39,7 @@ for version in "${versions[@]}"; do
   venv=build/pythons/$version
   echo "== Python $version: $python, venv $venv"
   mkdir -p build/pythons
-  grep -v '^torch==' requirements.txt > "$venv.requirements.txt"
+  cat requirements.txt requirements-test.txt | grep -v '^torch==' > "$venv.requirements.txt"
   if ! cmp -s "$venv.requirements.txt" "$venv/.installed"; then    # (re)installed when they changed
     rm -rf "$venv"
     "$python" -m venv "$venv"
