@@ -5,8 +5,8 @@
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
-#   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
-#                    the integrity report over every pair of 500 hand-ins, the staff report's size and time
+#   make bench       every benchmark of benchmarks/, its figures written into docs/figures.md with the
+#                    date, the commit and the machine (benchmarks/figures.py)
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
 #   make release     write the tree students receive into build/release
 SHELL := /bin/bash
@@ -74,10 +74,10 @@ test-slurm: $(STAMP)
 test-pythons:
 	tests/pythons/test-pythons.sh
 
+# Grading throughput (warm executor against torchrun, the per-world floor, memory), the integrity
+# report over every pair of 500 hand-ins, the staff report's size and time: each benchmarks/*.py.
 bench: $(STAMP)
-	$(PY) benchmarks/grading_throughput.py
-	$(PY) benchmarks/integrity_pairs.py
-	$(PY) benchmarks/report_size.py
+	$(PY) benchmarks/figures.py
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton

@@ -1,18 +1,9 @@
 """Command line: parses arguments and hands them to the command's room, imported only then.
 
-    python -m grader grade PATH... --out DIR [--lms canvas|moodle|gradescope|blackboard] [--jobs N]
-                                   [--rubric FILE] [--force] [--only ID ...]
-    python -m grader gradescope [--submission DIR] [--results FILE]
-    python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]
-    python -m grader skeleton [--check]
-    python -m grader release --out DIR [--replace]
-    python -m grader public-rubric [--rubric FILE] [-o FILE]
-    python -m grader check [PATH] [--log FILE] [--err FILE]
-    python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
-    python -m grader integrity OUT [PATH...] [--common N] [--rubric FILE]
-
-A tree that lacks a command's room (the student release, the Gradescope bundle) does not offer it.
-Nothing here imports torch: `--help` and `skeleton` start at once.
+COMMANDS below is the one list of commands: `python -m grader --help` (and `a4 --help`) lists
+every one the parser holds, grouped by who runs it (READERS); `python -m grader COMMAND --help`
+gives a command's options. A tree that lacks a command's room (the student release, the Gradescope
+bundle) does not offer it. Nothing here imports torch: `--help` and `skeleton` start at once.
 """
 
 import argparse
@@ -29,6 +20,15 @@ PATH_HELP = ("the folder with your assignment4.py (default: assignment_4/, else 
 LOG_HELP = ("the run's stdout, whatever its name (.log, Slurm's slurm-<id>.out, .txt ...; default: the best run "
             "in PATH's folder or the current folder)")
 ERR_HELP = "the run's stderr (default: the one beside the stdout, or the stdout itself when it holds both)"
+# Where a Python without torch is sent: the kit's install page, else the student release's README
+# (the release ships no docs/). tests/test_docs.py holds each heading to exist.
+INSTALL_GUIDES = (("docs/install.md", "Install"), ("README.md", "Set up, once"))
+
+
+def install_guide() -> str:
+    """The first guide of INSTALL_GUIDES this tree holds, as `path, "heading"`."""
+    path, heading = next((g for g in INSTALL_GUIDES if (kit.ROOT / g[0]).is_file()), INSTALL_GUIDES[0])
+    return f'{path}, "{heading}"'
 
 
 def _handler(target: str):
@@ -42,7 +42,7 @@ def _handler(target: str):
                 raise
             print(f"grader: `{args.command}` re-runs code and needs torch, which this Python "
                   f"({sys.version.split()[0]}, {sys.executable}) does not have: install the kit's "
-                  f"requirements (README.md, Install) into it, or use the Python that has them. "
+                  f"requirements ({install_guide()}) into it, or use the Python that has them. "
                   f"Commands that only read results (gradebook, diff, integrity, public-rubric) run without it.",
                   file=sys.stderr)
             return 2
@@ -208,15 +208,33 @@ COMMANDS = {
 }
 
 
+# Who runs each room's commands: `--help` lists the commands in these groups, in this order.
+READERS = {"batch": "TAs", "grades": "TAs", "integrity": "TAs", "rerun": "TAs",
+           "instructor": "instructors", "gradescope": "Gradescope's autograder", "student": "students"}
+
+
 def available() -> list:
     """The commands whose room this tree holds."""
     return [name for name, (room, *_) in COMMANDS.items() if (HERE / room / "__init__.py").is_file()]
 
 
+def _by_reader(names: list) -> str:
+    """`--help`'s closing lines: the commands this tree offers, grouped by who runs them."""
+    groups = {}
+    for name in names:
+        groups.setdefault(READERS[COMMANDS[name][0]], []).append(name)
+    order = list(dict.fromkeys(READERS.values()))
+    lines = [f"  {reader + ':':25} {', '.join(groups[reader])}" for reader in order if reader in groups]
+    return "commands by who runs them (COMMAND --help gives each one's options):\n" + "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
+    names = available()
+    parser = argparse.ArgumentParser(prog="python -m grader", epilog=_by_reader(names),
+                                     description="The Assignment 4 kit's grader and its tools.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in available():
+    for name in names:
         room, target, arguments, help_text, description = COMMANDS[name]
         p = commands.add_parser(name, help=help_text, description=description or help_text)
         arguments(p)

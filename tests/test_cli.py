@@ -34,6 +34,20 @@ def test_help_loads_no_room(capsys):
     assert all(name in out for name in cli.COMMANDS)
 
 
+def test_help_groups_every_command_once_by_who_runs_it(capsys):
+    assert {room for room, *_ in cli.COMMANDS.values()} == set(cli.READERS), "a room without a reader"
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    groups = capsys.readouterr().out.split("commands by who runs them")[1].splitlines()[1:]
+    listed = [name for line in groups if ":" in line for name in line.rsplit(":", 1)[1].replace(",", " ").split()]
+    assert sorted(listed) == sorted(cli.COMMANDS), groups
+
+
+def test_without_torch_a_command_points_to_a_guide_this_tree_holds():
+    from grader import kit
+    assert (kit.ROOT / cli.install_guide().split(",")[0]).is_file()
+
+
 @pytest.mark.torch
 def test_the_command_line_defaults_are_the_functions_defaults():
     import inspect
