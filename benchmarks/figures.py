@@ -116,12 +116,14 @@ def run(path: Path) -> tuple:
     return status, "".join(out), "".join(errors), time.monotonic() - started
 
 
-def section(name: str, path: Path, status: int, out: str, errors: str, seconds: float, where: str) -> str:
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+def section(name: str, path: Path, ran: tuple, where: str) -> str:
+    """The page's section of one benchmark's run: `ran` is (start time, commit, exit status, stdout,
+    the tail of stderr, seconds)."""
+    when, at, status, out, errors, seconds = ran
     lines = [f"## {name}", "", f"<!-- section {name}: written by benchmarks/figures.py -->", summary(path), "",
              f"- command: `python {path.relative_to(ROOT)}`",
-             f"- run: {when}, {seconds:.0f} s, exit status {status}",
-             f"- commit: {commit()}", f"- machine: {where}", "", "```text", out.rstrip("\n") or "(printed nothing)",
+             f"- run: {when:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s, exit status {status}",
+             f"- commit: {at}", f"- machine: {where}", "", "```text", out.rstrip("\n") or "(printed nothing)",
              "```"]
     if status != 0:
         lines += ["", f"It failed (exit status {status}); the end of its stderr:", "", "```text",
@@ -146,13 +148,13 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"no benchmark {', '.join(unknown)} in benchmarks/ (there are {', '.join(found)})")
     sections, failed = kept_sections(args.out), []
-    where = machine()
+    where, at = machine(), commit()   # the tree as the run starts: the benchmarks load it as they start
     for name in args.names or found:
         print(f"== {name}: python {found[name].relative_to(ROOT)}", flush=True)
-        load = os.getloadavg()[0]
+        load, when = os.getloadavg()[0], datetime.datetime.now(datetime.timezone.utc)
         status, out, errors, seconds = run(found[name])
-        sections[name] = section(name, found[name], status, out, errors, seconds, f"{where}; load average "
-                                 f"{load:.1f} at the start")
+        sections[name] = section(name, found[name], (when, at, status, out, errors, seconds),
+                                 f"{where}; load average {load:.1f} at the start")
         failed += [name] if status else []
     body = "\n".join(sections[n] for n in found if n in sections)
     args.out.parent.mkdir(parents=True, exist_ok=True)
