@@ -32,11 +32,12 @@ def install_guide() -> str:
 
 
 def _handler(target: str):
-    """`module:function`, imported when the command runs."""
+    """`module:function`, imported when the command runs. A command that finds no torch (at its
+    import, or later: check and package import the engine only once they re-run code) says so."""
     def run(args):
         module, function = target.split(":")
         try:
-            imported = importlib.import_module(module)
+            return getattr(importlib.import_module(module), function)(args)
         except ModuleNotFoundError as e:
             if e.name != "torch":
                 raise
@@ -46,7 +47,6 @@ def _handler(target: str):
                   f"Commands that only read results (gradebook, diff, integrity, public-rubric) run without it.",
                   file=sys.stderr)
             return 2
-        return getattr(imported, function)(args)
     return run
 
 
