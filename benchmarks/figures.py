@@ -33,9 +33,10 @@ HEADER = """# Figures
 Written by `make bench` (`benchmarks/figures.py`), which runs every benchmark in `benchmarks/` and
 writes down what it printed; do not edit this page by hand. Each section says when, from which
 commit and on which machine its benchmark ran. The figures move with the machine and with what
-else runs on it: the load average is given, and a ratio measured side by side in one run (the warm
-executor against torchrun, a world against the fork-and-gloo floor) moves less than a time.
-[scale.md](scale.md) says how grading works at scale and what each benchmark measures.
+else runs on it: the load average of the last minute is given at the start and at the end, and a
+ratio measured side by side in one run (the warm executor against torchrun, a world against the
+fork-and-gloo floor) moves less than a time. [scale.md](scale.md) says how grading works at scale
+and what each benchmark measures.
 """
 STDERR_TAIL = 40   # lines of a failed benchmark's stderr kept on the page
 
@@ -153,8 +154,8 @@ def main(argv=None) -> int:
         print(f"== {name}: python {found[name].relative_to(ROOT)}", flush=True)
         load, when = os.getloadavg()[0], datetime.datetime.now(datetime.timezone.utc)
         status, out, errors, seconds = run(found[name])
-        sections[name] = section(name, found[name], (when, at, status, out, errors, seconds),
-                                 f"{where}; load average {load:.1f} at the start")
+        load = f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+        sections[name] = section(name, found[name], (when, at, status, out, errors, seconds), f"{where}; {load}")
         failed += [name] if status else []
     body = "\n".join(sections[n] for n in found if n in sections)
     args.out.parent.mkdir(parents=True, exist_ok=True)
