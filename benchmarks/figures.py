@@ -53,14 +53,15 @@ def summary(path: Path) -> str:
 
 
 def commit() -> str:
-    """The commit the tree is at, and whether the tree differs from it (this page aside)."""
+    """The commit the tree is at, and whether the tree's code differs from it (Markdown pages aside:
+    no benchmark reads them)."""
     def git(*args):
         done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else None
     head = git("rev-parse", "--short=12", "HEAD")
     if head is None:
         return "unknown (not a git checkout)"
-    dirty = git("status", "--porcelain", "--", ".", f":(exclude){PAGE.relative_to(ROOT)}")
+    dirty = git("status", "--porcelain", "--", ".", ":(exclude)*.md")
     return head + (" with uncommitted changes" if dirty else "")
 
 
