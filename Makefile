@@ -7,12 +7,11 @@
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
 #   make test-cuda   with torch's CUDA build (.venv-cuda): the demo's check and grade, the grading,
 #                    sandbox and self-check tests (tests/cuda/test-cuda.sh; no GPU needed)
-#   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
-#                    the integrity report over every pair of 500 hand-ins, the staff report's size and time,
-#                    a batch's peak memory on a 1 GB download of 300 hand-ins (built under the temporary folder)
-#                    (RUBRIC=benchmarks/part5.yaml: with Part 5 on)
+#   make bench       every benchmark of benchmarks/, its figures written into docs/figures.md with the
+#                    date, the commit and the machine (benchmarks/figures.py; RUBRIC=benchmarks/part5.yaml:
+#                    with Part 5 on)
 #   make gpu-check   on a GPU machine, with the Python given (PYTHON=python3): NCCL runs, the lab, the
-#                    demo and the throughput benchmark with torch's CUDA build, each figure printed
+#                    demo and the throughput benchmark with torch's CUDA build, into docs/figures.md
 #   make skeleton    regenerate assignment_4/assignment4.py from the reference
 #   make release     write the tree students receive into build/release
 SHELL := /bin/bash
@@ -88,22 +87,22 @@ test-pythons:
 test-cuda:
 	PYTHON=$(PYTHON) TEST_PROCESSES=$(TEST_PROCESSES) tests/cuda/test-cuda.sh
 
-# RUBRIC=FILE: the grading and report benchmarks under a rubric read on top of grader/rubric.yaml
-# (benchmarks/part5.yaml turns Part 5 on). The throughput benchmark exits 1, with no figures, when a
-# hand-in's result is not what its corpus expects.
+# Every benchmark of benchmarks/ (grading throughput against torchrun, the integrity report over 500
+# hand-ins, the staff report's size and time, intake's memory on a 1 GB download), its figures written
+# into docs/figures.md (benchmarks/figures.py). RUBRIC=FILE: the benchmarks that take a rubric read it on
+# top of grader/rubric.yaml (benchmarks/part5.yaml turns Part 5 on). A benchmark that fails (the
+# throughput benchmark, when a hand-in's result is not what its corpus expects) fails make bench.
 RUBRIC ?=
 bench: $(STAMP)
-	$(PY) benchmarks/grading_throughput.py $(if $(RUBRIC),--rubric $(RUBRIC))
-	$(PY) benchmarks/integrity_pairs.py
-	$(PY) benchmarks/report_size.py $(if $(RUBRIC),--rubric $(RUBRIC))
-	$(PY) benchmarks/intake_memory.py
+	$(PY) benchmarks/figures.py $(if $(RUBRIC),--rubric $(RUBRIC))
 
 # On a machine with GPUs and torch's CUDA build, with the Python given (PYTHON=python3 make gpu-check;
 # no venv is made, nothing installed): the reference and the skeleton on NCCL, several ranks on one
 # GPU, the lab and its bandwidth table, the demo's check and grade, the throughput benchmark at
-# --jobs = cores, and a summary table (benchmarks/gpu_check.py). Not part of .ci/run: CI has no GPU.
+# --jobs = cores, and a summary table (benchmarks/gpu_check.py), written into docs/figures.md. Not part
+# of .ci/run: CI has no GPU.
 gpu-check:
-	$(PYTHON) benchmarks/gpu_check.py
+	$(PYTHON) benchmarks/figures.py gpu_check
 
 skeleton: $(STAMP)
 	$(PY) -m grader skeleton

@@ -10,7 +10,7 @@ Steps, each run on its own (one that fails hides no other's figures) with a wall
     skeleton    the skeleton the same way: every part must say "not implemented"
     shared-gpu  several ranks on one GPU: the reference at two ranks per GPU (the kit's utils then
                 choose gloo on the CPU: NCCL wants a GPU per rank); gloo with CUDA tensors, two ranks
-                per GPU (benchmarks/gpu_ranks.py: the all-reduce checked, its bus bandwidth); NCCL
+                per GPU (benchmarks/_gpu_ranks.py: the all-reduce checked, its bus bandwidth); NCCL
                 with two ranks per GPU (its refusal)
     lab         lab/run_all.py on NCCL, one rank per GPU: every check, and the bandwidth table
     demo        the demo with this build, as `make demo`: the reference on 4 ranks, doctor, check,
@@ -154,7 +154,7 @@ def step_shared_gpu(host: Host, step: Step) -> None:
                         f"(exit {status}; NCCL needs one GPU per rank)")
     outcomes = {}
     for backend in ("gloo", "nccl"):
-        status, text = host.run(["torchrun", "--standalone", "--nproc-per-node", n, "benchmarks/gpu_ranks.py",
+        status, text = host.run(["torchrun", "--standalone", "--nproc-per-node", n, "benchmarks/_gpu_ranks.py",
                                  backend], timeout=60)
         line = next((json.loads(m) for m in re.findall(r"^GPU_RANKS (.*)$", text, re.M)), None)
         outcomes[backend] = line

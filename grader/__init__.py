@@ -1,16 +1,25 @@
 """a4 grader: from hand-in zips to grades, feedback and Gradescope results.
 
-The house, one room per job; a hand-in travels down the list:
+The house, one room per job; a hand-in travels down the list. Every module is named under its
+room (tests/test_layout.py holds the map to that):
 
-    shared       kit (paths, atomic writes, the source digest), parts, rubric (and its limits),
-                 results (statuses and result dataclasses, where a batch keeps them, and whether a
-                 batch could be graded at all: its canary, OUT/canary.json), plots (figures
-                 by matplotlib, loaded only to draw; the lab's bandwidth plot uses it too), cli
-    rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
-                 its weights (executor, executors, torchrun, zygote, world, supervise, worker, source, secret,
-                 layer, block, hooks, protocol, channel, sandbox, scratch, memory, check; hidden
-                 keeps a hidden check's results free of a rank's words; doctor says which sandbox
-                 layers work on a machine)
+    shared       kit (paths, atomic writes, the source digest), parts, rubric (the loader, and
+                 the public rubric derived from it) and limits (what a rank may use: all that the
+                 re-run's processes read of the rubric), results (statuses and result dataclasses,
+                 where a batch keeps them, and whether a batch could be graded at all: its canary,
+                 OUT/canary.json), names (where a hand-in's results live in OUT; names
+                 from a download made inert), typed (dataclasses from plain data and back: the one
+                 validator), plots (figures by matplotlib, loaded only to draw; the lab's bandwidth
+                 plot uses it too), cli (the command line; __main__ runs it)
+    rerun/       the engine: run hand-in code in gloo worlds inside a sandbox and bring back its
+                 weights. The executors (executor, executors, torchrun) start zygote, the warm
+                 helper, inside the sandbox bwrap builds; a world (world) forks its ranks in the
+                 namespaces sandbox enters, with scratch's fresh /tmp and memory's cgroup and
+                 watchdog, and supervise runs its parts; in each rank worker loads the code (source)
+                 and runs a step, Part 4's layer alone (layer) or Part 5's block (block), wrapped in
+                 hooks; secret derives each part's data; protocol types the messages and channel
+                 frames them; check runs a hand-in's parts at one check; hidden keeps a hidden
+                 check's results free of a rank's words; doctor says which sandbox layers work
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
                  hand-ins), download (whose each file of an LMS download is), listing (a folder's or
                  a zip's files, each read from disk only when used), handin (unpack safely, locate
@@ -25,21 +34,26 @@ The house, one room per job; a hand-in travels down the list:
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its
                  page from templates/)
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
-                 grades.csv, summary.md and the staff report over every result in OUT (outputs)
+                 grades.csv, summary.md and the staff report over every result in OUT (outputs);
+                 commands (the `grade` command)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
                  extensions, overrides), submission times, roster (book, policy, sources), the grade
                  each student is told and why (statement), each LMS's import (lms/: canvas, moodle,
                  blackboard, gradescope, read and written back by sheet, named by imports) and
-                 feedback uploads (feedback), and what a regrade moved (diff)
-    student/     the student tools: check and package
-    gradescope/  grading inside Gradescope's container, and the bundle that sets it up
-    instructor/  the skeleton generated from the reference, the configuration check, the student
-                 release and the public rubric it ships (derived from rubric.yaml)
+                 feedback uploads (feedback), what a regrade moved (diff); commands (`gradebook`
+                 and `diff`)
+    student/     the student tools: check and package; commands (their two commands)
+    gradescope/  grading inside Gradescope's container (run), and the bundle that sets it up (bundle)
+    instructor/  the skeleton generated from the reference (skeleton), the configuration said
+                 alike in the reference, the rubric and the handout (config), the student release
+                 and the public rubric file it ships (release); commands (`skeleton`, `release`,
+                 `public-rubric`)
     analytics/   the batch report for course staff: a row per hand-in, worst first (triage), item
                  analytics over every result in OUT (numbers), as report.html from templates/ with
                  its plots, and analytics.json (page)
     integrity/   the pairs of hand-ins a person should compare, from graded results and the hand-ins
-                 (code, facts, similar, evidence, report); it runs no code
+                 (code, facts, similar, evidence, report; commands, the `integrity` command); it
+                 runs no code
 
 Import rules (tests/test_layout.py holds the code to them):
 - shared modules import no torch and no room; nothing imports cli, and cli imports a command's room

@@ -1,18 +1,9 @@
 """Command line: parses arguments and hands them to the command's room, imported only then.
 
-    python -m grader grade PATH... --out DIR [--lms canvas|moodle|gradescope|blackboard] [--jobs N]
-                                   [--rubric FILE] [--force] [--only ID ...]
-    python -m grader gradescope [--submission DIR] [--results FILE]
-    python -m grader gradescope-bundle [-o ZIP] [--rubric FILE]
-    python -m grader skeleton [--check]
-    python -m grader release --out DIR [--replace]
-    python -m grader public-rubric [--rubric FILE] [-o FILE]
-    python -m grader check [PATH] [--log FILE] [--err FILE]
-    python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
-    python -m grader integrity OUT [PATH...] [--common N] [--rubric FILE]
-
-A tree that lacks a command's room (the student release, the Gradescope bundle) does not offer it.
-Nothing here imports torch: `--help` and `skeleton` start at once.
+COMMANDS below is the one list of commands: `python -m grader --help` (and `a4 --help`) lists
+every one the parser holds, grouped by who runs it (READERS); `python -m grader COMMAND --help`
+gives a command's options. A tree that lacks a command's room (the student release, the Gradescope
+bundle) does not offer it. Nothing here imports torch: `--help` and `skeleton` start at once.
 """
 
 import argparse
@@ -23,32 +14,40 @@ from pathlib import Path
 from grader import kit
 
 HERE = Path(__file__).resolve().parent
-DESCRIPTION = ("Assignment 4's grader and student tools: the commands this copy of the kit holds are listed below; "
-               "`COMMAND --help` says more.")
+DESCRIPTION = "Assignment 4's grader and student tools: the commands this copy of the kit holds, and who runs them, are below."
 EXECUTOR_CHOICES = ("warm", "torchrun", "slurm")   # grader.rerun.executors.EXECUTORS and the job array
 PATH_HELP = ("the folder with your assignment4.py (default: assignment_4/, else the current folder), "
              "or the file itself")
 LOG_HELP = ("the run's stdout, whatever its name (.log, Slurm's slurm-<id>.out, .txt ...; default: the best run "
             "in PATH's folder or the current folder)")
 ERR_HELP = "the run's stderr (default: the one beside the stdout, or the stdout itself when it holds both)"
+# Where a Python without torch is sent: the kit's install page, else the student release's README
+# (the release ships no docs/). tests/test_docs.py holds each heading to exist.
+INSTALL_GUIDES = (("docs/install.md", "Install"), ("README.md", "Set up, once"))
+
+
+def install_guide() -> str:
+    """The first guide of INSTALL_GUIDES this tree holds, as `path, "heading"`."""
+    path, heading = next((g for g in INSTALL_GUIDES if (kit.ROOT / g[0]).is_file()), INSTALL_GUIDES[0])
+    return f'{path}, "{heading}"'
 
 
 def _handler(target: str):
-    """`module:function`, imported when the command runs."""
+    """`module:function`, imported when the command runs. A command that finds no torch (at its
+    import, or later: check and package import the engine only once they re-run code) says so."""
     def run(args):
         module, function = target.split(":")
         try:
-            imported = importlib.import_module(module)
+            return getattr(importlib.import_module(module), function)(args)
         except ModuleNotFoundError as e:
             if e.name != "torch":
                 raise
             print(f"grader: `{args.command}` re-runs code and needs torch, which this Python "
                   f"({sys.version.split()[0]}, {sys.executable}) does not have: install the kit's "
-                  f"requirements (README.md, Install) into it, or use the Python that has them. "
+                  f"requirements ({install_guide()}) into it, or use the Python that has them. "
                   f"Commands that only read results (gradebook, diff, integrity, public-rubric) run without it.",
                   file=sys.stderr)
             return 2
-        return getattr(imported, function)(args)
     return run
 
 
@@ -181,7 +180,7 @@ def _integrity_arguments(p) -> None:
 # command: (room, handler, arguments, help, description)
 COMMANDS = {
     "grade": ("batch", "grader.batch.commands:grade_command", _grade_arguments,
-              "grade a folder of hand-in zips", None),
+              "grade an LMS download, a folder of hand-ins or hand-in zips", None),
     "gradebook": ("grades", "grader.grades.commands:gradebook_command", _gradebook_arguments,
                   "the final gradebook: autograde results, late policy, extensions, overrides, roster, LMS file",
                   "Compute every final grade from the graded results in OUT and the course policy (never "
@@ -223,6 +222,11 @@ COMMANDS = {
 }
 
 
+# Who runs each room's commands: `--help` lists the commands in these groups, in this order.
+READERS = {"batch": "TAs", "grades": "TAs", "integrity": "TAs", "rerun": "TAs",
+           "instructor": "instructors", "gradescope": "Gradescope's autograder", "student": "students"}
+
+
 def available() -> list:
     """The commands whose room this tree holds."""
     return [name for name, (room, *_) in COMMANDS.items() if (HERE / room / "__init__.py").is_file()]
@@ -238,10 +242,22 @@ def program_name(argv0: str = None) -> str:
     return name
 
 
+def _by_reader(names: list) -> str:
+    """`--help`'s closing lines: the commands this tree offers, grouped by who runs them."""
+    groups = {}
+    for name in names:
+        groups.setdefault(READERS[COMMANDS[name][0]], []).append(name)
+    order = list(dict.fromkeys(READERS.values()))
+    lines = [f"  {reader + ':':25} {', '.join(groups[reader])}" for reader in order if reader in groups]
+    return "commands by who runs them (COMMAND --help gives each one's options):\n" + "\n".join(lines)
+
+
 def build_parser(prog: str = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog or program_name(), description=DESCRIPTION)
+    names = available()
+    parser = argparse.ArgumentParser(prog=prog or program_name(), epilog=_by_reader(names), description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in available():
+    for name in names:
         room, target, arguments, help_text, description = COMMANDS[name]
         p = commands.add_parser(name, help=help_text, description=description or help_text)
         arguments(p)

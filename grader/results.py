@@ -16,7 +16,7 @@ from grader.names import result_files
 class Status(str, Enum):
     """The outcome of one part at one check, of one part overall, or of one hand-in."""
     PASSED = "passed"
-    FAILED = "failed"                    # ran, but the weights (or the communication) are wrong
+    FAILED = "failed"                    # ran, but a value it returned (weight, output, gradient) is wrong
     NOT_IMPLEMENTED = "not_implemented"  # a TODO still raises NotImplementedError
     CRASHED = "crashed"                  # raised, or a rank died
     TIMEOUT = "timeout"                  # ran past its wall clock, or a collective waited in vain

@@ -22,7 +22,7 @@ from slurm.profile import ProfileError, profile_keys
 DEFAULTS = {k: v.default for k, v in inspect.signature(plan).parameters.items()}
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     s = argparse.SUPPRESS   # options not given are not passed on: plan()'s defaults apply
     ap = argparse.ArgumentParser(prog="python -m slurm.submit", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,7 +47,11 @@ def parse_args(argv):
                          "Slurm, on a file system the nodes share; with --local a temporary folder, removed "
                          "once the logs are written)")
     ap.add_argument("--help-profile", action="store_true", help="list the keys a profile may have")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,8 @@
 """The command line: every command and every option says what it does, without the README."""
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +34,25 @@ def test_help_loads_no_room(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert all(name in out for name in cli.COMMANDS)
+
+
+def test_help_groups_every_command_once_by_who_runs_it(capsys):
+    assert {room for room, *_ in cli.COMMANDS.values()} == set(cli.READERS), "a room without a reader"
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    groups = capsys.readouterr().out.split("commands by who runs them")[1].splitlines()[1:]
+    listed = [name for line in groups if ":" in line for name in line.rsplit(":", 1)[1].replace(",", " ").split()]
+    assert sorted(listed) == sorted(cli.COMMANDS), groups
+
+
+def test_without_torch_a_command_points_to_a_guide_this_tree_holds():
+    from grader import kit
+    assert (kit.ROOT / cli.install_guide().split(",")[0]).is_file()
+    # check imports the engine only once it re-runs code: it too is refused with the message
+    code = ("import sys\nsys.modules['torch'] = None\nfrom grader import cli\n"
+            "sys.exit(cli.main(['check', 'assignment_4/reference']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=kit.ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "needs torch" in done.stderr and cli.install_guide() in done.stderr, done.stderr
 
 
 @pytest.mark.torch

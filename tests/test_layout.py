@@ -83,6 +83,49 @@ def test_every_module_is_in_a_known_room():
             assert module.split(".")[1] in SHARED_MODULES, f"{module}: not a shared module of grader.kit.SHARED"
 
 
+def room_map(doc: str) -> dict:
+    """The map at the top of grader/__init__.py: room ("shared", "rerun", ...) -> its entry's text.
+    An entry opens with the room's name at an indent of 4 and runs on at a deeper indent."""
+    rooms, room = {}, None
+    for line in doc.split("Import rules")[0].splitlines():
+        opened = re.match(r"    (\w+)/?  +(.*)", line)
+        if opened:
+            room = opened.group(1)
+            rooms[room] = opened.group(2)
+        elif room and line.startswith("     "):
+            rooms[room] += " " + line.strip()
+        else:
+            room = None
+    return rooms
+
+
+def unmapped(doc: str) -> list:
+    """The rooms and modules of the grader that the map in `doc` does not name (a module by its
+    name as a word of its room's entry)."""
+    rooms = room_map(doc)
+    missing = [f"room {room}" for room in ("shared", *kit.ROOMS) if room not in rooms]
+    for module in modules():
+        parts = module.split(".")   # grader, grader.kit, grader.rerun (its __init__), grader.rerun.hooks
+        if len(parts) == 2 and parts[1] in kit.ROOMS or len(parts) == 1:
+            continue
+        room = parts[1] if len(parts) == 3 else "shared"
+        if not re.search(rf"(?<![\w.]){re.escape(parts[-1])}(?!\w)", rooms.get(room, "")):
+            missing.append(module)
+    return missing
+
+
+def test_the_map_names_every_room_and_module():
+    import grader
+    assert not unmapped(grader.__doc__), f"name these in the map of grader/__init__.py: {unmapped(grader.__doc__)}"
+
+
+def test_a_module_left_off_the_map_is_found():
+    import grader
+    assert unmapped(grader.__doc__.replace("hooks", "wrappers")) == ["grader.rerun.hooks"]
+    assert unmapped(grader.__doc__.replace(" typed (", " types (")) == ["grader.typed"]
+    assert "room analytics" in unmapped(grader.__doc__.replace("    analytics/", "    numbers/"))
+
+
 @pytest.mark.parametrize("module", sorted(modules()))
 def test_imports_follow_the_rules(module):
     path = modules()[module]

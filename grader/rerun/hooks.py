@@ -1,6 +1,12 @@
 """What a rank's torch is wrapped in while hand-in code runs: GPUs that land on the CPU, and a spy
-on every collective a part calls (a data-parallel step that computes the whole batch on every
-rank gives the right weight; only its collectives tell)."""
+on every collective a part calls.
+
+The spy's record names a hang (which collective each rank waited in, written before each call so
+that it survives the kill) and is a hint in the feedback; it decides no score. What tells apart a
+step that skips its communication (the whole batch computed on every rank, an all-reduce of zeros)
+is the data: in a parallel part each rank holds real values only in its own share
+(grader.rerun.secret), so only the part's real communication gives the right weight. The rank's
+code could patch this spy anyway."""
 
 import contextlib
 import json

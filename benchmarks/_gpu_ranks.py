@@ -1,7 +1,7 @@
 """Ranks for `make gpu-check` (benchmarks/gpu_check.py): several ranks on one GPU.
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/gpu_ranks.py gloo   # gloo with CUDA tensors
-    torchrun --standalone --nproc-per-node 2 benchmarks/gpu_ranks.py nccl   # NCCL, two ranks on one GPU
+    torchrun --standalone --nproc-per-node 2 benchmarks/_gpu_ranks.py gloo   # gloo with CUDA tensors
+    torchrun --standalone --nproc-per-node 2 benchmarks/_gpu_ranks.py nccl   # NCCL, two ranks on one GPU
 
 Rank r computes on GPU r mod (GPUs): with more ranks than GPUs, some share one. Each rank all-reduces
 a 64 MB float32 tensor holding r + 1 on its GPU, checks that every element is the sum 1 + ... + n,
