@@ -2,9 +2,11 @@
 
 The house, one room per job; a hand-in travels down the list:
 
-    shared       kit (paths, atomic writes, the source digest), parts, rubric (and its limits),
-                 results (statuses and result dataclasses, where a batch keeps them), plots (figures
-                 by matplotlib, loaded only to draw; the lab's bandwidth plot uses it too), cli
+    shared       kit (paths, atomic writes, the source digest), parts, rubric (and its limits; feasible:
+                 whether the kit can run its checks; worth: what a check is worth, the one rounding
+                 of scores, what the hidden checks hold), results (statuses and result dataclasses,
+                 where a batch keeps them), plots (figures by matplotlib, loaded only to draw; the
+                 lab's bandwidth plot uses it too), cli
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
                  its weights (executor, executors, torchrun, zygote, world, supervise, worker, source, secret,
                  layer, block, hooks, protocol, channel, sandbox, scratch, memory, check; hidden
