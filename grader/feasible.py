@@ -79,4 +79,5 @@ def problem(rubric, source: str, derived: dict = None) -> str:
     if rubric.hidden_summary and any(c.hidden for c in rubric.checks):
         return (f"{source}.hidden_summary: is derived from the hidden checks (the student release's public "
                 f"rubric carries it); remove it from a rubric that has hidden checks")
-    return _parallel_problem(rubric, source)
+    # A public rubric (it carries what its hidden checks hold) was held to this with them.
+    return "" if rubric.hidden_summary else _parallel_problem(rubric, source)
