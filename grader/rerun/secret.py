@@ -195,9 +195,9 @@ def _noise(seed: int, *shapes) -> list:
 
 def serve_batches(served: dict) -> None:
     """Replace utils.create_batch (before the hand-in imports it) with one that returns the part's
-    data (served["data"], a Served) when asked for its sizes, and the seeded batch otherwise. The seeded batch is drawn
-    either way, so the global RNG stands where the handout's create_batch leaves it.
-    utils.expected_weight keeps drawing the seeded batch."""
+    data (served["data"], a Served) when asked for its sizes, and the seeded batch otherwise. The
+    seeded batch is drawn either way, so the global RNG stands where the handout's create_batch
+    leaves it. utils.expected_weight keeps drawing the seeded batch."""
     import utils  # the trusted copy, next to the hand-in's assignment4.py
     original = utils.create_batch
 
