@@ -45,18 +45,17 @@ def test_a_rubric_turns_part_5_on_as_a_bonus_and_off_with_null():
 def test_a_check_part_5_cannot_split_is_refused_once_part_5_is_on_naming_check_and_numbers():
     """A course adds a hidden check of 3 ranks: fine without Part 5 (128 need not divide by 3),
     refused with it, naming the check, the width and what would divide."""
-    data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
-    data["parts"].pop("megatron_mlp", None)
-    data["checks"].append({"name": "three-ranks", "hidden": True, "world_size": 3, "seed": 8, "global_batch_size": 96,
-                           "input_dim": 10, "output_dim": 15, "accumulation_steps": 3})
+    data = {"checks": [{"name": "default"}, {"name": "three-ranks", "hidden": True, "world_size": 3, "seed": 8,
+                                             "global_batch_size": 96, "input_dim": 10, "output_dim": 15,
+                                             "accumulation_steps": 3}], "public_world_sizes": [4, 1, 2]}
     assert rubric_from_dict(data, "r.yaml").checks[-1].world_size == 3
-    data["parts"].update(PART5)
+    data["parts"] = dict(PART5)
     with pytest.raises(RubricError) as info:
         rubric_from_dict(data, "r.yaml")
     assert str(info.value) == (
-        f"r.yaml.checks[{len(data['checks']) - 1}] (three-ranks): Part 5 (optional): Megatron's MLP block splits "
-        f"the hidden width over the ranks, but hidden_dim (128) is not divisible by world_size (3): set the "
-        f"check's hidden_dim to a multiple of 3 (e.g. 126 or 129), or leave the part off")
+        "r.yaml.checks[1] (three-ranks): Part 5 (optional): Megatron's MLP block splits the hidden width over the "
+        "ranks, but hidden_dim (128) is not divisible by world_size (3): set the check's hidden_dim to a multiple "
+        "of 3 (e.g. 126 or 129), or leave the part off")
     assert rubric_from_dict(with_part5(data), "r.yaml").checks[-1].hidden_dim == 129
 
 
