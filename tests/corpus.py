@@ -76,6 +76,8 @@ class Mutant:
                                # log, which the public check corroborates, still counts)
     log_counts: bool = False  # fails a public check, but not the first (the log's own configuration,
                               # which corroborates the log): its log still counts
+    also: tuple = ()          # other parts its change breaks too, where the rubric grades them (code
+                              # they share: Part 5's f is Part 4's BroadcastParallel)
 
 
 MUTANTS = {
@@ -157,7 +159,7 @@ MUTANTS = {
                       diagnosis="gradient of X is only its own columns' share, G_r W_r^T: f (BroadcastParallel", log_counts=True),
     "tp_f_backward_without_all_reduce": Mutant("tensor_parallel", [
         ("        dist.all_reduce(grad, op=dist.ReduceOp.SUM)\n        return grad\n", "        return grad\n")],
-        diagnosis="only its own columns' share", log_counts=True),
+        diagnosis="only its own columns' share", log_counts=True, also=("megatron_mlp",)),
     "tp_gather_backward_rank0": Mutant("tensor_parallel", [
         ("        return grad_slices[dist.get_rank()].contiguous()\n", "        return grad_slices[0].contiguous()\n")],
         diagnosis="every rank's shard took the step of rank 0's columns: the gather's backward"),

@@ -287,7 +287,8 @@ def test_a_backward_check_needs_only_what_its_layer_splits():
     """A backward check runs the layer alone on the whole batch: its batch need not divide."""
     data = yaml.safe_load(DEFAULT_RUBRIC.read_text())
     data["checks"].append({"name": "odd-batch", "hidden": True, "kind": "backward", "world_size": 3, "seed": 3,
-                           "global_batch_size": 7, "input_dim": 5, "output_dim": 9, "accumulation_steps": 2})
+                           "global_batch_size": 7, "input_dim": 5, "output_dim": 9, "accumulation_steps": 2,
+                           "hidden_dim": 12})   # what Part 5's block splits, where a course turns it on
     assert rubric_from_dict(data, "r.yaml").checks[-1].name == "odd-batch"
 
 

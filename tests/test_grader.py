@@ -151,6 +151,8 @@ def test_each_mutant_fails_the_part_it_targets_with_its_diagnosis(graded, name):
             assert part["log_points"] == (POINTS[part_id][0] if reproduced else 0)
             assert part["rerun_points"] == expected_rerun_points(part_id, part)
             assert ("log_not_reproduced" in r["flags"]) != reproduced
+        elif part_id in mutant.also:   # the code it broke is this part's too
+            assert part["status"] == mutant.status, (part_id, part["message"])
         else:
             assert part["status"] == mutant.others, (part_id, part["message"])
             if mutant.others == "passed":
