@@ -3,6 +3,11 @@
 Parts 1-4 are every course's. Part 5, Megatron's MLP block, is optional: a course turns it on by
 giving it points in its rubric (`parts: megatron_mlp: {...}`); without them it is neither run nor
 shown, and the student release carries no trace of it (grader.instructor.release).
+
+A part is `parallel` when its work is communication (Parts 3-5): at one rank it needs none, so a
+one-rank check shows its math and nothing of its parallel work (grader.worth says what such a
+check is worth). Each part names the sizes it splits (`splits`): the rubric refuses a check that
+runs the part where one does not divide (grader.feasible).
 """
 
 from dataclasses import dataclass
@@ -17,24 +22,31 @@ class Part:
     scopes: tuple      # top-level names of the reference whose solutions make up the part
     kinds: tuple = ("step",)   # the kinds of rubric check that run it (grader.rubric.KINDS)
     optional: bool = False     # run and shown only where the course's rubric gives it points
-    splits: tuple = ()         # (size, by) of a check this part divides: each must divide by the other
+    splits: tuple = ()         # (size, by, what) of a check this part divides: size must divide by `by`
+    parallel: bool = False     # its work is communication: a one-rank check needs none of it
+    layer: str = ""            # the class a backward check runs alone (kinds with "backward")
 
 
 PARTS = (
     Part("baseline", "Part 1: single-device baseline", "Baseline", "single_step", ("single_step",)),
     Part("grad_accumulation", "Part 2: gradient accumulation", "GradAccumulation",
-         "single_step_with_grad_accumulation", ("single_step_with_grad_accumulation",)),
+         "single_step_with_grad_accumulation", ("single_step_with_grad_accumulation",),
+         splits=(("global_batch_size", "accumulation_steps", "the batch into micro-batches"),)),
     Part("data_parallel", "Part 3: data parallel", "DataParallel", "data_parallel_single_step",
-         ("data_parallel_single_step",)),
+         ("data_parallel_single_step",), splits=(("global_batch_size", "world_size", "the batch over the ranks"),),
+         parallel=True),
     Part("tensor_parallel", "Part 4: full column-parallel tensor parallel", "FullColumnParallel",
          "full_column_parallel_single_step", ("FullColumnParallelLinear", "full_column_parallel_single_step"),
-         kinds=("step", "backward")),
+         kinds=("step", "backward"), splits=(("output_dim", "world_size", "W's columns over the ranks"),),
+         parallel=True, layer="FullColumnParallelLinear"),
     Part("megatron_mlp", "Part 5 (optional): Megatron's MLP block", "MegatronMLP", "megatron_mlp_single_step",
          ("ReduceParallel", "ColumnParallelLinear", "RowParallelLinear", "MegatronMLP",
           "megatron_mlp_single_step"), kinds=("step", "backward"), optional=True,
-         splits=(("hidden_dim", "world_size"),)),
+         splits=(("hidden_dim", "world_size", "the hidden width over the ranks"),), parallel=True,
+         layer="MegatronMLP"),
 )
 PART_IDS = tuple(p.id for p in PARTS)
 CORE_PART_IDS = tuple(p.id for p in PARTS if not p.optional)   # every course's parts
 OPTIONAL_PART_IDS = tuple(p.id for p in PARTS if p.optional)
+PARALLEL_PART_IDS = tuple(p.id for p in PARTS if p.parallel)   # whose work is communication
 BY_ID = {p.id: p for p in PARTS}

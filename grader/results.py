@@ -54,6 +54,8 @@ class CheckOutcome(ToDict):
     traceback: str = ""                # head of the traceback (public checks only)
     flaky: bool = False                # a failure that passed when run again
     weight_digest: str = ""            # failed on a wrong weight: compare.weight_digest (grader.integrity)
+    points: float = None               # of the part's re-run points, earned here (grader.worth)
+    max_points: float = None           # ... and possible here
 
 
 @dataclass

@@ -19,9 +19,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader import kit, typed
+from grader import feasible, kit, typed
 from grader.limits import PART_SECONDS, WORLD_START_SECONDS, Limits
 from grader.parts import BY_ID, CORE_PART_IDS, PART_IDS, PARTS
+from grader.worth import HiddenGroup, hidden_summary
 
 DEFAULT_RUBRIC = kit.RUBRIC
 PUBLIC_RUBRIC = kit.PUBLIC_RUBRIC
@@ -143,6 +144,11 @@ class Rubric:
     public_world_sizes: list = field(default_factory=lambda: [4, 1, 2])  # grading and the students'
                                  # check run each public check at its own world size, then at these
                                  # (one node), its weight shared by them (at_public_world_sizes)
+    one_rank_needs_parallel: bool = True  # a parallel part's one-rank checks earn points only once it
+                                 # passed a check of the same kind on more ranks (grader.worth)
+    score_decimals: int = 2      # every score is rounded to this many decimals, once (grader.worth)
+    hidden_summary: list[HiddenGroup] = field(default_factory=list)  # the public rubric's account of
+                                 # the hidden checks it leaves out (grader.worth.hidden_summary)
 
     @property
     def default_check(self) -> Check:
@@ -195,9 +201,14 @@ def rubric_from_dict(data: dict, source: str = "rubric") -> Rubric:
         if not isinstance(checks_data, list) or not checks_data:
             raise RubricError(f"{source}.checks: expected a non-empty list of checks")
         rubric.checks = [_build(Check, c, f"{source}.checks[{i}]") for i, c in enumerate(checks_data)]
-    _validate(rubric, source)
-    rubric.checks = at_public_world_sizes(rubric.checks, rubric.public_world_sizes)
-    _validate(rubric, f"{source} (its public checks at public_world_sizes)")
+    for derived in (None, {c.name: o.name for o in rubric.checks if not o.hidden
+                           for c in at_public_world_sizes([o], rubric.public_world_sizes)[1:]}):
+        if derived is not None:
+            rubric.checks = at_public_world_sizes(rubric.checks, rubric.public_world_sizes)
+        _validate(rubric, source if derived is None else f"{source} (its public checks at public_world_sizes)")
+        said = feasible.problem(rubric, source, derived)   # what the kit cannot run
+        if said:
+            raise RubricError(said)
     return rubric
 
 
@@ -223,18 +234,12 @@ def at_public_world_sizes(checks: list, sizes: list) -> list:
 def _validate(rubric: Rubric, source: str) -> None:
     names = [c.name for c in rubric.checks]
     for i, check in enumerate(rubric.checks):
-        where = f"{source}.checks[{i}] ({check.name})"
+        where = feasible.where(source, i, check)
         if names.count(check.name) > 1:
             raise RubricError(f"{where}: the check name '{check.name}' is used twice; names must be unique")
         for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps", "hidden_dim"):
             if getattr(check, key) < 1:
                 raise RubricError(f"{where}.{key}: must be at least 1")
-        splits = (("global_batch_size", "world_size"), ("output_dim", "world_size"),
-                  ("global_batch_size", "accumulation_steps"), *(s for p in rubric.parts for s in BY_ID[p].splits))
-        for total, parts in splits:
-            if getattr(check, total) % getattr(check, parts):
-                raise RubricError(f"{where}: {total} ({getattr(check, total)}) is not divisible by "
-                                  f"{parts} ({getattr(check, parts)})")
         if check.weight <= 0:
             raise RubricError(f"{where}.weight: must be positive")
         if check.nodes < 1 or check.world_size % check.nodes:
@@ -246,6 +251,8 @@ def _validate(rubric: Rubric, source: str) -> None:
     if not isinstance(sizes, list) or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
         raise RubricError(f"{source}.public_world_sizes: expected a list of world sizes (whole numbers, at "
                           f"least 1), got {sizes!r}")
+    if not 0 <= rubric.score_decimals <= 6:
+        raise RubricError(f"{source}.score_decimals: {rubric.score_decimals} is not a number of decimals from 0 to 6")
     if rubric.log_min_world_size < 1 or rubric.log_min_nodes < 1:
         raise RubricError(f"{source}.log_min_world_size, log_min_nodes: must be at least 1")
     if not any(not c.hidden and c.kind == "step" for c in rubric.checks):
@@ -296,7 +303,9 @@ def public_rubric(rubric: Rubric) -> Rubric:
     the graders' Gradescope limits. Its public checks are those grading runs: already at every public
     world size (at_public_world_sizes, when the rubric was read), so its public_world_sizes is empty."""
     checks = [c for c in rubric.checks if not c.hidden]
-    return dataclasses.replace(rubric, checks=checks, gradescope=Gradescope(), public_world_sizes=[])
+    summary = hidden_summary(rubric) if len(checks) < len(rubric.checks) else rubric.hidden_summary
+    return dataclasses.replace(rubric, checks=checks, gradescope=Gradescope(), public_world_sizes=[],
+                               hidden_summary=summary)
 
 
 def load_public_rubric(path=None) -> Rubric:

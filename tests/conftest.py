@@ -26,7 +26,7 @@ from tests.corpus import REFERENCE, ROOT
 
 # Rubric.digest() of the stock course's grader/rubric.yaml (comments and layout do not count). A
 # deliberate change of the stock course changes it here too, and the stock_rubric tests with it.
-STOCK_RUBRIC = "5620d5e1a4721c70a8fd8a8c104ee426ee3d9e17b0130e8708e2af2cb3ce4776"
+STOCK_RUBRIC = "fc522350788acbfee7a8f34ec2d55f15811b4152396fb8906144eaca4d27aac4"
 NOT_STOCK = ("grader/rubric.yaml is not the stock course's rubric: this test checks the stock course's "
              "own checks and numbers")
 

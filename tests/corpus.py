@@ -6,8 +6,10 @@ status and words of the diagnosis that part must get at the default check. `buil
 a hand-in zip: the code, the provided utils.py, and a .log/.err pair.
 """
 
+import copy
 import hashlib
 import io
+import math
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ import yaml
 
 from grader.parts import BY_ID
 from grader.instructor.skeleton import make_skeleton
-from grader.rubric import load_rubric
+from grader.rubric import Check, Rubric, load_rubric
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "assignment_4" / "reference" / "assignment4.py"
@@ -32,6 +34,24 @@ FULL = sum(p.log + p.rerun for p in load_rubric().parts.values())
 FULL_CSV = f"{FULL:g}"
 # Short timeouts, so that a hand-in that hangs costs seconds, not minutes.
 FAST = {"timeouts": {"part": 3, "process_group": 2, "world_start": 30, "handin": 300}}
+
+
+PART5 = {"megatron_mlp": {"log": 2, "rerun": 8, "bonus": True}}   # Part 5 turned on, as a bonus
+
+
+def with_part5(data: dict) -> dict:
+    """A copy of rubric `data` (as YAML reads it) with Part 5 turned on as a bonus, and each check
+    whose world sizes do not divide its hidden width given one they divide, as the rubric's refusal
+    says to do: a course without Part 5 may have such a check (a world of 3 ranks)."""
+    data = copy.deepcopy(data)
+    data["parts"] = {**(data.get("parts") or {}), **PART5}
+    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
+    for check in data.get("checks") or []:
+        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
+        width, step = check.get("hidden_dim", Check().hidden_dim), math.lcm(*sizes)
+        if width % step:
+            check["hidden_dim"] = step * max(1, round(width / step))
+    return data
 
 
 def fast_rubric(tmp: Path, source: Path = ROOT / "grader" / "rubric.yaml", **changes) -> Path:
@@ -56,6 +76,8 @@ class Mutant:
                                # log, which the public check corroborates, still counts)
     log_counts: bool = False  # fails a public check, but not the first (the log's own configuration,
                               # which corroborates the log): its log still counts
+    also: tuple = ()          # other parts its change breaks too, where the rubric grades them (code
+                              # they share: Part 5's f is Part 4's BroadcastParallel)
 
 
 MUTANTS = {
@@ -131,12 +153,13 @@ MUTANTS = {
         ("    weight_shards = [torch.empty_like(local_updated_weight) for _ in range(world_size)]\n",
          "    weight_shards = [torch.empty_like(local_updated_weight)] * world_size\n")],
         diagnosis="every block of columns is the same shard, the last rank's"),
-    # Part 4's layer: f left out, f's backward broken, the gather's backward broken.
+    # Part 4's layer: f left out, f's backward broken, the gather's backward broken. The public
+    # backward check (the layer alone at the default sizes) catches them; the step passes, so the log counts.
     "tp_no_f": Mutant("tensor_parallel", [("        X = BroadcastParallel.apply(X)\n", "        X = X\n")],
-                      diagnosis="gradient of X is only its own columns' share, G_r W_r^T: f (BroadcastParallel", hidden_only=True),
+                      diagnosis="gradient of X is only its own columns' share, G_r W_r^T: f (BroadcastParallel", log_counts=True),
     "tp_f_backward_without_all_reduce": Mutant("tensor_parallel", [
         ("        dist.all_reduce(grad, op=dist.ReduceOp.SUM)\n        return grad\n", "        return grad\n")],
-        diagnosis="only its own columns' share", hidden_only=True),
+        diagnosis="only its own columns' share", log_counts=True, also=("megatron_mlp",)),
     "tp_gather_backward_rank0": Mutant("tensor_parallel", [
         ("        return grad_slices[dist.get_rank()].contiguous()\n", "        return grad_slices[0].contiguous()\n")],
         diagnosis="every rank's shard took the step of rank 0's columns: the gather's backward"),
@@ -172,7 +195,7 @@ MUTANTS = {
         ("        out = ReduceFromModelParallelRegion.apply(partial)\n", "        out = partial\n")],
         diagnosis="each rank used its own partial sum GeLU(X W1_r) W2_r as the block's output: g"),
     "mlp_no_f": Mutant("megatron_mlp", [("        X = CopyToModelParallelRegion.apply(X)\n", "        X = X\n")],
-                       diagnosis="each rank's gradient of X is only its own columns' share: f", hidden_only=True),
+                       diagnosis="each rank's gradient of X is only its own columns' share: f", log_counts=True),
     "mlp_w2_cat_columns": Mutant("megatron_mlp", [
         ("    updated_w2 = torch.cat(w2_shards, dim=0)\n", "    updated_w2 = torch.cat(w2_shards, dim=1)\n"),
         ("    check(updated_w2, (hidden_dim, input_dim))\n", "")],   # the shape guard would say it first
@@ -186,6 +209,20 @@ MUTANTS = {
         ('        partial = torch.einsum("bi,ij->bj", H_local, self.W).contiguous()\n',
          '        partial = nn.functional.gelu(torch.einsum("bi,ij->bj", H_local, self.W)).contiguous()\n')],
         diagnosis="GeLU is applied to each rank's partial sum"),
+    # Part 5's step forged: taken whole, by the single-device MLP, on every rank or on rank 0 and
+    # broadcast. Its block (the backward checks) is the reference's: that work is real.
+    "mlp_whole_on_every_rank": Mutant("megatron_mlp", [
+        ('    local_hidden_dim = divide(hidden_dim, world_size, "hidden_dim", "world_size")\n\n    w1, w2 = init_mlp_weights(seed)\n',
+         '    local_hidden_dim = divide(hidden_dim, world_size, "hidden_dim", "world_size")\n'
+         '    return mlp_single_step(seed=seed, device=device)\n    w1, w2 = init_mlp_weights(seed)\n')],
+        diagnosis="the weights are the single-device MLP's step on its own full W1 and W2, taken whole on one rank"),
+    "mlp_whole_on_rank0_broadcast": Mutant("megatron_mlp", [
+        ('    local_hidden_dim = divide(hidden_dim, world_size, "hidden_dim", "world_size")\n\n    w1, w2 = init_mlp_weights(seed)\n',
+         '    local_hidden_dim = divide(hidden_dim, world_size, "hidden_dim", "world_size")\n'
+         '    whole = [w.contiguous() for w in mlp_single_step(seed=seed, device=device)]\n'
+         '    for w in whole:\n        dist.broadcast(w, src=0)\n    return tuple(whole)\n'
+         '    w1, w2 = init_mlp_weights(seed)\n')],
+        diagnosis="the weights are the single-device MLP's step on"),
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }

@@ -224,17 +224,21 @@ def test_not_implemented_names_the_todo_that_is_left(exp):
 @pytest.mark.stock_rubric
 def test_the_default_rubric_is_valid_and_adds_up_to_100():
     rubric = load_rubric()
-    assert [(c.name, c.world_size) for c in public_rubric(rubric).checks] == [
-        ("default", 4), ("default-1-rank", 1), ("default-2-ranks", 2)]
+    assert [(c.name, c.world_size, c.kind) for c in public_rubric(rubric).checks] == [
+        ("default", 4, "step"), ("default-1-rank", 1, "step"), ("default-2-ranks", 2, "step"),
+        ("default-backward", 4, "backward"), ("default-backward-1-rank", 1, "backward"),
+        ("default-backward-2-ranks", 2, "backward")]
     assert rubric.max_score == 100
     assert [(c.world_size, c.nodes, c.kind) for c in rubric.checks] == [
         (4, 1, "step"), (1, 1, "step"), (2, 1, "step"),                       # the public check at 4, 1, 2 ranks
+        (4, 1, "backward"), (1, 1, "backward"), (2, 1, "backward"),           # the layer alone, at the same
         (1, 1, "step"), (2, 1, "step"), (4, 1, "step"), (4, 4, "step"), (2, 1, "backward"), (4, 1, "backward")]
-    assert not any(c.hidden for c in rubric.checks[:3]) and all(c.hidden for c in rubric.checks[3:])
+    assert not any(c.hidden for c in rubric.checks[:6]) and all(c.hidden for c in rubric.checks[6:])
     assert sum(c.weight for c in rubric.checks[:3]) == pytest.approx(1.0)   # together, the one public check's weight
     tp = sum(c.weight for c in rubric.checks)
-    assert 28 * sum(c.weight for c in rubric.checks if c.kind == "backward") / tp == 14   # the backward's share
+    assert 28 * sum(c.weight for c in rubric.checks if c.kind == "backward") / tp == pytest.approx(14)   # the backward's share
     assert (rubric.log_min_world_size, rubric.log_min_nodes, rubric.log_slurm_job) == (4, 1, False)
+    assert rubric.one_rank_needs_parallel and rubric.score_decimals == 2
 
 
 def test_the_public_rubric_is_the_graders_public_checks_at_the_public_world_sizes():
@@ -257,9 +261,57 @@ def test_the_public_rubric_is_the_graders_public_checks_at_the_public_world_size
 
 def test_a_public_world_size_a_public_check_cannot_run_at_is_refused_naming_check_and_size():
     # Grading runs the public checks at every public world size too, so the rubric itself is refused.
-    with pytest.raises(RubricError, match=r"\(default-4-ranks\): output_dim \(30\) is not divisible by world_size \(4\)"):
+    with pytest.raises(RubricError) as info:
         rubric_from_dict({"checks": [{"name": "default", "world_size": 2, "output_dim": 30}],
                           "public_world_sizes": [2, 1, 4]}, "r.yaml")
+    assert str(info.value).startswith("r.yaml.public_world_sizes: 4 runs the public check 'default' at 4 ranks "
+                                      "(as 'default-4-ranks'), where Part 4: full column-parallel tensor parallel "
+                                      "splits W's columns over the ranks, but output_dim (30) is not divisible by "
+                                      "world_size (4)")
+    assert str(info.value).endswith("or leave 4 out of public_world_sizes")
+
+
+@pytest.mark.parametrize("change,words", [
+    # Each size a part splits, at a check that runs the part, with the part and the numbers named.
+    ({"world_size": 3, "global_batch_size": 96, "output_dim": 16},
+     "(wide): Part 4: full column-parallel tensor parallel splits W's columns over the ranks, but output_dim (16) "
+     "is not divisible by world_size (3): set the check's output_dim to a multiple of 3 (e.g. 15 or 18)"),
+    ({"world_size": 3, "global_batch_size": 100, "output_dim": 15},
+     "(wide): Part 3: data parallel splits the batch over the ranks, but global_batch_size (100) is not divisible "
+     "by world_size (3)"),
+    ({"world_size": 2, "global_batch_size": 100, "accumulation_steps": 3},
+     "(wide): Part 2: gradient accumulation splits the batch into micro-batches, but global_batch_size (100) is "
+     "not divisible by accumulation_steps (3)"),
+])
+def test_a_check_whose_sizes_a_part_cannot_split_is_refused_naming_check_part_and_numbers(change, words):
+    data = yaml.safe_load(DEFAULT_RUBRIC.read_text())
+    data["checks"].append({"name": "wide", "hidden": True, "seed": 3, **change})
+    with pytest.raises(RubricError) as info:
+        rubric_from_dict(data, "r.yaml")
+    assert str(info.value).startswith(f"r.yaml.checks[{len(data['checks']) - 1}] ") and words in str(info.value)
+
+
+def test_a_backward_check_needs_only_what_its_layer_splits():
+    """A backward check runs the layer alone on the whole batch: its batch need not divide."""
+    data = yaml.safe_load(DEFAULT_RUBRIC.read_text())
+    data["checks"].append({"name": "odd-batch", "hidden": True, "kind": "backward", "world_size": 3, "seed": 3,
+                           "global_batch_size": 7, "input_dim": 5, "output_dim": 9, "accumulation_steps": 2,
+                           "hidden_dim": 12})   # what Part 5's block splits, where a course turns it on
+    assert rubric_from_dict(data, "r.yaml").checks[-1].name == "odd-batch"
+
+
+def test_a_parallel_part_no_check_runs_on_more_than_one_rank_is_refused():
+    with pytest.raises(RubricError, match=r"r.yaml.checks: Part 3: data parallel is communication, but every check "
+                                          r"of kind step that runs it has world_size 1"):
+        rubric_from_dict({"checks": [{"name": "solo", "world_size": 1}], "public_world_sizes": [1]}, "r.yaml")
+
+
+def test_a_rubric_that_rounds_to_another_number_of_decimals_rounds_every_score_there():
+    from grader import worth
+    rubric = rubric_from_dict({"score_decimals": 3}, "r.yaml")
+    assert worth.rounded(rubric, 28 / 15) == 1.867 and worth.rounded(rubric_from_dict({}, "r.yaml"), 28 / 15) == 1.87
+    with pytest.raises(RubricError, match="r.yaml.score_decimals: 9 is not a number of decimals from 0 to 6"):
+        rubric_from_dict({"score_decimals": 9}, "r.yaml")
 
 
 @pytest.mark.parametrize("data,message", [

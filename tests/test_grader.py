@@ -36,6 +36,7 @@ LOGS = DATA / "logs"
 # number these tests expect is read from it.
 RUBRIC = load_rubric()
 WEIGHTS = {c.name: c.weight for c in RUBRIC.checks}
+CHECKS = {c.name: c for c in RUBRIC.checks}
 POINTS = {part: (points.log, points.rerun) for part, points in RUBRIC.parts.items()}
 FULL = sum(p.log + p.rerun for p in RUBRIC.parts.values())   # the reference's score: bonus points included
 # The checked-in sample logs are runs of Parts 1-4: with an optional part on, its log points are not in them.
@@ -148,14 +149,62 @@ def test_each_mutant_fails_the_part_it_targets_with_its_diagnosis(graded, name):
             reproduced = public[0]["status"] == "passed"
             assert reproduced == (mutant.hidden_only or mutant.log_counts)
             assert part["log_points"] == (POINTS[part_id][0] if reproduced else 0)
-            passed = sum(WEIGHTS[o["check"]] for o in part["checks"] if o["status"] == "passed")
-            share = passed / sum(WEIGHTS[o["check"]] for o in part["checks"])   # the weights alone decide
-            assert part["rerun_points"] == pytest.approx(POINTS[part_id][1] * share, abs=1e-4)   # stored to 4 places
+            assert part["rerun_points"] == expected_rerun_points(part_id, part)
             assert ("log_not_reproduced" in r["flags"]) != reproduced
+        elif part_id in mutant.also:   # the code it broke is this part's too
+            assert part["status"] == mutant.status, (part_id, part["message"])
         else:
             assert part["status"] == mutant.others, (part_id, part["message"])
             if mutant.others == "passed":
                 assert part["score"] == sum(POINTS[part_id])
+
+
+def expected_rerun_points(part_id: str, part: dict) -> float:
+    """A part's re-run points from the weights of the checks it passed, rounded as the rubric says:
+    a parallel part's one-rank checks count only where it passed a check of their kind on more ranks."""
+    passed = {o["check"] for o in part["checks"] if o["status"] == "passed"}
+    if BY_ID[part_id].parallel and RUBRIC.one_rank_needs_parallel:
+        proven = {CHECKS[n].kind for n in passed if CHECKS[n].world_size > 1}
+        passed = {n for n in passed if CHECKS[n].world_size > 1 or CHECKS[n].kind in proven}
+    share = sum(WEIGHTS[n] for n in passed) / sum(WEIGHTS[o["check"]] for o in part["checks"])
+    return round(POINTS[part_id][1] * share, RUBRIC.score_decimals)
+
+
+def test_a_data_parallel_step_without_its_all_reduce_earns_nothing_at_the_one_rank_checks_it_passes(graded):
+    """One rank needs no collective: the checks it passes there show none of Part 3's work."""
+    part = graded[1]["dp_no_allreduce"]["parts"]["data_parallel"]
+    one_rank = [o for o in part["checks"] if o["world_size"] == 1]
+    assert one_rank and all(o["status"] == "passed" and o["points"] == 0 < o["max_points"] for o in one_rank)
+    assert all(o["status"] != "passed" for o in part["checks"] if o["world_size"] > 1)
+    assert part["rerun_points"] == 0 and part["score"] == 0, part["message"]
+    assert "what it passed at one rank earns nothing until it passes a check of more ranks" in part["message"]
+    # A parallel part that passed a check of more ranks keeps its one-rank checks of that kind, where
+    # it fails elsewhere (tp_no_f's step, say): code must also be right at world size 1.
+    kept = []
+    for r in graded[1].values():
+        for part_id, part in r["parts"].items():
+            many = {CHECKS[o["check"]].kind for o in part["checks"] if o["status"] == "passed" and o["world_size"] > 1}
+            kept += [o for o in part["checks"] if BY_ID[part_id].parallel and part["status"] != "passed"
+                     and o["status"] == "passed" and o["world_size"] == 1 and CHECKS[o["check"]].kind in many]
+    assert kept and all(o["points"] == o["max_points"] > 0 for o in kept)
+
+
+def test_every_score_is_rounded_once_and_the_same_number_reaches_every_file(graded):
+    out, results, _, _, _ = graded
+    rows = {row["student"]: row for row in csv.DictReader((out / "grades.csv").open())}
+    decimals = RUBRIC.score_decimals
+    for student, r in results.items():
+        if r["score"] is None:
+            continue
+        assert r["score"] == round(r["score"], decimals), (student, r["score"])
+        for part_id, part in r["parts"].items():
+            assert part["score"] == round(part["score"], decimals) and \
+                part["rerun_points"] == round(part["rerun_points"], decimals), (student, part_id, part["score"])
+            assert float(rows[student][part_id]) == part["score"]
+        assert float(rows[student]["score"]) == r["score"]
+        gradescope = json.loads((out / "students" / student / "results.json").read_text())
+        assert gradescope["score"] == r["score"]
+        assert f"{r['score']:g}" in (out / "students" / student / "feedback.md").read_text()
 
 
 def test_a_part_left_todo_costs_only_that_part_and_names_the_todo(graded):
@@ -187,8 +236,9 @@ def test_of_two_runs_the_complete_one_of_this_code_counts(graded):
 def test_a_backward_check_and_a_four_node_check_run_part_4(graded):
     r = graded[1]["reference"]
     checks = {o["check"]: o for o in r["parts"]["tensor_parallel"]["checks"]}
-    assert list(checks) == ["default", "default-1-rank", "default-2-ranks", "single-rank", "two-ranks", "odd-sizes",
-                            "four-nodes", "layer-backward-2", "layer-backward-4"]
+    assert list(checks) == ["default", "default-1-rank", "default-2-ranks", "default-backward",
+                            "default-backward-1-rank", "default-backward-2-ranks", "single-rank", "two-ranks",
+                            "odd-sizes", "four-nodes", "layer-backward-2", "layer-backward-4"]
     assert len(r["parts"]["baseline"]["checks"]) == 7   # the backward checks run Part 4 only
     assert checks["layer-backward-4"]["collectives"]["all_reduce"] == 4   # f's backward, on every rank
     text = (graded[0] / "students" / "tp_no_f" / "feedback.md").read_text()
@@ -230,14 +280,18 @@ def test_a_handin_written_to_the_handout_word_for_word_runs_on_cpu_and_its_f_bac
                                "tensor_parallel": "crashed", **{p: "crashed" for p in optional}}, r["parts"]
     failing = [o for o in r["parts"]["tensor_parallel"]["checks"] if o["status"] != "passed"]
     backward = [c for c in RUBRIC.checks if c.kind == "backward"]
-    assert [o["check"] for o in failing] == [c.name for c in backward] != []
+    # At one rank f needs no all-reduce: its backward returns before the line that raises.
+    assert [o["check"] for o in failing] == [c.name for c in backward if c.world_size > 1] != []
     # A hidden check says the exception's type and the hand-in's own line, never the message.
-    assert failing[0]["message"].startswith("crashed: NameError at assignment4.py:")
-    assert "in backward" in failing[0]["message"] and "ReduceOp" not in failing[0]["message"]
+    hidden = next(o for o in failing if o["hidden"])
+    assert hidden["message"].startswith("crashed: NameError at assignment4.py:")
+    assert "in backward" in hidden["message"] and "ReduceOp" not in hidden["message"]
     tp = [c for c in RUBRIC.checks if "tensor_parallel" in c.parts()]
+    # Every backward check's share is lost: the one-rank one too, since no backward check of more ranks passed.
     lost = POINTS["tensor_parallel"][1] * sum(c.weight for c in backward) / sum(c.weight for c in tp)
     lost += sum(sum(POINTS[p]) for p in optional)
-    assert r["score"] == pytest.approx(FULL - lost), (r["message"], r["notes"])   # the backward checks' share
+    # Each part is rounded to score_decimals, then summed: within a last decimal of the exact difference.
+    assert r["score"] == pytest.approx(FULL - lost, abs=10 ** -RUBRIC.score_decimals), (r["message"], r["notes"])
     assert "modified_utils" in r["flags"]
 
 

@@ -11,10 +11,10 @@ import yaml
 from grader.batch.run import grade_batch
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
 from grader.verdict import megatron
-from tests.corpus import MUTANTS, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint, skeleton, write_zip
+from tests.corpus import (MUTANTS, PART5, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint, skeleton,
+                          with_part5, write_zip)
 from tests.worlds import load_module, run_world
 
-PART5 = {"megatron_mlp": {"log": 2, "rerun": 8, "bonus": True}}
 MLP_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.part == "megatron_mlp")
 
 
@@ -30,16 +30,33 @@ def test_a_rubric_turns_part_5_on_as_a_bonus_and_off_with_null():
     data["parts"].pop("megatron_mlp", None)
     off = rubric_from_dict(data)
     assert "megatron_mlp" not in off.part_ids and all("megatron_mlp" not in off.parts_at(c) for c in off.checks)
-    data["parts"].update(PART5)
+    data = with_part5(data)   # the hidden widths a course's world sizes need, if any
     on = rubric_from_dict(data)
     assert on.part_ids[-1] == "megatron_mlp" and on.max_score == off.max_score   # a bonus: on top
-    assert all("megatron_mlp" in on.parts_at(c) for c in on.checks) and on.digest() != off.digest()
+    assert all("megatron_mlp" in on.parts_at(c) for c in on.checks)
     data["parts"]["megatron_mlp"] = None   # an overlay's way of turning it off
-    assert rubric_from_dict(data).digest() == off.digest()
+    assert rubric_from_dict(data).digest() == off.digest() != on.digest()
     data["parts"].update(PART5)
     data["checks"][0]["hidden_dim"] = 130
     with pytest.raises(RubricError, match="hidden_dim \\(130\\) is not divisible by world_size"):
         rubric_from_dict(data)
+
+
+def test_a_check_part_5_cannot_split_is_refused_once_part_5_is_on_naming_check_and_numbers():
+    """A course adds a hidden check of 3 ranks: fine without Part 5 (128 need not divide by 3),
+    refused with it, naming the check, the width and what would divide."""
+    data = {"checks": [{"name": "default"}, {"name": "three-ranks", "hidden": True, "world_size": 3, "seed": 8,
+                                             "global_batch_size": 96, "input_dim": 10, "output_dim": 15,
+                                             "accumulation_steps": 3}], "public_world_sizes": [4, 1, 2]}
+    assert rubric_from_dict(data, "r.yaml").checks[-1].world_size == 3
+    data["parts"] = dict(PART5)
+    with pytest.raises(RubricError) as info:
+        rubric_from_dict(data, "r.yaml")
+    assert str(info.value) == (
+        "r.yaml.checks[1] (three-ranks): Part 5 (optional): Megatron's MLP block splits the hidden width over the "
+        "ranks, but hidden_dim (128) is not divisible by world_size (3): set the check's hidden_dim to a multiple "
+        "of 3 (e.g. 126 or 129), or leave the part off")
+    assert rubric_from_dict(with_part5(data), "r.yaml").checks[-1].hidden_dim == 129
 
 
 def _reference_step(rank, world_size, config):
@@ -85,7 +102,7 @@ def graded_on(reference_run, tmp_path_factory):
     """A batch graded with Part 5 on: {student: grading.json} and the rubric."""
     tmp = tmp_path_factory.mktemp("part5")
     data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
-    rubric_path = fast_rubric(tmp, parts={**data["parts"], **PART5})
+    rubric_path = fast_rubric(tmp, **{k: v for k, v in with_part5(data).items() if k in ("parts", "checks")})
     log, err = reference_run
     inbox = tmp / "inbox"
     inbox.mkdir()
@@ -128,3 +145,24 @@ def test_each_part_5_mistake_fails_part_5_with_its_diagnosis_and_costs_nothing_e
         if other != "megatron_mlp":
             assert p["status"] == "passed" and p["score"] == rubric.parts[other].log + rubric.parts[other].rerun, \
                 (other, p["message"])
+
+
+@pytest.mark.parametrize("name", ["mlp_whole_on_every_rank", "mlp_whole_on_rank0_broadcast"])
+def test_a_part_5_step_taken_whole_on_one_rank_earns_nothing_of_the_step(graded_on, name):
+    """Each rank's seed draws weights real in its own shards only: the single-device step on any one
+    rank's full copy (recomputed on every rank, or on rank 0 and broadcast) fails every step check of
+    more ranks, and the one-rank step checks it passes earn nothing. Its block is the reference's:
+    the backward checks pass and keep their share."""
+    results, rubric, _ = graded_on
+    checks = {c.name: c for c in rubric.checks}
+    part = results[name]["parts"]["megatron_mlp"]
+    for o in part["checks"]:
+        check = checks[o["check"]]
+        if check.kind == "backward":
+            assert o["status"] == "passed" and o["points"] == o["max_points"] > 0, o["message"]
+        elif check.world_size > 1:
+            assert o["status"] == "failed" and "the single-device MLP's step on" in o["message"], o["message"]
+        else:
+            assert o["status"] == "passed" and o["points"] == 0, o
+    backward = sum(o["max_points"] for o in part["checks"] if checks[o["check"]].kind == "backward")
+    assert part["rerun_points"] == round(backward, rubric.score_decimals) < rubric.parts["megatron_mlp"].rerun

@@ -23,7 +23,7 @@ from grader.instructor.release import ReleaseError, build_release, find_leaks
 from grader.instructor.skeleton import make_skeleton
 from grader.parts import OPTIONAL_PART_IDS
 from grader.rubric import load_rubric, public_rubric, rubric_from_dict
-from tests.corpus import FULL_CSV, REFERENCE, ROOT, fast_rubric
+from tests.corpus import FULL_CSV, REFERENCE, ROOT, fast_rubric, with_part5
 
 SKELETON = ROOT / "assignment_4" / "assignment4.py"
 SHIPPED_THIRD_PARTY = {"torch", "yaml", "numpy"}
@@ -391,8 +391,7 @@ def _part5_solution(reference: str) -> set:
 def test_a_course_with_part_5_ships_it_and_check_grades_it(tmp_path, reference_run_files):
     copy = kit_copy_of(tmp_path)
     rubric = copy / "grader" / "rubric.yaml"
-    data = yaml.safe_load(rubric.read_text())
-    data["parts"]["megatron_mlp"] = {"log": 2, "rerun": 8, "bonus": True}
+    data = with_part5(yaml.safe_load(rubric.read_text()))
     rubric.write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp_path / "release"
     build_release(out, root=copy)
@@ -403,7 +402,8 @@ def test_a_course_with_part_5_ships_it_and_check_grades_it(tmp_path, reference_r
     assert not any("BEGIN PART" in text or "END PART" in text for text in files.values())
     public = yaml.safe_load(files["grader/rubric-public.yaml"])
     assert public["parts"]["megatron_mlp"] == {"log": 2.0, "rerun": 8.0, "bonus": True}
-    assert all(c["hidden_dim"] == 128 for c in public["checks"])
+    widths = {c.get("hidden_dim", 128) for c in data["checks"] if not c.get("hidden")}
+    assert {c["hidden_dim"] for c in public["checks"]} == widths
     # The scan covers Part 5's solution as it covers Parts 1-4's.
     solution = _part5_solution(REFERENCE.read_text())
     assert "out = ReduceFromModelParallelRegion.apply(partial)" in solution and len(solution) >= 6

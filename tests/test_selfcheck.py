@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 
-from grader import cli
+from grader import cli, worth
+from grader.pipeline.grade import judge_check
+from grader.rerun.check import prepare_code
 from grader.rerun.executors import make_executor
 from grader.parts import BY_ID
 from grader.results import Status
@@ -63,6 +65,8 @@ def test_check_names_the_part_each_mutant_breaks(name, executor, public_rubric, 
             # The log claims a match the re-run at its own configuration (the first public check)
             # does not reproduce, unless the mutant fails only at another public world size.
             assert row.log == (Status.PASSED if mutant.log_counts else Status.FAILED)
+        elif part in mutant.also:   # the code it broke is this part's too
+            assert row.rerun == Status(mutant.status), (part, row.message)
         else:
             assert row.rerun == Status(mutant.others), (part, row.message)
     text = format_report(report)
@@ -70,7 +74,8 @@ def test_check_names_the_part_each_mutant_breaks(name, executor, public_rubric, 
     for part in ([mutant.part] if mutant.part else PART_IDS):
         line = next(line for line in text.splitlines() if line.startswith(BY_ID[part].title))
         assert f" {mutant.status} " in line and mutant.diagnosis in line, line
-        assert f"public checks: {', '.join(p for p in PART_IDS if p == part or not mutant.part)}" in text
+        broken = [p for p in PART_IDS if p == part or p in mutant.also or not mutant.part]
+        assert f"public checks: {', '.join(broken)}" in text
 
 
 @pytest.mark.timeout(120)
@@ -107,15 +112,52 @@ def test_check_takes_the_log_it_is_given_whatever_its_name_and_says_so(executor,
     assert "files:   assignment4.py, utils.py, slurm-5151.out (stdout and stderr)" in format_report(report)
 
 
-@pytest.mark.stock_rubric
 @pytest.mark.timeout(120)
-def test_a_mutant_only_a_hidden_check_catches_passes_every_public_check(executor, public_rubric, reference_run,
-                                                                        tmp_path):
+def test_an_f_left_out_fails_check_at_the_layers_backward(executor, public_rubric, reference_run, tmp_path):
+    """f left out (X = X: identity forward and backward): the step never needs the gradient of X and
+    passes; the public backward check, the layer alone at the default sizes, fails, and says so."""
     log, err = reference_run
     code = mutate("tp_no_f")
     report = check(write_zip(tmp_path / "no_f.zip", Files(code=code, log=refingerprint(log, code), err=err)),
                    rubric_path=public_rubric, executor=executor)
-    assert report.passed, format_report(report)
+    assert not report.passed
+    row = next(r for r in report.rows if r.part == "tensor_parallel")
+    backward = [c.name for c in load_public_rubric(public_rubric).checks if c.kind == "backward" and c.world_size > 1]
+    assert row.rerun == Status.FAILED and backward and row.message.startswith(f"check '{backward[0]}'"), row.message
+    assert MUTANTS["tp_no_f"].diagnosis in row.message
+    text = format_report(report)
+    assert f"FullColumnParallelLinear alone, forward and backward, at {backward[0]} (" in text
+
+
+@pytest.mark.stock_rubric
+@pytest.mark.timeout(300)
+def test_a_mutant_only_a_hidden_check_catches_passes_check_which_names_what_it_still_loses(
+        executor, public_rubric, reference_run, tmp_path):
+    """The shard picked by LOCAL_RANK is right on one node: check passes it, and names what the
+    hidden checks can still take, and where: the step laid out on several nodes, with its points.
+    Graded at every hidden check, it loses exactly that."""
+    log, err = reference_run
+    code = mutate("tp_local_rank")
+    report = check(write_zip(tmp_path / "local.zip", Files(code=code, log=refingerprint(log, code), err=err)),
+                   rubric_path=public_rubric, executor=executor)
+    text = format_report(report)
+    assert report.passed, text
+    rubric = load_rubric(fast_rubric(tmp_path))
+    groups = [g for g in public_rubric_of(rubric).hidden_summary if g.part == "tensor_parallel"]
+    nodes = [g for g in groups if worth.NODES in g.what]
+    assert nodes and [g.points for g in report.hidden if worth.NODES in g.what and g.part == "tensor_parallel"] == \
+        [g.points for g in nodes]
+    said = f"the step, {', '.join(nodes[0].what)} ({nodes[0].checks} check"
+    line = next(line for line in text[text.index("  Part 4: "):].splitlines() if said in line)
+    assert line.split()[0] == f"{round(nodes[0].points, rubric.score_decimals):g}", line
+    (tmp_path / "assignment4.py").write_text(code)
+    files, lost = prepare_code(tmp_path / "assignment4.py"), 0.0
+    for check_ in (c for c in rubric.checks if c.hidden and "tensor_parallel" in rubric.parts_at(c)):
+        outcome = judge_check(executor, files, check_, rubric, tmp_path, ["tensor_parallel"])["tensor_parallel"]
+        if outcome.status != Status.PASSED:
+            assert check_.nodes > 1, (check_.name, outcome.message)   # only where check said it can still fail
+            lost += worth.share(rubric, "tensor_parallel", check_)
+    assert lost == pytest.approx(sum(g.points for g in nodes)) and lost > 0
 
 
 def test_check_of_nothing_says_what_to_give(tmp_path, monkeypatch, capsys):

@@ -68,7 +68,8 @@ PUBLIC_HEADER = """\
 # The public checks of Assignment 4: what `python -m grader check` and `python -m grader package`
 # run on your hand-in, with the points, tolerance and log requirements your hand-in is graded with.
 # When your hand-in is graded, hidden checks also run your code at other seeds, sizes and world
-# sizes, so passing every check here does not promise full marks.
+# sizes, so passing every check here does not promise full marks: hidden_summary says, part by
+# part, what kinds of hidden check can still fail it and the re-run points they hold.
 # (Written from the graders' rubric by `python -m grader release`; do not edit. Its checks are
 # already at every public world size, so public_world_sizes is empty.)
 """

@@ -56,13 +56,11 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     passed = passed or {}
 
     def verdict(p, run):
-        # The reference is computed from the data this very run was served (every world draws its own);
-        # Part 5's step runs on the handout's seeded data, its block alone on data of its own.
-        if p == "megatron_mlp" and check.kind == "backward":
-            exp = megatron.served(check, rubric.learning_rate, run.data) if run.status == Status.PASSED else None
-            judge = megatron.judge_backward
-        elif p == "megatron_mlp":
-            exp, judge = megatron.seeded(check, rubric.learning_rate), megatron.judge_step
+        # The reference is computed from the data this very run was served (every world draws its own).
+        if p == "megatron_mlp":
+            made = megatron.served if check.kind == "backward" else megatron.stepped
+            exp = made(check, rubric.learning_rate, run.data) if run.status == Status.PASSED else None
+            judge = megatron.judge_backward if check.kind == "backward" else megatron.judge_step
         else:
             exp = None
             if run.status == Status.PASSED:

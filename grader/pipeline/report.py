@@ -46,7 +46,10 @@ def _neutral(text: str, names: dict) -> str:
 
 
 def _check_points(part: dict, weights: dict) -> dict:
-    """Check name -> (points earned, points possible) of the part's re-run points."""
+    """Check name -> (points earned, points possible) of the part's re-run points: as scored
+    (grader.worth), or, in a result scored before checks carried them, from the weights."""
+    if part["checks"] and all(o.get("points") is not None for o in part["checks"]):
+        return {o["check"]: (o["points"], o["max_points"]) for o in part["checks"]}
     total = sum(weights.get(o["check"], 1.0) for o in part["checks"]) or 1.0
     share = {o["check"]: part["rerun_max"] * weights.get(o["check"], 1.0) / total for o in part["checks"]}
     earned = part["rerun_points"] > 0    # a part that skipped its collective earns no re-run point anywhere

@@ -33,6 +33,14 @@ What a rank of p sees, per part (B x I inputs X, B x O targets Y; W0 the initial
     backward check                the real X; the layer is handed a W0 whose own columns are real
                                   and whose other columns are its own noise: the gathered output and
                                   the all-reduced gradient of X are right only if the ranks communicate
+    megatron_mlp (the step)       the real X and Y [B, d], and a seed of its own as the part's `seed`:
+                                  init_mlp_weights(seed) draws a full W1 [d, h], W2 [h, d] whose
+                                  rank-r shards (W1's columns, W2's rows [r*h/p, (r+1)*h/p)) are the
+                                  real ones, the rest another draw (SHARDS). The block's output needs
+                                  every rank's real shards (g), the full weights every rank's update
+                                  (the gather): the step taken whole on one rank, from its own full
+                                  W1 and W2, is wrong. (Megatron-LM seeds each tensor-parallel rank
+                                  apart too.) Its backward check's block: `block`, below.
 
 Each part has seeds of its own (at each check), so nothing one part saw helps in another. The
 initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as the handout writes it.
@@ -50,14 +58,15 @@ import torch
 
 from grader.rerun.protocol import PartSecret
 
-ROWS, COLUMNS, WEIGHT, WHOLE = "rows", "columns", "weight", "whole"
+ROWS, COLUMNS, WEIGHT, SHARDS, WHOLE = "rows", "columns", "weight", "shards", "whole"
 
 
 def layout(part: str, backward: bool) -> str:
-    """How a part's data is split over the ranks: ROWS, COLUMNS (of Y), WEIGHT (columns of W0), WHOLE."""
+    """How a part's data is split over the ranks: ROWS, COLUMNS (of Y), WEIGHT (columns of W0),
+    SHARDS (a seed per rank for Part 5's weights), WHOLE."""
     if backward:
         return WEIGHT
-    return {"data_parallel": ROWS, "tensor_parallel": COLUMNS}.get(part, WHOLE)
+    return {"data_parallel": ROWS, "tensor_parallel": COLUMNS, "megatron_mlp": SHARDS}.get(part, WHOLE)
 
 
 def _seed() -> int:
@@ -156,6 +165,27 @@ def block(secret: PartSecret, batch: int, d: int, h: int, rank=None) -> tuple:
     return _randn(secret.seed, batch, d), w1 / d ** 0.5, w2 / h ** 0.5
 
 
+def mlp_weights(seed: int, d: int, h: int) -> tuple:
+    """(W1 [d, h], W2 [h, d]) as the handout's init_mlp_weights(seed) draws them after
+    torch.manual_seed(seed): scaled by 1/sqrt(fan_in)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(d, h, generator=g) / d ** 0.5, torch.randn(h, d, generator=g) / h ** 0.5
+
+
+def mlp_step(secret: PartSecret, batch: int, d: int, h: int) -> tuple:
+    """Part 5's step data, the real one: (X [B, d], Y [B, d], W1 [d, h], W2 [h, d]), rank r's shards
+    of W1 and W2 from the weights its own seed draws (SHARDS)."""
+    p = max(1, len(secret.blocks))
+    share = h // p
+    w1, w2 = torch.empty(d, h), torch.empty(h, d)
+    for k in range(p):
+        mine1, mine2 = mlp_weights(secret.blocks[k], d, h)
+        w1[:, k * share:(k + 1) * share] = mine1[:, k * share:(k + 1) * share]
+        w2[k * share:(k + 1) * share] = mine2[k * share:(k + 1) * share]
+    whole = tensors(secret, WHOLE, batch, d, d)
+    return whole.x, whole.y, w1, w2
+
+
 def _noise(seed: int, *shapes) -> list:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(*shape, generator=g) for shape in shapes]
@@ -165,16 +195,17 @@ def _noise(seed: int, *shapes) -> list:
 
 def serve_batches(served: dict) -> None:
     """Replace utils.create_batch (before the hand-in imports it) with one that returns the part's
-    data when asked for the check's sizes, and the seeded batch otherwise. The seeded batch is drawn
-    either way, so the global RNG stands where the handout's create_batch leaves it.
-    utils.expected_weight keeps drawing the seeded batch."""
+    data (served["data"], a Served) when asked for its sizes, and the seeded batch otherwise. The
+    seeded batch is drawn either way, so the global RNG stands where the handout's create_batch
+    leaves it. utils.expected_weight keeps drawing the seeded batch."""
     import utils  # the trusted copy, next to the hand-in's assignment4.py
     original = utils.create_batch
 
     def create_batch(batch_size, input_dim, output_dim, seed=42, device=None):
         inputs, targets = original(batch_size, input_dim, output_dim, seed=seed, device=device)
-        data = served.get("data")
-        if data is None or data.y is None or (batch_size, input_dim, output_dim) != served.get("sizes"):
+        view = served.get("data")
+        data, sizes = (view.batch, view.sizes) if view is not None else (None, ())
+        if data is None or data.y is None or (batch_size, input_dim, output_dim) != sizes:
             return inputs, targets
         return data.x.clone().to(inputs.device), data.y.clone().to(targets.device)
     create_batch.__doc__ = original.__doc__
@@ -187,7 +218,22 @@ def serve_batches(served: dict) -> None:
     utils.expected_weight.__doc__ = closed_form.__doc__   # and no __wrapped__ leading back to the data
 
 
-def rank_data(run, check: dict, rank: int) -> PartData:
-    """Rank `rank`'s tensors of the part a protocol.Run starts (its data is the rank's view)."""
-    return tensors(run.data, layout(run.part, bool(check.get("backward"))), check["global_batch_size"],
-                   check["input_dim"], check["output_dim"], rank)
+@dataclass
+class Served:
+    """What rank `rank` is handed of the part a protocol.Run starts (its data is the rank's view)."""
+    batch: PartData = None    # what utils.create_batch returns when asked for `sizes` (None: the seeded batch)
+    sizes: tuple = ()         # (batch_size, input_dim, output_dim) the part asks create_batch for
+    seed: int = 0             # the part's `seed` argument (and the module's `seed`)
+    data: object = None       # what a backward check's layer is handed: PartData, or Part 5's PartSecret
+
+
+def rank_view(run, check: dict, rank: int) -> Served:
+    """Rank `rank`'s view of the part a protocol.Run starts (see the module docstring)."""
+    b, d, o = check["global_batch_size"], check["input_dim"], check["output_dim"]
+    backward = bool(check.get("backward"))
+    if run.part == "megatron_mlp" and backward:
+        return Served(seed=check["seed"], data=run.data)   # its block: grader.rerun.block
+    if run.part == "megatron_mlp":
+        return Served(batch=tensors(run.data, WHOLE, b, d, d), sizes=(b, d, d), seed=run.data.blocks[rank])
+    data = tensors(run.data, layout(run.part, backward), b, d, o, rank)
+    return Served(batch=data if data.y is not None else None, sizes=(b, d, o), seed=check["seed"], data=data)

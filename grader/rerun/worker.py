@@ -2,10 +2,11 @@
 
 The rank joins a gloo world over a file store, loads `assignment4.py` next to the trusted
 `utils.py`, and then waits on its data pipe for the supervisor's orders: for each Run it sets the
-check's configuration on the module, serves the part's data (grader.rerun.secret) through
-`utils.create_batch`, calls the part's function with `seed=` and `device="cpu"`, and sends the
-returned weight (with the Run's token, the collectives the part called and any error) over its
-result pipe (grader.rerun.protocol). At a backward check it runs Part 4's layer alone instead
+check's configuration on the module, serves its own view of the part's data (grader.rerun.secret)
+through `utils.create_batch`, calls the part's function with `seed=` (the check's; Part 5's step,
+a seed of the rank's own) and `device="cpu"`, and sends the returned weight (with the Run's
+token, the collectives the part called and any error) over its result pipe
+(grader.rerun.protocol). At a backward check it runs Part 4's layer alone instead
 (grader.rerun.layer), or Part 5's block (grader.rerun.block). It never compares anything: the
 verdict is the grader's, in the grader's own process, and nothing said here is believed but the
 tensors, which only the part's work makes right.
@@ -28,7 +29,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from grader.parts import BY_ID, CORE_PART_IDS
+from grader.parts import BY_ID
 from grader.rerun import block, channel, layer, protocol, secret
 from grader.rerun.source import compile_assignment, load_source, run_assignment
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
@@ -70,13 +71,16 @@ def layout(check: dict, rank: int, world_size: int) -> tuple:
     return rank // per_node, rank % per_node, per_node
 
 
-def configure(module, check: dict, rank: int, world_size: int) -> None:
-    """Set the check's configuration on the module, and the globals handout-style code reads."""
+def configure(module, check: dict, rank: int, world_size: int, seed: int = None) -> None:
+    """Set the check's configuration on the module, and the globals handout-style code reads
+    (`seed`: the seed the part is called with, where it is not the check's: Part 5's step)."""
     values = {k: check[k] for k in ("global_batch_size", "input_dim", "output_dim", "seed",
                                     "accumulation_steps", "hidden_dim") if k in check}
     node, local_rank, per_node = layout(check, rank, world_size)
     values.update(world_size=world_size, rank=rank, local_rank=local_rank, local_world_size=per_node,
                   local_batch_size=check["global_batch_size"] // world_size)
+    if seed is not None:
+        values["seed"] = seed
     for name, value in values.items():
         setattr(module, name, value)
 
@@ -127,15 +131,17 @@ def _is_dist_failure(exc: BaseException) -> bool:
         s in text for s in ("gloo", "timed out", "connection closed", "connection reset"))
 
 
-def run_part(module, part_id: str, check: dict, comm: CommRecorder, data) -> protocol.Result:
-    """Call one part on `data` (this rank's view: a secret.PartData, or Part 5's PartSecret); return its Result (ok / not_implemented /
+def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret.Served) -> protocol.Result:
+    """Call one part on this rank's `view` of its data (its batch is served through create_batch, a
+    backward check's layer is handed `view.data`); return its Result (ok / not_implemented /
     crashed / dist_error / oom)."""
     part = BY_ID[part_id]
     function = getattr(module, part.function, None)
     if not callable(function):
         return protocol.Result(part=part_id, status=RankStatus.CRASHED,
                                error=ErrorInfo(f"assignment4.py has no function {part.function}()"))
-    wanted = {"seed": check["seed"], "device": "cpu"}
+    data = view.data
+    wanted = {"seed": view.seed, "device": "cpu"}
     if part_id == "grad_accumulation":
         wanted["accumulation_steps"] = check["accumulation_steps"]
     calls, devices = [], []
@@ -194,6 +200,70 @@ def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
                           SLURM_PROCID=str(node), SLURM_LOCALID="0")
 
 
+def _join(job: protocol.WorldJob, rank: int, report) -> bool:
+    """Join the world's gloo process group; report Joined, or InfraError (then False)."""
+    try:
+        store = dist.FileStore(job.store, job.world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=job.world_size,
+                                timeout=datetime.timedelta(seconds=job.pg_timeout))
+    except Exception as e:  # noqa: BLE001 - nothing of the hand-in has run yet
+        report(protocol.InfraError(error=_error(e)))
+        return False
+    report(protocol.Joined())
+    return True
+
+
+def _load(job: protocol.WorldJob, prepared: dict, report):
+    """Run the hand-in's code (Loading, then Ready or LoadFailed); its module, or None."""
+    if job.code_dir not in sys.path:
+        sys.path.insert(0, job.code_dir)   # as a script's own folder is, for the hand-in's imports
+    report(protocol.Loading())
+    try:
+        if prepared["error"]:
+            report(protocol.LoadFailed(error=prepared["error"]))
+            return None
+        with CudaOnCpu():
+            module = run_assignment(prepared["code"], prepared["path"])
+    except BaseException as e:  # noqa: BLE001
+        report(protocol.LoadFailed(error=_error(e)))
+        return None
+    report(protocol.Ready(skipped_lines=prepared["skipped"]))
+    return module
+
+
+def _run_order(module, order: protocol.Run, job: protocol.WorldJob, rank: int, comm: CommRecorder,
+               served: dict) -> protocol.Result:
+    """One Run: this rank's view of the part's data served (grader.rerun.secret), the part called."""
+    torch.set_num_threads(1)  # one compute thread per rank, whatever the last part set
+    try:
+        view = secret.rank_view(order, job.check, rank)
+    except Exception as e:  # noqa: BLE001 - the data pipe is the hand-in's to break once it has run
+        result = protocol.Result(part=order.part, status=RankStatus.CRASHED, error=_error(e))
+    else:
+        configure(module, job.check, rank, job.world_size, view.seed)
+        served["data"] = view
+        result = run_part(module, order.part, job.check, comm, view)
+    served["data"] = None
+    result.part, result.token = order.part, order.token
+    return result
+
+
+def _serve(module, job: protocol.WorldJob, rank: int, comm: CommRecorder, served: dict, data_fd: int,
+           report) -> None:
+    """Run each part the supervisor orders, a Result for each, then Done at Finish. Returns at
+    Finish or when the supervisor is gone; ends the process after a collective failed."""
+    while True:
+        order = protocol.receive(data_fd, protocol.ORDERS)
+        if not isinstance(order, protocol.Run):
+            break   # Finish, or the supervisor is gone
+        result = _run_order(module, order, job, rank, comm, served)
+        report(result)
+        if result.status == RankStatus.DIST_ERROR:
+            os._exit(0)
+    if order is not None:
+        report(protocol.Done())
+
+
 def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None, data_fd: int = 4) -> None:
     """The whole life of one rank. Never returns: the process ends with os._exit.
 
@@ -211,57 +281,18 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
     try:
         torch.set_num_threads(1)
         _clean_environment(job, rank)
-        try:
-            store = dist.FileStore(job.store, job.world_size)
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=job.world_size,
-                                    timeout=datetime.timedelta(seconds=job.pg_timeout))
-        except Exception as e:  # noqa: BLE001 - nothing of the hand-in has run yet
-            report(protocol.InfraError(error=_error(e)))
+        if not _join(job, rank, report):
             os._exit(0)
-        report(protocol.Joined())
         comm = CommRecorder(progress=os.path.join(job.work_dir, f"rank{rank}.calls"))
         comm.install()
         disarm_cuda_calls(comm)
         prepared = prepared or prepare(job)
-        if job.code_dir not in sys.path:
-            sys.path.insert(0, job.code_dir)   # as a script's own folder is, for the hand-in's imports
-        served = {"sizes": (job.check["global_batch_size"], job.check["input_dim"], job.check["output_dim"])}
+        served = {"data": None}   # the part's data create_batch hands out (secret.serve_batches)
         secret.serve_batches(served)
-        report(protocol.Loading())
-        try:
-            if prepared["error"]:
-                report(protocol.LoadFailed(error=prepared["error"]))
-                os._exit(0)
-            with CudaOnCpu():
-                module = run_assignment(prepared["code"], prepared["path"])
-        except BaseException as e:  # noqa: BLE001
-            report(protocol.LoadFailed(error=_error(e)))
+        module = _load(job, prepared, report)
+        if module is None:
             os._exit(0)
-        report(protocol.Ready(skipped_lines=prepared["skipped"]))
-        while True:
-            order = protocol.receive(data_fd, protocol.ORDERS)
-            if not isinstance(order, protocol.Run):
-                break   # Finish, or the supervisor is gone
-            torch.set_num_threads(1)  # one compute thread per rank, whatever the last part set
-            configure(module, job.check, rank, job.world_size)
-            try:
-                served["data"] = secret.rank_data(order, job.check, rank)
-            except Exception as e:  # noqa: BLE001 - the data pipe is the hand-in's to break once it has run
-                result = protocol.Result(part=order.part, status=RankStatus.CRASHED, error=_error(e))
-            else:
-                data = served["data"]
-                if order.part not in CORE_PART_IDS:
-                    # Part 5: its step runs on the handout's seeded data, its block alone on its own
-                    # view of the secret (grader.rerun.block)
-                    served["data"], data = None, order.data
-                result = run_part(module, order.part, job.check, comm, data)
-            served["data"] = None
-            result.part, result.token = order.part, order.token
-            report(result)
-            if result.status == RankStatus.DIST_ERROR:
-                os._exit(0)
-        if order is not None:
-            report(protocol.Done())
+        _serve(module, job, rank, comm, served, data_fd, report)
     except BaseException:  # noqa: BLE001 - the pipe may be gone; the supervisor sees the exit
         traceback.print_exc()
         os._exit(3)

@@ -11,9 +11,15 @@ the function the graders' batch runs on every hand-in, with the public rubric
 on 4, 1 and 2 ranks in the stock course, the same points and log requirements) instead of theirs,
 which adds hidden checks. What comes back is a row per part:
 the re-run's verdict, the log's verdict and a message, and the reasons the hand-in is not ready.
+
+Then what grading adds: each kind of hidden check that runs a part (its step, its layer alone
+forward and backward), how it differs from the public checks (several nodes, other sizes ...) and
+the points it holds (grader.worth.hidden_summary, which the public rubric carries), never a name
+or a value. A hand-in that passes every public check can lose points only there. Where a hidden
+kind has a public twin that gives nothing away (the layer's backward at the default sizes), the
+public rubric has it too, so `check` already runs it.
 """
 
-import dataclasses
 import hashlib
 import shutil
 import time
@@ -27,7 +33,8 @@ from grader.pipeline.grade import grade_handin
 from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status, ToDict
-from grader.rubric import load_public_rubric
+from grader.rubric import load_public_rubric, public_rubric
+from grader.worth import kind_said
 from grader.student import package
 
 TRACEBACK_LINES = 8
@@ -56,6 +63,11 @@ class CheckReport(ToDict):
     passed: bool                                  # every public check and the log passed, nothing is missing
     message: str = ""
     checks: list = field(default_factory=list)    # the public checks run, as "name (n ranks)"
+    layer_checks: list = field(default_factory=list)  # ... of those, the ones that run a layer alone
+    layers: str = ""                              # the layers those run: "FullColumnParallelLinear"
+    hidden: list = field(default_factory=list)    # grader.worth.HiddenGroup: what grading adds
+    rerun_max: dict = field(default_factory=dict)  # part -> its re-run points
+    decimals: int = 2                             # the rubric's score_decimals, to say points with
     files: dict = field(default_factory=dict)     # role -> name in the hand-in
     rows: list = field(default_factory=list)      # CheckRow, one per part
     notes: list = field(default_factory=list)     # what grading noticed (stale log, modified utils ...)
@@ -115,9 +127,7 @@ def _problems(result, rows) -> list:
 
 def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
     """Grade `handin` (a grader.intake.handin.Handin) by `rubric`'s public checks and report per part."""
-    public = [c for c in rubric.checks if not c.hidden]
-    if len(public) != len(rubric.checks):
-        rubric = dataclasses.replace(rubric, checks=public)
+    rubric = public_rubric(rubric)   # its public checks, and what its hidden ones hold
     scratch = Path(scratch_dir("a4-check-"))
     try:
         result = grade_handin(handin, rubric, executor, scratch)
@@ -125,8 +135,13 @@ def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
         shutil.rmtree(scratch, ignore_errors=True)
     rows = [_row(p) for p in result.parts.values()] if result.status == Status.GRADED else []
     problems = _problems(result, rows)
+    said = {c.name: f"{c.name} ({_ranks(c.world_size)})" for c in rubric.checks}
     return CheckReport(source=source or handin.name, status=result.status, passed=not problems,
-                       message=result.message, checks=[f"{c.name} ({_ranks(c.world_size)})" for c in public],
+                       message=result.message, checks=list(said.values()),
+                       layer_checks=[said[c.name] for c in rubric.checks if c.kind == "backward"],
+                       layers=" and ".join(BY_ID[p].layer for p in rubric.part_ids if BY_ID[p].layer),
+                       hidden=list(rubric.hidden_summary), decimals=rubric.score_decimals,
+                       rerun_max={p: rubric.parts[p].rerun for p in rubric.part_ids},
                        files=dict(result.files), rows=rows, notes=list(result.notes), problems=problems,
                        seconds=result.seconds)
 
@@ -196,7 +211,10 @@ def format_report(report: CheckReport) -> str:
         files = ", ".join(named.get(role, f"no {name}") for role, name in
                           (("assignment", "assignment4.py"), ("utils", "utils.py"), ("log", "log"), ("err", ".err"))
                           if not (role == "err" and role in named and named[role] is None))
-        lines += [f"  files:   {files}", f"  re-runs: every part on the CPU at {', '.join(report.checks)}"]
+        steps = [c for c in report.checks if c not in report.layer_checks]
+        lines += [f"  files:   {files}", f"  re-runs: every part on the CPU at {', '.join(steps)}"]
+        if report.layer_checks:
+            lines.append(f"           {report.layers} alone, forward and backward, at {', '.join(report.layer_checks)}")
     lines.append("")
     if report.rows:
         table = [("part", "re-run", "log", "message")] + [
@@ -214,10 +232,29 @@ def format_report(report: CheckReport) -> str:
         lines += [f"{row.title}, the end of its traceback:"] + [f"    {t}" for t in row.traceback.splitlines()] + [""]
     if report.notes:
         lines += ["Notes:"] + [f"- {note}" for note in report.notes] + [""]
+    lines += hidden_lines(report)
     if report.passed:
-        lines.append("All public checks passed. When your hand-in is graded, hidden checks also run your code "
-                     "at other seeds, sizes and world sizes.")
+        lines.append("All public checks passed." + (" Grading can still take only the points of the hidden "
+                                                    "checks above, and only for what they run." if report.hidden else ""))
     else:
         lines += ["Not ready to hand in:"] + [f"- {p}" for p in report.problems]
     lines.append(f"({report.seconds:g} s)")
     return "\n".join(lines) + "\n"
+
+
+def hidden_lines(report: CheckReport) -> list:
+    """What the hidden checks add at grading, part by part: the points each kind of them holds."""
+    if not report.hidden or not report.rows:
+        return []
+    points = lambda x: f"{round(x, report.decimals):g}"   # noqa: E731 - said as scores are
+    lines = ["When your hand-in is graded, hidden checks also run it (their names and numbers stay hidden). "
+             "What each can still fail, and the re-run points it holds:"]
+    for part in dict.fromkeys(g.part for g in report.hidden):
+        groups = [g for g in report.hidden if g.part == part]
+        most = f" of its {points(report.rerun_max[part])}" if part in report.rerun_max else ""
+        lines.append(f"  {BY_ID[part].title}: {points(sum(g.points for g in groups))}{most} re-run points")
+        for g in sorted(groups, key=lambda g: -g.points):
+            how = ", ".join(g.what) if g.what else "a public configuration again"
+            count = f"{g.checks} check{'s' if g.checks != 1 else ''}"
+            lines.append(f"    {points(g.points):>5}  {kind_said(part, g.kind)}, {how} ({count})")
+    return lines + [""]

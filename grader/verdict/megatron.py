@@ -8,18 +8,19 @@ The block, for X [B, d], W1 [d, h], W2 [h, d] split over p ranks (W1 by columns,
     L   = 1/(B d) sum (Z - Y)^2    the MSE loss; one SGD step: W <- W - lr dL/dW on every shard
 
 Everything here is a pure function of (W1, W2, X, Y or G, lr, p), in float64 in the grader's own
-process: `seeded` draws them from a check's seed as the handout draws them (the step checks), and
-`served` takes them from the secret data a backward check's ranks were served (grader.rerun.secret:
-each rank's own shards real, noise elsewhere), so only a block whose ranks all-reduce passes there;
-a step computed on one rank passes the step checks, which is why the backward checks carry half of
-a part's points in the stock rubric's weights. No collective a rank reports decides anything. Each usual mistake is a `Mistake`,
+process, from the secret data the ranks were served (grader.rerun.secret): `stepped` at a step
+check (each rank's seed draws its own full W1 and W2, real in its own shards only), `served` at a
+backward check (each rank's own shards real, noise elsewhere), so only a block whose ranks really
+all-reduce and gather passes either; a step taken whole on one rank, from its own full copy, is
+named as such. (`seeded` draws the block as the handout does, for the tests of the reference.)
+No collective a rank reports decides anything. Each usual mistake is a `Mistake`,
 the block computed the way that mistake computes it; a wrong result is held against each in turn,
 and the one it equals is named. Gradients come from autograd on the float64 block, the mistake's
 graph and all: rank r's loss is the one its own output gives, and it steps its own shards only.
 """
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,7 @@ class Block:
     y: torch.Tensor       # the targets [B, d] (a step check)
     g: torch.Tensor       # the output's gradient [B, d] (a backward check)
     lr: float
+    copies: dict = field(default_factory=dict)   # rank -> (W1, W2): the full weights its own seed drew
 
 
 def seeded(check, lr: float) -> Block:
@@ -63,6 +65,15 @@ def served(check, lr: float, data) -> Block:
     x, w1, w2 = secret.block(data, b, d, h)
     g = output_gradient(check.seed, b, d)
     return Block(*(t.double() for t in (w1, w2, x, torch.zeros(b, d), g)), lr=lr)
+
+
+def stepped(check, lr: float, data) -> Block:
+    """The block of a step check as its ranks were served it (grader.rerun.secret.mlp_step): the
+    real X, Y, W1 and W2 of `data` (the check's protocol.PartSecret), and each rank's own copy."""
+    b, d, h = check.global_batch_size, check.input_dim, check.hidden_dim
+    x, y, w1, w2 = secret.mlp_step(data, b, d, h)
+    copies = {r: tuple(w.double() for w in secret.mlp_weights(seed, d, h)) for r, seed in enumerate(data.blocks)}
+    return Block(*(t.double() for t in (w1, w2, x, y, torch.zeros(b, d))), lr=lr, copies=copies)
 
 
 class Mistake(enum.Enum):
@@ -150,7 +161,20 @@ def backward(b: Block, p: int, rank: int, mistake: Mistake = Mistake.NONE) -> di
 
 # --- a step check ---------------------------------------------------------------------------------
 
-def _step_diagnosis(w1, w2, b: Block, p: int, tol, expected: tuple) -> str:
+def _whole_step(w1, w2, b: Block, p: int, tol, rank: int, say: Say) -> str:
+    """The weights are the single-device step of one rank's own full copy of W1 and W2: "" if not."""
+    for k in sorted(b.copies, key=lambda k: k != rank):   # its own copy first
+        alone = step(replace(b, w1=b.copies[k][0], w2=b.copies[k][1]), 1)
+        if close(w1, alone[0], tol) and close(w2, alone[1], tol):
+            whose = "its own" if k == rank else f"{say.rank(k, 'another rank')}'s"
+            return (f"the weights are the single-device MLP's step on {whose} full W1 and W2, taken whole on "
+                    f"one rank: at grading a rank's seed draws weights that are real in its own shards only "
+                    f"(W1's columns, W2's rows), so every rank must step its shards in MegatronMLP, g must "
+                    f"sum the ranks' partial outputs, and the updated shards must be gathered")
+    return ""
+
+
+def _step_diagnosis(w1, w2, b: Block, p: int, tol, expected: tuple, rank: int = 0, say: Say = None) -> str:
     d, h = b.w1.shape
     if p > 1 and w2.shape == (h // p, p * d) and w1.shape == b.w1.shape:
         rows = torch.cat(torch.split(w2, d, dim=1), dim=0)
@@ -162,6 +186,10 @@ def _step_diagnosis(w1, w2, b: Block, p: int, tol, expected: tuple) -> str:
                 f"[hidden_dim, input_dim]")
     if close(w1, b.w1, tol) and close(w2, b.w2, tol):
         return "neither weight changed: no step was taken (optimizer.step() after loss.backward()?)"
+    if p > 1 and b.copies:
+        whole = _whole_step(w1, w2, b, p, tol, rank, say or Say())
+        if whole:
+            return whole
     for mistake in STEP_MISTAKES:
         if p == 1 and mistake is Mistake.NO_G:   # one rank: its partial sum is the sum
             continue
@@ -208,7 +236,7 @@ def judge_step(run, b: Block, part: str, check, tol, say: Say = None, passed=())
         w2 = first.extra.get("w2")
         outcome.status = Status.FAILED
         outcome.diagnosis = ("returned no W2: megatron_mlp_single_step returns (updated_w1, updated_w2)"
-                             if w2 is None else _step_diagnosis(first.weight, w2, b, p, tol, want))
+                             if w2 is None else _step_diagnosis(first.weight, w2, b, p, tol, want, failing[0], say))
         outcome.weight_digest = weight_digest(run.ranks)
         outcome.message = f"wrong weights on {say.ranks(failing, len(run.ranks))}: {outcome.diagnosis}"
     else:

@@ -3,7 +3,9 @@
 Per part:
 - re-run points: the part's `rerun` points, split over the checks by weight, for each check the
   re-run passed (a weight no rank can get right without the part's parallel work: nothing a rank
-  says about its own communication counts);
+  says about its own communication counts), but a parallel part's one-rank checks, which count only
+  once it passed a check of more ranks (grader.worth, which also rounds: once, to the rubric's
+  score_decimals; each check's outcome carries the points it earned);
 - log points: the part's `log` points when the .log shows it matching on every rank of a run the
   rubric counts (world size, and where the course asks for them, nodes and a Slurm job), written
   by the code handed in, and the grader's re-run at the first public check agrees (a log is
@@ -11,6 +13,7 @@ Per part:
 Penalties for missing or modified files come off the total, which never goes below zero.
 """
 
+from grader import worth
 from grader.evidence.runs import rule_of, rule_problems
 from grader.parts import PARTS
 from grader.results import LogPart, PartResult, Status
@@ -42,33 +45,41 @@ def log_validity(log, code_sha256: str, rubric) -> tuple:
     return usable, flags, notes
 
 
-def score_part(part, outcomes: list, checks: list, points, evidence, log_usable: bool) -> PartResult:
-    """The PartResult of one part from its CheckOutcomes (in the order of `checks`)."""
-    weights = {c.name: c.weight for c in checks}
-    total_weight = sum(weights[o.check] for o in outcomes) or 1.0
-    passed_weight = sum(weights[o.check] for o in outcomes if o.status == Status.PASSED)
-    rerun = points.rerun * passed_weight / total_weight
+def _failure(outcomes: list, failing: list) -> tuple:
+    """(status, message) of a part that failed some of its checks."""
+    status = next((s for s in FAILURE_ORDER if any(o.status == s for o in failing)), failing[0].status)
+    if all(o.status == Status.NOT_IMPLEMENTED for o in outcomes):
+        return status, outcomes[0].message   # "not implemented yet: TODO in ...", the TODO that is left
+    first = failing[0]
+    where = f"hidden check '{first.check}'" if first.hidden else f"check '{first.check}'"
+    message = f"{where}: {first.message}"
+    if len(failing) > 1:
+        message += f" (and {len(failing) - 1} more of {len(outcomes)} checks)"
+    return status, message
+
+
+def score_part(part, outcomes: list, rubric, evidence, log_usable: bool) -> PartResult:
+    """The PartResult of one part from its CheckOutcomes (in the order of the rubric's checks)."""
+    points = rubric.parts[part.id]
+    earned = worth.earned(rubric, part.id, outcomes)
+    for o in outcomes:
+        o.points, o.max_points = (round(v, 6) for v in earned[o.check])
+    rerun = worth.rounded(rubric, sum(got for got, _ in earned.values()))
     failing = [o for o in outcomes if o.status != Status.PASSED]
     if not failing:
-        status = Status.PASSED
-        message = f"passed all {len(outcomes)} checks"
+        status, message = Status.PASSED, f"passed all {len(outcomes)} checks"
     else:
-        status = next((s for s in FAILURE_ORDER if any(o.status == s for o in failing)), failing[0].status)
-        if all(o.status == Status.NOT_IMPLEMENTED for o in outcomes):
-            message = outcomes[0].message   # "not implemented yet: TODO in ...", the TODO that is left
-        else:
-            first = failing[0]
-            where = f"hidden check '{first.check}'" if first.hidden else f"check '{first.check}'"
-            message = f"{where}: {first.message}"
-            if len(failing) > 1:
-                message += f" (and {len(failing) - 1} more of {len(outcomes)} checks)"
+        status, message = _failure(outcomes, failing)
+        if worth.unearned(rubric, part.id, {o.check for o in outcomes if o.status == Status.PASSED}):
+            message += ("; what it passed at one rank earns nothing until it passes a check of more ranks "
+                        "(one rank needs none of the part's communication)")
     log_part = None
     log_points = 0.0
     if evidence is not None:
         public = next((o for o in outcomes if not o.hidden), None)
         corroborated = public is not None and public.status == Status.PASSED
-        earned = evidence.passed and log_usable and corroborated
-        log_points = points.log if earned else 0.0
+        counts = evidence.passed and log_usable and corroborated
+        log_points = points.log if counts else 0.0
         log_message = evidence.message
         if evidence.passed and not log_usable:
             log_message += " (not counted: see the notes on the .log)"
@@ -76,8 +87,8 @@ def score_part(part, outcomes: list, checks: list, points, evidence, log_usable:
             log_message += " (not counted: the grader's re-run of this code does not reproduce it)"
         log_part = LogPart(passed=evidence.passed, points=log_points, message=log_message,
                            excerpt=list(evidence.excerpt)[:8])
-    return PartResult(part=part.id, status=status, score=round(rerun + log_points, 4),
-                      max_score=points.rerun + points.log, rerun_points=round(rerun, 4),
+    return PartResult(part=part.id, status=status, score=worth.rounded(rubric, rerun + log_points),
+                      max_score=points.rerun + points.log, rerun_points=rerun,
                       log_points=log_points, message=message, rerun_max=points.rerun, log_max=points.log,
                       checks=outcomes, log=log_part)
 
@@ -87,8 +98,7 @@ def score_handin(result, outcomes_by_part: dict, rubric, log, log_usable: bool) 
     graded = [part for part in PARTS if part.id in rubric.parts]
     for part in graded:
         evidence = log.parts.get(part.id) if log is not None else None
-        result.parts[part.id] = score_part(part, outcomes_by_part[part.id], rubric.checks,
-                                           rubric.parts[part.id], evidence, log_usable)
+        result.parts[part.id] = score_part(part, outcomes_by_part[part.id], rubric, evidence, log_usable)
         public = next((o for o in outcomes_by_part[part.id] if not o.hidden), None)
         if evidence is not None and evidence.passed and (public is None or public.status != Status.PASSED):
             if "log_not_reproduced" not in result.flags:   # the re-run the log is held against disagrees
@@ -101,7 +111,7 @@ def score_handin(result, outcomes_by_part: dict, rubric, log, log_usable: bool) 
                           "written, grade it again")
         return
     total = sum(p.score for p in result.parts.values()) - sum(result.penalties.values())
-    result.score = round(max(0.0, total), 4)
+    result.score = worth.rounded(rubric, max(0.0, total))
     result.status = Status.GRADED
     passed = sum(p.status == Status.PASSED for p in result.parts.values())
     result.message = f"{passed} of {len(graded)} parts pass every re-run check"
