@@ -33,7 +33,7 @@ The house, one room per job; a hand-in travels down the list:
     analytics/   the batch report for course staff: item analytics over every result in OUT
                  (numbers) as report.html with its plots and analytics.json (page)
     integrity/   the pairs of hand-ins a person should compare, from graded results and the hand-ins
-                 (code, facts, similar, evidence, report); it runs no code
+                 (tokens, canon, code, facts, similar, evidence, report); it runs no code
 
 Import rules (tests/test_layout.py holds the code to them):
 - shared modules import no torch and no room; nothing imports cli, and cli imports a command's room

@@ -9,7 +9,7 @@
     python -m grader public-rubric [--rubric FILE] [-o FILE]
     python -m grader check [PATH] [--log FILE] [--err FILE]
     python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
-    python -m grader integrity OUT [PATH...] [--common N] [--rubric FILE]
+    python -m grader integrity OUT [PATH...] [--common N] [--rubric FILE] [--base FILE]
 
 A tree that lacks a command's room (the student release, the Gradescope bundle) does not offer it.
 Nothing here imports torch: `--help` and `skeleton` start at once.
@@ -161,6 +161,9 @@ def _integrity_arguments(p) -> None:
                    help="evidence shared by more than N hand-ins is common, counted but not listed "
                         "(default: 2%% of the hand-ins, at least 3)")
     p.add_argument("--rubric", metavar="FILE", help="the rubric given to `grade` (for its student id pattern)")
+    p.add_argument("--base", action="append", metavar="FILE",
+                   help="code the students were given besides the kit's skeleton (e.g. a course's own handout "
+                        "code): what a hand-in shares with it counts for nothing; repeat for several files")
 
 
 # command: (room, handler, arguments, help, description)

@@ -22,6 +22,7 @@ from grader.integrity.facts import HandinFacts
 from grader.integrity.report import BEGIN, integrity_note, link_summary
 from tests.corpus import Files, mutate, refingerprint, skeleton, write_zip
 from tests.integrity_corpus import HANDOUT, STYLES, disguise, fill, handout_fill, run_err, run_log, write_graded
+from tests.integrity_planted import STUDENTS
 
 UNNAMED = "differs from the reference by up to 3.142e-01 (mean 2.718e-02)"
 WRONG_SIGN = "the step has the wrong sign: the weight moved up the gradient"
@@ -31,6 +32,9 @@ SUMMED = "the gradients were summed over the 4 ranks, not averaged (the update i
 INDEPENDENT = {name: fill(answers) for name, answers in STYLES.items()}
 INDEPENDENT |= {"expected_a": fill({}), "expected_b": "# Assignment 4, my hand-in\n" + fill({}),
                 "skeleton_a": skeleton(), "skeleton_b": skeleton()}
+# Two students who typed the expected answers into the skeleton, byte for byte alike: what everyone
+# who types the handout's answers writes, never listed on that alone.
+INDEPENDENT |= {"typed_a": fill({}), "typed_b": fill({})}
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +82,9 @@ def batch(tmp_path_factory):
                          wrong)
     for name in ("log_owner", "log_borrower"):
         handins[name] = (handins[name][0], [("baseline", "default", "b5" * 32, WRONG_SIGN)])
-    # A run of another student's code: its log's code sha256 is sha_owner's assignment4.py.
-    shared = mutate("tp_own_shard_only")
+    # A run of another student's code (a file with lines of its own): its log's code sha256 is
+    # sha_owner's assignment4.py.
+    shared = fill(STUDENTS["manual"])
     handins["sha_owner"] = (Files(code=shared, log=run_log(shared, 105), err=run_err(105)), ())
     handins["sha_runner"] = (Files(code=mutate("dp_no_allreduce"), log=run_log(shared, 106), err=run_err(106)), ())
     for name, (files, wrong) in handins.items():
@@ -152,7 +157,7 @@ def test_usual_mistakes_shared_in_two_parts_are_moderate_and_in_one_not_listed_a
     assert "the same wrong weight in 2 check(s)" in row["evidence"]
     assert "usual mistakes: the gradients were summed" in row["evidence"] and "were not divided by" in row["evidence"]
     assert not [pair for pair in listed[1] if "one_a" in pair or "one_b" in pair]
-    assert "pairs sharing one usual mistake and nothing else" in listed[2]
+    assert "pairs sharing only weak evidence, one usual mistake" in listed[2]
 
 
 def test_a_usual_mistake_is_shown_beside_other_evidence(listed):
@@ -171,6 +176,14 @@ def test_a_shared_code_sha256_is_listed(listed):
     assert "the same code sha256" in row["evidence"]
     assert "is sha_owner: its assignment4.py and the code its .log ran; sha_runner: the code its .log ran" \
         in row["evidence"]
+    assert "line(s) of its own beyond the skeleton and the expected answers" in row["evidence"]
+
+
+def test_byte_identical_expected_answers_are_weak_and_not_listed_alone(listed):
+    """Two files of the skeleton with the expected answers typed in, byte for byte alike: not listed
+    (everyone who types the handout's answers writes that file), and counted as weak."""
+    assert ("typed_a", "typed_b") not in listed[1]
+    assert "the skeleton with the expected answers byte for byte" in listed[2]
 
 
 def test_only_the_planted_pairs_are_listed(listed):

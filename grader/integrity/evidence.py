@@ -16,7 +16,10 @@ never paired. What each kind means:
   other evidence.
 - same code: what the two wrote beyond the skeleton, normalised (grader.integrity.code).
 - same sha256: assignment4.py byte for byte, or the code sha256 their logs' init lines print,
-  with two student ids. The untouched skeleton is left out.
+  with two student ids. The untouched skeleton is left out. Bytes are only as telling as what
+  they hold beyond the base: the skeleton with the expected answers typed in is what every
+  student who types them writes (weak: shown beside other evidence, never listed alone); a
+  file with lines of its own (comments count: they are typed, not converged on) is strong.
 """
 
 from __future__ import annotations
@@ -27,20 +30,22 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from grader import kit
-from grader.integrity.similar import similar_pairs
+from grader.integrity.similar import MIN_TOKENS, similar_pairs
 from grader.results import ToDict
 
 STRONG, MODERATE, WEAK = "strong", "moderate", "weak"   # weak: shown beside other evidence, never listed alone
 KINDS = {"same_run": "the same run", "same_wrong_weight": "the same wrong behaviour",
          "same_code": "the same code beyond the skeleton", "same_sha256": "the same code sha256"}
 SHOWN_LINES = 12   # lines of shared code shown per hand-in
+SHA_OWN_LINES = 5  # byte-identical files with this many lines of their own (comments too) are strong evidence
 # What is counted, not listed, when more than `common` hand-ins share it.
 LOGS = "identical .log files with nothing run-specific in them"
 ERRS = "identical .err files"
 CLAIMS = "sequences of printed comparisons"
 WEIGHTS = "wrong weights (usual mistakes)"
 KGRAMS = "k-grams of own code (answers many converged on)"
-ALONE = "pairs sharing one usual mistake and nothing else (not listed on that alone)"
+ALONE = ("pairs sharing only weak evidence, one usual mistake or the skeleton with the expected answers byte for "
+         "byte (not listed on that alone)")
 
 
 @dataclass
@@ -202,6 +207,21 @@ def same_code(p: _Pairs) -> None:
                              _shown(x, m.lines_a), _shown(y, m.lines_b)))
 
 
+def _sha_strength(holder) -> tuple:
+    """(strength, why) of two hand-ins sharing the bytes of `holder`'s assignment4.py (None: no
+    hand-in holds them, only logs ran them). Byte-identical files of the skeleton with the expected
+    answers are what everyone who types the handout's answers writes: weak, shown only beside other
+    evidence. Lines of its own, comments included, make the bytes a hand-in's own."""
+    if holder is None:
+        return MODERATE, "code no hand-in holds, run by both"
+    own, tokens = holder.own_lines, holder.own.size if holder.own else 0
+    if own >= SHA_OWN_LINES or tokens >= MIN_TOKENS:
+        return STRONG, f"{own} line(s) of its own beyond the skeleton and the expected answers"
+    if own:
+        return MODERATE, f"only {own} line(s) of its own beyond the skeleton and the expected answers"
+    return WEAK, "the skeleton with the expected answers and nothing else: what everyone who types them writes"
+
+
 def same_sha256(p: _Pairs) -> None:
     skeleton = hashlib.sha256(kit.SKELETON.read_bytes()).hexdigest() if kit.SKELETON.is_file() else ""
     ignored = {skeleton, "", "unknown"}
@@ -216,10 +236,11 @@ def same_sha256(p: _Pairs) -> None:
         return " and ".join(said)
 
     for digest, group in holders.items():
+        strength, why = _sha_strength(next((f for f in group if f.code_sha256 == digest and f.code), None))
         for x, y in combinations(group, 2):
             if not p.has(x, y, "same_sha256"):
-                p.add(x, y, Evidence("same_sha256", STRONG, f"code sha256 {short(digest)} is {x.student}: "
-                                     f"{role(x, digest)}; {y.student}: {role(y, digest)}",
+                p.add(x, y, Evidence("same_sha256", strength, f"code sha256 {short(digest)} is {x.student}: "
+                                     f"{role(x, digest)}; {y.student}: {role(y, digest)} ({why})",
                                      [f"{role(x, digest)}: {digest}"], [f"{role(y, digest)}: {digest}"]))
 
 

@@ -28,10 +28,14 @@ MEANING = {
                          "rare (strong). A usual mistake it names is made independently: shared in two parts "
                          "it is moderate, in one part weak, shown only beside other evidence.",
     "same_code": "what the two wrote beyond the skeleton, with the skeleton, the expected answers, comments, "
-                 "docstrings and imports dropped and every name the code defines, every number and "
-                 "string normalised: renaming variables or deleting comments does not hide a copy.",
+                 "docstrings, imports and annotations dropped, every name the code defines, every number and "
+                 "string normalised, and each block's independent statements (and the module's functions) put in "
+                 "one order: renaming, deleting comments, reformatting, reordering independent lines and moving "
+                 "code into functions of its own do not hide a copy.",
     "same_sha256": "assignment4.py byte for byte, or the code sha256 the logs' init lines print, in hand-ins "
-                   "of two student ids (the untouched skeleton is left out).",
+                   "of two student ids (the untouched skeleton is left out). Strong only when the file has lines "
+                   "of its own: the skeleton with the expected answers typed in is what everyone who types them "
+                   "writes (weak, shown only beside other evidence).",
 }
 
 
