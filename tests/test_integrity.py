@@ -58,8 +58,8 @@ def batch(tmp_path_factory):
         code = mutate(mutant)
         handins[name] = (Files(code=code, log=run_log(code, seed), err=run_err(seed)),
                          [("tensor_parallel", "odd-sizes", "d1" * 32, UNNAMED)])
-    # A usual mistake four hand-ins make: common, counted and not listed.
-    for i in range(4):
+    # A usual mistake six hand-ins make: common (by default more than 5 share it), counted and not listed.
+    for i in range(6):
         code = mutate("dp_summed") + f"\n# version {i}\n"
         handins[f"summed_{i}"] = (Files(code=code, log=run_log(code, 110 + i), err=run_err(110 + i)),
                                   [("data_parallel", "default", "5e" * 32, SUMMED)])

@@ -14,7 +14,8 @@ cut down to what its author wrote:
 2. A statement whose normalised form is one of the base's (the skeleton, the reference solution
    and utils.py, and any file a course adds, such as its own handout's code) is dropped: the
    skeleton, renamed or not, and the expected answers contribute nothing. What is left is the
-   hand-in's own code.
+   hand-in's own code. Over a batch, a statement more than half of the hand-ins hold as their
+   own is what the class was given beyond the base (`class_template`): dropped too.
 3. Its k-grams of K tokens are hashed (the base's k-grams removed again, as copydetect does with
    boilerplate) and winnowed (Schleimer, Wilkerson and Aiken, SIGMOD 2003): any run of
    K + WINDOW - 1 tokens two hand-ins share is certain to share a fingerprint.
@@ -23,6 +24,8 @@ cut down to what its author wrote:
 from __future__ import annotations
 
 import hashlib
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +34,8 @@ from grader.integrity import canon, tokens as toks
 
 K = 10        # tokens per k-gram: shorter runs (one convergent line, `V = V . grad`) say nothing
 WINDOW = 4    # winnowing window: every shared run of K + WINDOW - 1 = 13 tokens is found
+TEMPLATE_SHARE = 0.25  # own statements more than a quarter of the class holds are what it was given ...
+TEMPLATE_MIN = 3       # ... and at least this many (two hand-ins sharing everything may be a copy)
 MAX_ALONE_LINES = 200   # a statement of a file that does not parse is read alone up to this long
 
 
@@ -140,11 +145,15 @@ class OwnCode:
     lines: list = field(default_factory=list)     # the source line of each token
     kgrams: list = field(default_factory=list)    # hash of the k-gram starting at each token; None: the base's
     fingerprints: set = field(default_factory=set)   # winnowed, the base's left out
-    statements: int = 0                           # own statements
+    units: list = field(default_factory=list)     # its own statements: (normalised tokens, their lines)
 
     @property
     def size(self) -> int:
         return len(self.tokens)
+
+    @property
+    def statements(self) -> int:
+        return len(self.units)
 
 
 def own_lines(text: str, base: Base) -> int:
@@ -153,14 +162,34 @@ def own_lines(text: str, base: Base) -> int:
     return sum(1 for line in {line.strip() for line in text.splitlines()} - {""} if line not in base.lines)
 
 
-def own_code(text: str, base: Base) -> OwnCode:
-    """`text`'s own code beyond `base` (see the module docstring)."""
-    own = OwnCode()
-    for tokens, lines in units_of(parse(text), base.keep, base.attributes):
-        if tokens not in base.statements:
-            own.statements += 1
-            own.tokens += tokens
-            own.lines += lines
+def from_units(units: list, base: Base) -> OwnCode:
+    """The own code made of `units`, its k-grams (the base's marked None) and fingerprints."""
+    own = OwnCode(units=units)
+    for tokens, lines in units:
+        own.tokens += tokens
+        own.lines += lines
     own.kgrams = [None if h in base.kgrams else h for h in kgram_hashes(own.tokens)]
     own.fingerprints = winnow([h for h in own.kgrams if h is not None])
     return own
+
+
+def own_code(text: str, base: Base) -> OwnCode:
+    """`text`'s own code beyond `base` (see the module docstring)."""
+    return from_units([(tokens, lines) for tokens, lines in units_of(parse(text), base.keep, base.attributes)
+                       if tokens not in base.statements], base)
+
+
+def class_template(owns: list, share: float = TEMPLATE_SHARE) -> set:
+    """The own statements that more than `share` of `owns` hold (and at least TEMPLATE_MIN): the
+    code a class was given beyond the base (a course's own handout, say), which every hand-in
+    holds and none wrote. A copy is held by two."""
+    held = Counter(tokens for own in owns for tokens in {t for t, _ in own.units})
+    least = max(TEMPLATE_MIN, math.floor(share * len(owns)) + 1)
+    return {tokens for tokens, n in held.items() if n >= least}
+
+
+def without(own: OwnCode, statements: set, base: Base) -> OwnCode:
+    """`own` without `statements` (class_template's)."""
+    if not statements or not any(t in statements for t, _ in own.units):
+        return own
+    return from_units([(t, lines) for t, lines in own.units if t not in statements], base)

@@ -22,7 +22,7 @@ from grader.integrity.report import IntegrityReport, write_report
 from grader.rubric import RubricError, load_rubric
 
 COMMON_SHARE = 0.02   # by default, evidence more than 2% of the hand-ins share is common ...
-COMMON_MIN = 3        # ... and never fewer than 3
+COMMON_MIN = 5        # ... and never fewer than 5
 
 
 class IntegrityError(ValueError):
@@ -82,7 +82,7 @@ def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Bas
     if paths:
         report.not_found = [f"{f.student} ({f.source or 'no hand-in'}): {f.problem}" for f in facts
                             if not f.found and f.problem and f.status != "invalid"]
-    report.pairs, report.commons = find_pairs(facts, report.common)
+    report.pairs, report.commons = find_pairs(facts, report.common, base)
     paired = time.monotonic()
     report.seconds = round(paired - started, 2)
     report.made_at = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -14,7 +14,8 @@ never paired. What each kind means:
   shared only by shared code (strong). A usual mistake the grader names (a sum, not a mean) is
   made independently: shared in two parts it is moderate, in one it is weak, shown only beside
   other evidence.
-- same code: what the two wrote beyond the skeleton, normalised (grader.integrity.code).
+- same code: what the two wrote beyond the skeleton, normalised (grader.integrity.code), less
+  what most of the batch holds beyond it (a course's own handout, say: code.class_template).
 - same sha256: assignment4.py byte for byte, or the code sha256 their logs' init lines print,
   with two student ids. The untouched skeleton is left out. Bytes are only as telling as what
   they hold beyond the base: the skeleton with the expected answers typed in is what every
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from grader import kit
+from grader.integrity.code import class_template, without
 from grader.integrity.similar import MIN_TOKENS, similar_pairs
 from grader.results import ToDict
 
@@ -44,6 +46,7 @@ ERRS = "identical .err files"
 CLAIMS = "sequences of printed comparisons"
 WEIGHTS = "wrong weights (usual mistakes)"
 KGRAMS = "k-grams of own code (answers many converged on)"
+TEMPLATE = "statements of code beyond the base that most hand-ins hold (what the class was given: left out)"
 ALONE = ("pairs sharing only weak evidence, one usual mistake or the skeleton with the expected answers byte for "
          "byte (not listed on that alone)")
 
@@ -193,8 +196,12 @@ def _shown(f, lines: list) -> list:
     return [f"{n}: {source[n - 1].strip()}" for n in lines[:SHOWN_LINES] if 0 < n <= len(source)]
 
 
-def same_code(p: _Pairs) -> None:
+def same_code(p: _Pairs, base=None) -> None:
     owns = {s: f.own for s, f in p.facts.items() if f.own is not None}
+    template = class_template(list(owns.values())) if base is not None else set()
+    if template:
+        owns = {s: without(own, template, base) for s, own in owns.items()}
+        p.commons[TEMPLATE] = len(template)
     matches, common = similar_pairs(owns, p.common)
     p.commons[KGRAMS] += common
     for m in matches:
@@ -244,13 +251,14 @@ def same_sha256(p: _Pairs) -> None:
                                      [f"{role(x, digest)}: {digest}"], [f"{role(y, digest)}: {digest}"]))
 
 
-def find_pairs(facts: list, common: int) -> tuple:
+def find_pairs(facts: list, common: int, base=None) -> tuple:
     """([Pair], {what: how many were taken as common}): every pair with evidence, strongest first,
-    and what more than `common` hand-ins shared (counted, not listed)."""
+    and what more than `common` hand-ins shared (counted, not listed). With the code's `base`
+    (grader.integrity.code.Base), the statements most hand-ins hold beyond it are dropped first."""
     p = _Pairs(facts, common)
     same_run(p)
     same_wrong_weight(p)
-    same_code(p)
+    same_code(p, base)
     same_sha256(p)
     alone = p.attach_weak()
     if alone:
