@@ -45,7 +45,7 @@ LOGS = "identical .log files with nothing run-specific in them"
 ERRS = "identical .err files"
 CLAIMS = "sequences of printed comparisons"
 WEIGHTS = "wrong weights (usual mistakes)"
-KGRAMS = "k-grams of own code (answers many converged on)"
+KGRAMS = "k-grams of own code (answers many converged on: they weigh nothing)"
 TEMPLATE = "statements of code beyond the base that most hand-ins hold (what the class was given: left out)"
 ALONE = ("pairs sharing only weak evidence, one usual mistake or the skeleton with the expected answers byte for "
          "byte (not listed on that alone)")
@@ -207,10 +207,10 @@ def same_code(p: _Pairs, base=None) -> None:
     for m in matches:
         x, y = p.facts[m.a], p.facts[m.b]
         p.add(x, y, Evidence("same_code", STRONG if m.strong else MODERATE,
-                             f"own code beyond the skeleton shared: {m.tokens_a} of {m.distinct_a} distinctive tokens "
-                             f"({m.share_a:.0%}; {m.size_a} in all) and {m.tokens_b} of {m.distinct_b} "
-                             f"({m.share_b:.0%}; {m.size_b} in all), after renaming and comments are normalised "
-                             f"away and what the class shares is left out",
+                             f"own code beyond the skeleton shared: {m.tokens_a:.0f} of {m.distinct_a:.0f} distinctive "
+                             f"tokens ({m.share_a:.0%}; {m.size_a} in all) and {m.tokens_b:.0f} of {m.distinct_b:.0f} "
+                             f"({m.share_b:.0%}; {m.size_b} in all), each token weighed by how few hand-ins hold it, "
+                             f"after renaming, comments, layout and the order of independent lines are normalised away",
                              _shown(x, m.lines_a), _shown(y, m.lines_b)))
 
 
