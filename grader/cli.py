@@ -129,6 +129,9 @@ def _check_arguments(p) -> None:
 def _package_arguments(p) -> None:
     _check_arguments(p)
     p.add_argument("-o", "--output", metavar="ZIP", help="the zip to write (default: assignment4-handin.zip)")
+    p.add_argument("--partial", action="store_true",
+                   help="hand in a run that crashed or hung as it is: the parts its log shows finished earn "
+                        "their log points, and the grader re-runs every part")
 
 
 def _gradebook_arguments(p) -> None:
@@ -201,8 +204,8 @@ COMMANDS = {
     "package": ("student", "grader.student.commands:package_command", _package_arguments,
                 "build the hand-in zip, then check it",
                 "Zip assignment4.py, utils.py and the best run's .log and .err (the most complete run of "
-                "this exact code, newest among equals), refusing a run that did not finish or ran other "
-                "code; then check the zip."),
+                "this exact code, newest among equals), refusing a run that ran other code, or that did not "
+                "finish unless --partial hands it in as partial work; then check the zip."),
     "integrity": ("integrity", "grader.integrity.commands:integrity_command", _integrity_arguments,
                   "list the pairs of graded hand-ins a person should compare",
                   "Read a graded batch (and its hand-ins) for evidence only this grader has: the same run, the "
