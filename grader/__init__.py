@@ -28,8 +28,9 @@ The house, one room per job; a hand-in travels down the list:
                  lms), and what a regrade moved (diff)
     student/     the student tools: check and package
     gradescope/  grading inside Gradescope's container, and the bundle that sets it up
-    instructor/  the skeleton generated from the reference, the configuration check, the student
-                 release and the public rubric it ships (derived from rubric.yaml)
+    instructor/  the skeleton generated from the reference, the handout's points written from the
+                 rubric, the configuration check, the student release (less the lab's answers, and
+                 what its scan for leaks refuses) and the public rubric it ships (derived from rubric.yaml)
     analytics/   the batch report for course staff: item analytics over every result in OUT
                  (numbers) as report.html with its plots and analytics.json (page)
     integrity/   the pairs of hand-ins a person should compare, from graded results and the hand-ins

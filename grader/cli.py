@@ -106,13 +106,17 @@ def _bundle_arguments(p) -> None:
 
 
 def _skeleton_arguments(p) -> None:
-    p.add_argument("--check", action="store_true", help="only check that the committed skeleton is current")
+    p.add_argument("--check", action="store_true",
+                   help="only check that the committed skeleton and the handout's points are current")
 
 
 def _release_arguments(p) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
     p.add_argument("--replace", action="store_true",
                    help="DIR may hold an earlier release: it is replaced once the new one is complete")
+    p.add_argument("--lab-answers", action="store_true",
+                   help="ship the lecture's lab whole, with its files that answer the assignment's TODOs (by "
+                        "default they are left out; the release names them either way)")
 
 
 def _public_rubric_arguments(p) -> None:
@@ -186,12 +190,14 @@ COMMANDS = {
     "gradescope-bundle": ("gradescope", "grader.gradescope.bundle:bundle_command", _bundle_arguments,
                           "build the autograder zip for Gradescope", None),
     "skeleton": ("instructor", "grader.instructor.commands:skeleton_command", _skeleton_arguments,
-                 "generate assignment_4/assignment4.py from the reference", None),
+                 "generate assignment_4/assignment4.py from the reference, and the handout's points from the rubric",
+                 None),
     "release": ("instructor", "grader.instructor.commands:release_command", _release_arguments,
                 "write the tree students receive: skeleton, utils, handout, Slurm jobs, check and package",
-                "Write the tree students receive into a new folder, after checking that the skeleton is "
-                "current, that the reference, the rubric's default check and the handout state one "
-                "configuration, and that no file leaks the solution or a hidden check."),
+                "Write the tree students receive into a new folder, the handout's points written from the "
+                "rubric, after checking that the skeleton is current, that the reference, the rubric's default "
+                "check and the handout state one configuration, that no points are stated elsewhere, and that "
+                "no file leaks the solution, a hidden check or the lab's answers; a refusal names every place."),
     "public-rubric": ("instructor", "grader.instructor.commands:public_rubric_command", _public_rubric_arguments,
                       "print the rubric students' check and package use, derived from grader/rubric.yaml",
                       "Print the public rubric: grader/rubric.yaml's public checks, each at its own world size "
