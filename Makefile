@@ -7,7 +7,7 @@
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
 #   make bench       grading throughput: warm executor against torchrun, per-world floor, memory
 #                    the integrity report over every pair of 500 hand-ins, the staff report's size and time
-#   make skeleton    regenerate assignment_4/assignment4.py from the reference
+#   make skeleton    regenerate assignment_4/assignment4.py from the reference, and the handout's points from the rubric
 #   make release     write the tree students receive into build/release
 SHELL := /bin/bash
 PYTHON ?= python3

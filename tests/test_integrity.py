@@ -291,6 +291,18 @@ def test_the_command_loads_no_torch():
     assert proc.stdout.strip() == "False"
 
 
+def test_base_files_must_be_python_files_that_are_there(batch, tmp_path, capsys):
+    out, inbox = batch
+    assert main(["integrity", str(out), str(inbox), "--base", str(tmp_path / "handout.py")]) == 2
+    assert f"--base {tmp_path / 'handout.py'}: no such file" in capsys.readouterr().err
+    (tmp_path / "handout.md").write_text("# the handout\n")
+    assert main(["integrity", str(out), str(inbox), "--base", str(tmp_path / "handout.md")]) == 2
+    assert "not a .py file" in capsys.readouterr().err
+    report = run_integrity(out, [inbox], base_files=[HANDOUT])
+    assert str(HANDOUT) in report.base and f"`{HANDOUT}`" in (out / "integrity.md").read_text()
+    run_integrity(out, [inbox])   # leave the batch's report as the other tests read it
+
+
 def test_a_folder_that_was_not_graded_is_refused(tmp_path, capsys):
     assert main(["integrity", str(tmp_path)]) == 2
     assert "no students/*/grading.json" in capsys.readouterr().err

@@ -31,7 +31,9 @@ MEANING = {
                  "docstrings, imports and annotations dropped, every name the code defines, every number and "
                  "string normalised, and each block's independent statements (and the module's functions) put in "
                  "one order: renaming, deleting comments, reformatting, reordering independent lines and moving "
-                 "code into functions of its own do not hide a copy.",
+                 "code into functions of its own do not hide a copy. Code most of the batch holds beyond the "
+                 "skeleton (a handout of its own: give it with --base) is left out, and each shared piece weighs "
+                 "by how few hand-ins hold it: fully when two do, nothing when a twentieth of the batch does.",
     "same_sha256": "assignment4.py byte for byte, or the code sha256 the logs' init lines print, in hand-ins "
                    "of two student ids (the untouched skeleton is left out). Strong only when the file has lines "
                    "of its own: the skeleton with the expected answers typed in is what everyone who types them "
