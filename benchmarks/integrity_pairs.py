@@ -95,7 +95,8 @@ def build(inbox: Path, out: Path, n: int, seed: int) -> tuple:
     for i in range(n - len(DISGUISES) - 7):
         code, wrong = class_code(rng, i)
         handins[f"s{i:04d}"] = (Files(code=code, log=run_log(code, 1000 + i), err=run_err(1000 + i)), wrong)
-    own = [name for name, (files, wrong) in handins.items() if not wrong and own_code(files.code, base).size >= MIN_TOKENS]
+    own = [name for name, (files, wrong) in handins.items()
+           if not wrong and own_code(files.code, base).size >= MIN_TOKENS]
     for k, (name, make) in enumerate(DISGUISES.items()):   # a copy per disguise, of a student with code of their own
         original = own[k * len(own) // len(DISGUISES)]
         code = make(handins[original][0].code, random.Random(f"{seed}-{name}"))

@@ -200,7 +200,7 @@ def test_a_run_that_crashed_in_part_3_is_refused_once_then_handed_in_as_partial_
 
     assert cli.main(["package", "--partial"]) == 1   # written; the check shows Part 3 failing
     printed = capsys.readouterr().out
-    assert f"did not finish, made by slurm/run-local.sh, written by this very assignment4.py" in printed
+    assert "did not finish, made by slurm/run-local.sh, written by this very assignment4.py" in printed
     assert printed.count("what did not finish:") == 1 and "Rank 1 raised RuntimeError" in printed
     assert "handed in as partial work (--partial): the log shows Part 1, Part 2 matching on every rank" in printed
     with zipfile.ZipFile(DEFAULT_ZIP) as z:

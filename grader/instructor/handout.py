@@ -62,8 +62,8 @@ def part_points(rubric, part_id: str) -> str:
     """The sentence of one optional part's section: what it is worth in `rubric`."""
     p = rubric.parts.get(part_id)
     if p is None:
-        return (f"This part is off in this course's rubric (grader/rubric.yaml): a course turns it on by giving it "
-                f"points there, and then this section and its points are in the students' release.\n")
+        return ("This part is off in this course's rubric (grader/rubric.yaml): a course turns it on by giving it "
+                "points there, and then this section and its points are in the students' release.\n")
     split = f"({_n(p.log)} for the log and {_n(p.rerun)} for the re-run)"
     if p.bonus:
         return (f"This part is optional: it earns {_n(p.rerun + p.log)} bonus points on top of "

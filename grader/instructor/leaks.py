@@ -114,6 +114,7 @@ def _lab_leaks(folder: Path, parts) -> list:
     for path in sorted((folder / "lab").glob("*.py")) if (folder / "lab").is_dir() else []:
         rel = path.relative_to(folder).as_posix()
         if rel not in said:
+            traces = answer_traces(path.read_text(errors="replace"))
             leaks += [f"{rel}: {trace}: leave it out of a students' release, or name it in "
-                      f"grader/instructor/lab.py's ANSWERS" for trace in answer_traces(path.read_text(errors="replace"))]
+                      f"grader/instructor/lab.py's ANSWERS" for trace in traces]
     return leaks

@@ -32,7 +32,7 @@ from itertools import combinations
 
 from grader import kit
 from grader.integrity.code import class_template, without
-from grader.integrity.similar import MIN_TOKENS, similar_pairs
+from grader.integrity.similar import MIN_TOKENS, code_cut, similar_pairs
 from grader.results import ToDict
 
 STRONG, MODERATE, WEAK = "strong", "moderate", "weak"   # weak: shown beside other evidence, never listed alone
@@ -203,7 +203,9 @@ def same_code(p: _Pairs, base=None) -> None:
         owns = {s: without(own, template, base) for s, own in owns.items()}
         p.commons[TEMPLATE] = len(template)
     matches, common = similar_pairs(owns, p.common)
-    p.commons[KGRAMS] += common
+    if common:
+        cut = code_cut(p.common, sum(1 for own in owns.values() if own and own.size))
+        p.commons[f"{KGRAMS}, each held by more than {cut} hand-ins"] += common
     for m in matches:
         x, y = p.facts[m.a], p.facts[m.b]
         p.add(x, y, Evidence("same_code", STRONG if m.strong else MODERATE,

@@ -9,7 +9,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.integrity.evidence import ALONE, KINDS, STRONG, TEMPLATE
+from grader.integrity.evidence import ALONE, KGRAMS, KINDS, STRONG, TEMPLATE
 from grader.kit import atomic_write
 from grader.names import result_files
 from grader.results import ToDict
@@ -117,7 +117,8 @@ def integrity_markdown(report: IntegrityReport) -> str:
         lines.append("")
     if report.commons:
         lines += ["## Taken as common (not listed)", ""]
-        lines += [f"- {count} {what}" + ("" if what in (ALONE, TEMPLATE) else f", each shared by more than {report.common} hand-ins")
+        lines += [f"- {count} {what}" + ("" if what in (ALONE, TEMPLATE) or what.startswith(KGRAMS) else
+                                          f", each shared by more than {report.common} hand-ins")
                   for what, count in sorted(report.commons.items()) if count]
         lines.append("")
     if report.not_found:

@@ -73,6 +73,11 @@ class CodeMatch(ToDict):
         return min(self.tokens_a, self.tokens_b) >= STRONG_TOKENS and min(self.share_a, self.share_b) >= STRONG_SHARE
 
 
+def code_cut(common: int, n: int) -> int:
+    """The most hand-ins of `n` a k-gram may be held by and still weigh anything."""
+    return max(common, math.ceil(CODE_COMMON_SHARE * n))
+
+
 def rarity(held: int, n: int) -> float:
     """What a k-gram held by `held` of `n` hand-ins says: 1 held by two (or fewer), 0 by all."""
     if held <= 2 or n <= 2:
@@ -104,7 +109,7 @@ def similar_pairs(owns: dict, common: int) -> tuple:
     kgram_sets = {key: {h for h in own.kgrams if h is not None} for key, own in owns.items() if own and own.size}
     held = Counter(h for hs in kgram_sets.values() for h in hs)
     n = len(kgram_sets)
-    cut = max(common, math.ceil(CODE_COMMON_SHARE * n))
+    cut = code_cut(common, n)
     weight = {h: rarity(count, n) if count <= cut else 0.0 for h, count in held.items()}
     index = defaultdict(list)
     for key in kgram_sets:
