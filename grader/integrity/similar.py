@@ -1,29 +1,27 @@
 """All pairs of hand-ins by their own code (grader.integrity.code), in time that grows with what
 they share, not with the number of pairs.
 
-What a k-gram says depends on how many hand-ins hold it: one that two hand-ins alone hold is
-what one of them copied or both were given; one that many hold is an answer the class
-converged on (or a handout's code every student started from). So every k-gram weighs its
-rarity, log(n / held) / log(n / 2) over the n hand-ins with code: 1 when two hold it, 0 when all
-do (an inverse document frequency, scaled so that a pair's own k-gram weighs 1); one held by more
-than `common` hand-ins and more than CODE_COMMON_SHARE of them is the class's, and weighs
-nothing (an answer a twentieth of a class converged on, a handout some of it started from, says
-nothing about two of them). A token of a
-hand-in's own code weighs its rarest k-gram's rarity; its distinctive code is the sum. A pair's
-shared part, on each side, is the weight of its tokens inside k-grams the other side holds too
-(each at the rarest such k-gram), and its share is that over the side's distinctive code. Many
-answers a few students each converged on do not hide a copy that holds all of them, as a cut at
-a number of holders would; and a copy of a hand-in that is the handout's code and little else
-shares little weight, however much text the two have in common.
+Two kinds of shared piece: a k-gram (K normalised tokens in a row) and a whole statement of at
+least MIN_STATEMENT tokens, wherever it stands (a statement moved into a helper of its own, or
+among other neighbours, keeps it). What a piece says depends on how many hand-ins hold it: one
+that two alone hold is what one of them copied or both were given; one that many hold is an
+answer the class converged on. So a piece weighs its rarity, log(n / held) / log(n / 2) over
+the n hand-ins with code: 1 when two hold it, 0 when all do (an inverse document frequency,
+scaled so that a pair's own piece weighs 1); one held by more than `common` hand-ins and by
+more than CODE_COMMON_SHARE of them weighs nothing (an answer a twentieth of a class converged
+on, or a handout some of it started from, says nothing about two of them). A token weighs its
+rarest piece; a hand-in's distinctive code is the sum over its own code. A pair's shared part,
+on each side, is the weight of its tokens inside pieces the other side holds too, and its share
+is that over the side's distinctive code. Answers a few students each converged on do not hide
+a copy that holds all of them, as a cut at a number of holders would.
 
-Only pairs that share a winnowed fingerprint of rarity at least INDEX_RARITY are looked at (an
-inverted index, fingerprint -> hand-ins), and for them the weights are measured exactly. A pair
-is listed when it shares at least MIN_TOKENS of weight on each side and that is at least
-MIN_SHARE of one side's distinctive code: independent correct solutions share a line here and
-there (one line is under K + WINDOW tokens, and the expected answers are the base's); a copy
-shares runs. The thresholds are measured on a planted set (tests/test_integrity_planted.py says
-how): the closest independent pairs share under 30 of weight and a third of a side, every copy
-of code of its own shares over 45 and nine tenths.
+Only pairs that share a piece of rarity at least INDEX_RARITY (a winnowed fingerprint, or a
+statement of K tokens) are looked at (an inverted index, piece -> hand-ins), and for them the
+weights are measured exactly. A pair is listed when it shares at least MIN_TOKENS of weight on
+each side and that is at least MIN_SHARE of one side's distinctive code: a copy holds (nearly)
+all of what the hand-in it copies wrote, independent solutions share a converged line here and
+there. tests/test_integrity_planted.py measures the thresholds on a planted set: no independent
+pair there reaches them, and every copy of a hand-in with code of its own (twice MIN_TOKENS) does.
 """
 
 from __future__ import annotations
@@ -37,10 +35,11 @@ from grader.integrity.code import K, OwnCode
 from grader.results import ToDict
 
 MIN_TOKENS = 40      # shared distinctive weight (tokens), on each side, for a pair to be listed
-MIN_SHARE = 0.5      # ... and at least this share of one side's distinctive code
+MIN_SHARE = 0.8      # ... and at least this share of one side's distinctive code (a copy holds all of it)
 STRONG_TOKENS = 80   # strong: this much shared weight ...
 STRONG_SHARE = 0.8   # ... making up this share of both sides' distinctive code
 INDEX_RARITY = 0.5   # pairs are looked at when they share a fingerprint this rare (held by at most sqrt(2n))
+MIN_STATEMENT = 6    # a whole statement this long, shared, is shared wherever it stands
 CODE_COMMON_SHARE = 0.05   # k-grams more than this share of the hand-ins hold (and more than `common`) weigh nothing
 
 
@@ -85,46 +84,68 @@ def rarity(held: int, n: int) -> float:
     return max(0.0, math.log(n / held) / math.log(n / 2))
 
 
-def _weights(own: OwnCode, weight: dict) -> list:
-    """Each token's weight: the greatest of the k-grams (in `weight`, hash -> weight) it is in."""
+def _weights(own: OwnCode, weight: dict, statements: dict) -> list:
+    """Each token's weight: the greatest of its k-grams' (in `weight`, hash -> weight) and, for a
+    statement of at least MIN_STATEMENT tokens, its statement's (in `statements`, tokens -> weight)."""
     found = [0.0] * own.size
     for i, h in enumerate(own.kgrams):
         w = weight.get(h, 0.0) if h is not None else 0.0
         for j in range(i, min(i + K, own.size)):
             if w > found[j]:
                 found[j] = w
+    start = 0
+    for tokens, _ in own.units:
+        w = statements.get(tokens, 0.0) if len(tokens) >= MIN_STATEMENT else 0.0
+        for j in range(start, start + len(tokens)):
+            if w > found[j]:
+                found[j] = w
+        start += len(tokens)
     return found
 
 
-def _covered(own: OwnCode, weight: dict) -> tuple:
-    """(the weight of `own`'s tokens inside a k-gram of `weight`, their source lines)."""
-    tokens = _weights(own, weight)
+def _covered(own: OwnCode, weight: dict, statements: dict) -> tuple:
+    """(the weight of `own`'s tokens inside a k-gram of `weight` or a statement of `statements`,
+    their source lines)."""
+    tokens = _weights(own, weight, statements)
     return sum(tokens), sorted({own.lines[i] for i, w in enumerate(tokens) if w})
+
+
+def _held(sets: dict, n: int, cut: int) -> tuple:
+    """(holders of each item of the `sets`, each item's weight)."""
+    held = Counter(x for xs in sets.values() for x in xs)
+    return held, {x: rarity(count, n) if count <= cut else 0.0 for x, count in held.items()}
 
 
 def similar_pairs(owns: dict, common: int) -> tuple:
     """([CodeMatch] listed, sorted by share), and the number of k-grams more than `common` hand-ins
     (and CODE_COMMON_SHARE of them) hold: the answers many converged on, which weigh nothing.
     `owns` maps a key (the student) to its OwnCode; hand-ins without code are left out."""
-    kgram_sets = {key: {h for h in own.kgrams if h is not None} for key, own in owns.items() if own and own.size}
-    held = Counter(h for hs in kgram_sets.values() for h in hs)
-    n = len(kgram_sets)
+    owns = {key: own for key, own in owns.items() if own and own.size}
+    kgram_sets = {key: {h for h in own.kgrams if h is not None} for key, own in owns.items()}
+    statement_sets = {key: {t for t, _ in own.units if len(t) >= MIN_STATEMENT} for key, own in owns.items()}
+    n = len(owns)
     cut = code_cut(common, n)
-    weight = {h: rarity(count, n) if count <= cut else 0.0 for h, count in held.items()}
-    index = defaultdict(list)
-    for key in kgram_sets:
-        for fp in owns[key].fingerprints:
+    held, weight = _held(kgram_sets, n, cut)
+    held_statements, statement_weight = _held(statement_sets, n, cut)
+    index = defaultdict(list)   # a rare fingerprint or a rare statement of K tokens -> its holders
+    for key, own in owns.items():
+        for fp in own.fingerprints:
             if held[fp] >= 2 and weight[fp] >= INDEX_RARITY:
                 index[fp].append(key)
+        for tokens in statement_sets[key]:
+            if len(tokens) >= K and held_statements[tokens] >= 2 and statement_weight[tokens] >= INDEX_RARITY:
+                index[tokens].append(key)
     candidates = set()
     for keys in index.values():
         candidates.update(combinations(sorted(keys), 2))
-    distinct = {key: sum(_weights(owns[key], weight)) for key in {k for pair in candidates for k in pair}}
+    distinct = {key: sum(_weights(owns[key], weight, statement_weight))
+                for key in {k for pair in candidates for k in pair}}
     matches = []
     for a, b in sorted(candidates):
         shared = {h: weight[h] for h in kgram_sets[a] & kgram_sets[b]}
-        tokens_a, lines_a = _covered(owns[a], shared)
-        tokens_b, lines_b = _covered(owns[b], shared)
+        both = {t: statement_weight[t] for t in statement_sets[a] & statement_sets[b]}
+        tokens_a, lines_a = _covered(owns[a], shared, both)
+        tokens_b, lines_b = _covered(owns[b], shared, both)
         m = CodeMatch(a, b, round(tokens_a, 1), round(tokens_b, 1), owns[a].size, owns[b].size, lines_a, lines_b,
                       distinct_a=round(distinct[a], 1), distinct_b=round(distinct[b], 1))
         if min(tokens_a, tokens_b) >= MIN_TOKENS and max(m.share_a, m.share_b) >= MIN_SHARE:
