@@ -3,11 +3,12 @@ disguised every way a copier would (tests/integrity_disguise.py), with the pairs
 known. tests/test_integrity_planted.py holds the report to its precision and recall on it;
 benchmarks/integrity_pairs.py prints them, by disguise and at scale.
 
-The class: the six styles of tests/integrity_corpus.py and eight more students below, each
+The class: three styles of tests/integrity_corpus.py and eight more students below, each
 writing the TODOs in a way of their own and adding what students add (prints, asserts, helper
 functions, timing, a part left undone), every one a correct solution written independently;
-and students who wrote the expected answers and nothing else, as many do. Some hand-ins of a
-class are also written from the course's original handout (its code, not the kit's skeleton).
+three students who wrote the expected answers and nothing else, as many do; and six written
+from the course's original handout (its code, not the kit's skeleton): the other three styles,
+and three students who changed the handout around their answers as real hand-ins do.
 """
 
 import hashlib

@@ -1,14 +1,15 @@
 """The integrity report's code comparison held to its precision and recall on the planted set
-(tests/integrity_planted.py): a class of independent hand-ins (twenty styles and students, three
-of them written from a course's own handout, three with the expected answers only) and, per
-disguise, a copy of each of sixteen originals (tests/integrity_disguise.py: renamed, stripped of
-comments, reformatted, reordered, split into helpers, and combinations), each disguise's batch
-compared as `python -m grader integrity` compares one.
+(tests/integrity_planted.py): a class of twenty independent hand-ins (eleven students' own ways
+on the kit's skeleton, six written from a course's own handout, three with the expected answers
+only) and, per disguise, a copy of each of sixteen originals (tests/integrity_disguise.py:
+renamed, stripped of comments, reformatted, reordered, split into helpers, and combinations),
+each disguise's batch compared as `python -m grader integrity` compares one.
 
 The floors, and why:
 - PRECISION_FLOOR 0.95: a TA opens every listed pair and reads both hand-ins; one false lead in
-  twenty is what a person will still trust. Measured: 0.99 (the one pair listed beyond the
-  copies: two copies both split into helpers, whose helpers' calls and returns look alike).
+  twenty is what a person will still trust. Measured: 1.00 (no independent pair shares
+  similar.MIN_TOKENS of weight and MIN_SHARE of a side; two copies both split into helpers came
+  closest, their helpers' calls and returns alike).
 - RECALL_FLOOR 0.9 overall, and every copy of an original whose own code is at least
   2 x MIN_TOKENS found under every disguise. Measured: 0.94; the one original missed ("helper",
   who wrote 30 tokens of their own: one helper function and one call) cannot be told from the

@@ -208,11 +208,11 @@ def same_code(p: _Pairs, base=None) -> None:
         p.commons[f"{KGRAMS}, each held by more than {cut} hand-ins"] += common
     for m in matches:
         x, y = p.facts[m.a], p.facts[m.b]
-        p.add(x, y, Evidence("same_code", STRONG if m.strong else MODERATE,
-                             f"own code beyond the skeleton shared: {m.tokens_a:.0f} of {m.distinct_a:.0f} distinctive "
-                             f"tokens ({m.share_a:.0%}; {m.size_a} in all) and {m.tokens_b:.0f} of {m.distinct_b:.0f} "
-                             f"({m.share_b:.0%}; {m.size_b} in all), each token weighed by how few hand-ins hold it, "
-                             f"after renaming, comments, layout and the order of independent lines are normalised away",
+        said = (f"own code beyond the skeleton shared: {m.tokens_a:.0f} weighted tokens, {m.share_a:.0%} of {m.a}'s "
+                f"distinctive code ({m.size_a} tokens of its own in all), and {m.tokens_b:.0f}, {m.share_b:.0%} of "
+                f"{m.b}'s ({m.size_b} in all); a token weighs by how few hand-ins hold its k-gram or statement, "
+                f"after renaming, comments, layout and the order of independent lines are normalised away")
+        p.add(x, y, Evidence("same_code", STRONG if m.strong else MODERATE, said,
                              _shown(x, m.lines_a), _shown(y, m.lines_b)))
 
 

@@ -45,27 +45,20 @@ CODE_COMMON_SHARE = 0.05   # k-grams more than this share of the hand-ins hold (
 
 @dataclass
 class CodeMatch(ToDict):
-    """Two hand-ins' shared own code."""
+    """Two hand-ins' shared own code, both sides by the measure that lists them: k-grams, else whole
+    statements."""
     a: str
     b: str
-    tokens_a: float            # weight of a's own tokens in k-grams b holds too
+    tokens_a: float            # weight of a's own tokens in pieces b holds too (k-grams, or statements)
     tokens_b: float
     size_a: int                # tokens of a's own code
     size_b: int
     lines_a: list = field(default_factory=list)   # source lines of a holding shared tokens
     lines_b: list = field(default_factory=list)
-    distinct_a: float = None   # weight of a's own code: its distinctive code
+    distinct_a: float = None   # weight of a's distinctive code, by the measure of share_a
     distinct_b: float = None
-
-    @property
-    def share_a(self) -> float:
-        size = self.size_a if self.distinct_a is None else self.distinct_a
-        return min(self.tokens_a / size, 1.0) if size else 0.0
-
-    @property
-    def share_b(self) -> float:
-        size = self.size_b if self.distinct_b is None else self.distinct_b
-        return min(self.tokens_b / size, 1.0) if size else 0.0
+    share_a: float = 0.0       # the share of a's distinctive code b holds too, by the same measure
+    share_b: float = 0.0
 
     @property
     def strong(self) -> bool:
@@ -84,30 +77,48 @@ def rarity(held: int, n: int) -> float:
     return max(0.0, math.log(n / held) / math.log(n / 2))
 
 
-def _weights(own: OwnCode, weight: dict, statements: dict) -> list:
-    """Each token's weight: the greatest of its k-grams' (in `weight`, hash -> weight) and, for a
-    statement of at least MIN_STATEMENT tokens, its statement's (in `statements`, tokens -> weight)."""
+def _weights(own: OwnCode, weight: dict) -> list:
+    """Each token's weight: the greatest of the k-grams it is in (`weight`: hash -> weight)."""
     found = [0.0] * own.size
     for i, h in enumerate(own.kgrams):
         w = weight.get(h, 0.0) if h is not None else 0.0
         for j in range(i, min(i + K, own.size)):
             if w > found[j]:
                 found[j] = w
-    start = 0
-    for tokens, _ in own.units:
-        w = statements.get(tokens, 0.0) if len(tokens) >= MIN_STATEMENT else 0.0
-        for j in range(start, start + len(tokens)):
-            if w > found[j]:
-                found[j] = w
-        start += len(tokens)
     return found
 
 
-def _covered(own: OwnCode, weight: dict, statements: dict) -> tuple:
-    """(the weight of `own`'s tokens inside a k-gram of `weight` or a statement of `statements`,
-    their source lines)."""
-    tokens = _weights(own, weight, statements)
-    return sum(tokens), sorted({own.lines[i] for i, w in enumerate(tokens) if w})
+def _statement_weights(own: OwnCode, weight: dict) -> list:
+    """Each token's weight: its statement's, for a statement of MIN_STATEMENT tokens (`weight`:
+    tokens -> weight); 0 for a shorter one."""
+    found = []
+    for tokens, _ in own.units:
+        found += [weight.get(tokens, 0.0) if len(tokens) >= MIN_STATEMENT else 0.0] * len(tokens)
+    return found
+
+
+@dataclass
+class _Side:
+    """One hand-in's own code, weighed both ways: by k-grams and by whole statements."""
+    own: OwnCode
+    kgrams: list      # each token's k-gram weight
+    statements: list  # each token's statement weight
+
+    def shared(self, kgrams: dict, statements: dict) -> list:
+        """[(shared weight, its share of the side's distinctive code, that code's weight, source
+        lines)] of what the other side holds too, measured by k-grams, then by statements."""
+        found = []
+        for tokens, size in ((_weights(self.own, kgrams), sum(self.kgrams)),
+                             (_statement_weights(self.own, statements), sum(self.statements))):
+            got = sum(tokens)
+            found.append((got, min(got / size, 1.0) if size else 0.0, size,
+                          sorted({self.own.lines[i] for i, w in enumerate(tokens) if w})))
+        return found
+
+
+def _listed(a: tuple, b: tuple) -> bool:
+    """Whether two sides' measures (shared weight, share, ...) make a pair to list."""
+    return min(a[0], b[0]) >= MIN_TOKENS and max(a[1], b[1]) >= MIN_SHARE
 
 
 def _held(sets: dict, n: int, cut: int) -> tuple:
@@ -138,17 +149,17 @@ def similar_pairs(owns: dict, common: int) -> tuple:
     candidates = set()
     for keys in index.values():
         candidates.update(combinations(sorted(keys), 2))
-    distinct = {key: sum(_weights(owns[key], weight, statement_weight))
-                for key in {k for pair in candidates for k in pair}}
+    sides = {key: _Side(owns[key], _weights(owns[key], weight), _statement_weights(owns[key], statement_weight))
+             for key in {k for pair in candidates for k in pair}}
     matches = []
     for a, b in sorted(candidates):
         shared = {h: weight[h] for h in kgram_sets[a] & kgram_sets[b]}
         both = {t: statement_weight[t] for t in statement_sets[a] & statement_sets[b]}
-        tokens_a, lines_a = _covered(owns[a], shared, both)
-        tokens_b, lines_b = _covered(owns[b], shared, both)
-        m = CodeMatch(a, b, round(tokens_a, 1), round(tokens_b, 1), owns[a].size, owns[b].size, lines_a, lines_b,
-                      distinct_a=round(distinct[a], 1), distinct_b=round(distinct[b], 1))
-        if min(tokens_a, tokens_b) >= MIN_TOKENS and max(m.share_a, m.share_b) >= MIN_SHARE:
-            matches.append(m)
+        measures = list(zip(sides[a].shared(shared, both), sides[b].shared(shared, both)))
+        side_a, side_b = next((m for m in measures if _listed(*m)), measures[0])   # k-grams, unless statements list it
+        if _listed(side_a, side_b):
+            matches.append(CodeMatch(a, b, round(side_a[0], 1), round(side_b[0], 1), owns[a].size, owns[b].size,
+                                     side_a[3], side_b[3], round(side_a[2], 1), round(side_b[2], 1), side_a[1],
+                                     side_b[1]))
     matches.sort(key=lambda m: (-max(m.share_a, m.share_b), m.a, m.b))
     return matches, sum(1 for count in held.values() if count > cut)

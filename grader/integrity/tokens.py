@@ -44,7 +44,8 @@ def _tokens(text: str) -> list:
         chunk, mark = iter(lines[start:]), len(found)
         try:
             for tok in tokenize.generate_tokens(lambda: next(chunk, "")):
-                found.append(tok._replace(start=(tok.start[0] + start, tok.start[1]), end=(tok.end[0] + start, tok.end[1])))
+                found.append(tok._replace(start=(tok.start[0] + start, tok.start[1]),
+                                          end=(tok.end[0] + start, tok.end[1])))
             break
         except (tokenize.TokenError, SyntaxError) as e:   # IndentationError is a SyntaxError
             cut = len(found)
