@@ -102,14 +102,14 @@ def build(inbox: Path, out: Path, n: int, seed: int) -> tuple:
         code = make(handins[original][0].code, random.Random(f"{seed}-{name}"))
         handins[f"copy~{name}"] = (Files(code=code, log=run_log(code, 5000 + k), err=run_err(5000 + k)), [])
         planted.add(tuple(sorted((original, f"copy~{name}"))))
-        copies.add(tuple(sorted((original, f"copy~{name}"))))
+        copies.add((original, f"copy~{name}"))
     for k in range(2):                                             # a copied run
         a, b = f"s{k:04d}", f"s{k + 2:04d}"
         handins[f"run{k}"] = (Files(code=handins[b][0].code + "# the log is not mine\n", log=handins[a][0].log,
                                     err=handins[a][0].err), handins[b][1])
         planted.add(tuple(sorted((a, f"run{k}"))))
-        if own_code(handins[b][0].code, base).size >= MIN_TOKENS:   # and the code is b's
-            planted.add(tuple(sorted((b, f"run{k}"))))
+        if own_code(handins[b][0].code, base).size >= MIN_TOKENS:   # and the code is b's (and its copies')
+            planted |= {tuple(sorted((x, f"run{k}"))) for x in [b] + [c for o, c in copies if o == b]}
     for k in range(2):                                             # the same unexplained wrong weight
         for side in "ab":
             code = mutate("tp_returns_shard") + f"# wrong {k}{side}\n"
@@ -147,6 +147,7 @@ def print_scale(args) -> int:
     print(f"     write integrity.csv and .md:                  {report.timings['write']:.2f} s")
     print(f"     peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     code_listed = {(p.student_a, p.student_b) for p in report.pairs if any(e.kind == "same_code" for e in p.evidence)}
+    copies = {tuple(sorted(c)) for c in copies}
     print(f"   disguised copies: {len(copies & code_listed)} of {len(copies)} found by their code; "
           f"{len(code_listed - planted)} pair(s) listed for their code beyond the planted ones")
     print(f"   every kind: listed {len(listed)} pair(s), {report.strong} strong; planted {len(planted)}: "

@@ -166,7 +166,8 @@ def _integrity_arguments(p) -> None:
                    help="the hand-ins given to `grade`, to compare their .log, .err and code too")
     p.add_argument("--common", type=int, metavar="N",
                    help="evidence shared by more than N hand-ins is common, counted but not listed "
-                        "(default: 2%% of the hand-ins, at least 3)")
+                        "(default: 2%% of the hand-ins, at least 5; code weighs by how few hold it, nothing past "
+                        "the larger of N and 5%% of the hand-ins)")
     p.add_argument("--rubric", metavar="FILE", help="the rubric given to `grade` (for its student id pattern)")
     p.add_argument("--base", action="append", metavar="FILE",
                    help="code the students were given besides the kit's skeleton (e.g. a course's own handout "
