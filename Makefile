@@ -12,7 +12,8 @@
 #                    with Part 5 on)
 #   make gpu-check   on a GPU machine, with the Python given (PYTHON=python3): NCCL runs, the lab, the
 #                    demo and the throughput benchmark with torch's CUDA build, into docs/figures.md
-#   make skeleton    regenerate assignment_4/assignment4.py from the reference
+#   make skeleton    regenerate assignment_4/assignment4.py from the reference, and the handout's points
+#                    from the rubric
 #   make release     write the tree students receive into build/release
 SHELL := /bin/bash
 PYTHON ?= python3

@@ -46,16 +46,17 @@ room (tests/test_layout.py holds the map to that):
                  and `diff`)
     student/     the student tools: check and package; commands (their two commands)
     gradescope/  grading inside Gradescope's container (run), and the bundle that sets it up (bundle)
-    instructor/  the skeleton generated from the reference (skeleton), the configuration said
-                 alike in the reference, the rubric and the handout (config), the student release
-                 and the public rubric file it ships (release); commands (`skeleton`, `release`,
-                 `public-rubric`)
+    instructor/  the skeleton generated from the reference (skeleton), the handout's points written
+                 from the rubric (handout), the configuration said alike in the reference, the
+                 rubric and the handout (config), the lab's answers to the assignment (lab), the
+                 release's scan for leaks (leaks), the student release and the public rubric file it
+                 ships (release); commands (`skeleton`, `release`, `public-rubric`)
     analytics/   the batch report for course staff: a row per hand-in, worst first (triage), item
                  analytics over every result in OUT (numbers), as report.html from templates/ with
                  its plots, and analytics.json (page)
     integrity/   the pairs of hand-ins a person should compare, from graded results and the hand-ins
-                 (code, facts, similar, evidence, report; commands, the `integrity` command); it
-                 runs no code
+                 (tokens, canon, code, facts, similar, evidence, report; commands, the `integrity`
+                 command); it runs no code
 
 Import rules (tests/test_layout.py holds the code to them):
 - shared modules import no torch and no room; nothing imports cli, and cli imports a command's room

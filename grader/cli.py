@@ -107,13 +107,17 @@ def _bundle_arguments(p) -> None:
 
 
 def _skeleton_arguments(p) -> None:
-    p.add_argument("--check", action="store_true", help="only check that the committed skeleton is current")
+    p.add_argument("--check", action="store_true",
+                   help="only check that the committed skeleton and the handout's points are current")
 
 
 def _release_arguments(p) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
     p.add_argument("--replace", action="store_true",
                    help="DIR may hold an earlier release: it is replaced once the new one is complete")
+    p.add_argument("--lab-answers", action="store_true",
+                   help="ship the lecture's lab whole, with its files that answer the assignment's TODOs (by "
+                        "default they are left out; the release names them either way)")
 
 
 def _public_rubric_arguments(p) -> None:
@@ -130,6 +134,9 @@ def _check_arguments(p) -> None:
 def _package_arguments(p) -> None:
     _check_arguments(p)
     p.add_argument("-o", "--output", metavar="ZIP", help="the zip to write (default: assignment4-handin.zip)")
+    p.add_argument("--partial", action="store_true",
+                   help="hand in a run that crashed or hung as it is: the parts its log shows finished earn "
+                        "their log points, and the grader re-runs every part")
 
 
 def _gradebook_arguments(p) -> None:
@@ -173,8 +180,12 @@ def _integrity_arguments(p) -> None:
                    help="the hand-ins given to `grade`, to compare their .log, .err and code too")
     p.add_argument("--common", type=int, metavar="N",
                    help="evidence shared by more than N hand-ins is common, counted but not listed "
-                        "(default: 2%% of the hand-ins, at least 3)")
+                        "(default: 2%% of the hand-ins, at least 5; code weighs by how few hold it, nothing past "
+                        "the larger of N and 5%% of the hand-ins)")
     p.add_argument("--rubric", metavar="FILE", help="the rubric given to `grade` (for its student id pattern)")
+    p.add_argument("--base", action="append", metavar="FILE",
+                   help="code the students were given besides the kit's skeleton (e.g. a course's own handout "
+                        "code): what a hand-in shares with it counts for nothing; repeat for several files")
 
 
 # command: (room, handler, arguments, help, description)
@@ -194,12 +205,14 @@ COMMANDS = {
     "gradescope-bundle": ("gradescope", "grader.gradescope.bundle:bundle_command", _bundle_arguments,
                           "build the autograder zip for Gradescope", None),
     "skeleton": ("instructor", "grader.instructor.commands:skeleton_command", _skeleton_arguments,
-                 "generate assignment_4/assignment4.py from the reference", None),
+                 "generate assignment_4/assignment4.py from the reference, and the handout's points from the rubric",
+                 None),
     "release": ("instructor", "grader.instructor.commands:release_command", _release_arguments,
                 "write the tree students receive: skeleton, utils, handout, Slurm jobs, check and package",
-                "Write the tree students receive into a new folder, after checking that the skeleton is "
-                "current, that the reference, the rubric's default check and the handout state one "
-                "configuration, and that no file leaks the solution or a hidden check."),
+                "Write the tree students receive into a new folder, the handout's points written from the "
+                "rubric, after checking that the skeleton is current, that the reference, the rubric's default "
+                "check and the handout state one configuration, that no points are stated elsewhere, and that "
+                "no file leaks the solution, a hidden check or the lab's answers; a refusal names every place."),
     "public-rubric": ("instructor", "grader.instructor.commands:public_rubric_command", _public_rubric_arguments,
                       "print the rubric students' check and package use, derived from grader/rubric.yaml",
                       "Print the public rubric: grader/rubric.yaml's public checks, each at its own world size "
@@ -212,8 +225,8 @@ COMMANDS = {
     "package": ("student", "grader.student.commands:package_command", _package_arguments,
                 "build the hand-in zip, then check it",
                 "Zip assignment4.py, utils.py and the best run's .log and .err (the most complete run of "
-                "this exact code, newest among equals), refusing a run that did not finish or ran other "
-                "code; then check the zip."),
+                "this exact code, newest among equals), refusing a run that ran other code, or that did not "
+                "finish unless --partial hands it in as partial work; then check the zip."),
     "integrity": ("integrity", "grader.integrity.commands:integrity_command", _integrity_arguments,
                   "list the pairs of graded hand-ins a person should compare",
                   "Read a graded batch (and its hand-ins) for evidence only this grader has: the same run, the "

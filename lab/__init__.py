@@ -5,7 +5,8 @@ parallelism on a deep MLP with their backward passes. Each file runs on its own 
     torchrun --standalone --nproc-per-node 4 lab/collectives.py # one part; `python lab/<file>.py`: one rank
 
 Import directions: every file imports `lab.common` and the kit's `assignment_4/utils.py`; the three
-parallel MLPs import `lab.mlp` (their single-process ground truth); `lab.run_all` imports them all.
+parallel MLPs import `lab.mlp` (their single-process ground truth); `lab.run_all` imports them all
+(those a students' copy holds: its release leaves out the files that answer the assignment).
 Nothing here imports `grader/` or `slurm/` but the kit's plotting module (`grader/plots.py`, shared
 with the grader's batch report, shipped with the student release), and nothing in the kit imports `lab/`.
 """

@@ -157,7 +157,8 @@ RENAMES = {"inputs": "xb", "targets": "yb", "outputs": "preds", "loss": "objecti
 
 
 def fill(answers: dict, skeleton: str = None) -> str:
-    """The skeleton with `answers` (TODO key -> code; the reference's where a key is missing)."""
+    """The skeleton with `answers` (TODO key -> code; the reference's where a key is missing, the
+    TODO as it is where the code is None)."""
     text = skeleton if skeleton is not None else kit.SKELETON.read_text()
     lines, out = text.splitlines(keepends=True), []
     for line in lines:
@@ -168,6 +169,9 @@ def fill(answers: dict, skeleton: str = None) -> str:
             indent = line[:len(line) - len(line.lstrip())]
             key = next(k for k, where in TODOS.items() if stripped[len("raise NotImplementedError('TODO in "):].startswith(where))
             code = answers.get(key, REFERENCE[key])
+            if code is None:   # the TODO left undone
+                out.append(line)
+                continue
             out += [indent + c + "\n" if c.strip() else "\n" for c in code.splitlines()]
             continue
         if stripped.startswith("### Part 1") and answers.get("helpers"):

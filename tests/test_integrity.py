@@ -22,6 +22,7 @@ from grader.integrity.facts import HandinFacts
 from grader.integrity.report import BEGIN, integrity_note, link_summary
 from tests.corpus import Files, mutate, refingerprint, skeleton, write_zip
 from tests.integrity_corpus import HANDOUT, STYLES, disguise, fill, handout_fill, run_err, run_log, write_graded
+from tests.integrity_planted import STUDENTS
 
 UNNAMED = "differs from the reference by up to 3.142e-01 (mean 2.718e-02)"
 WRONG_SIGN = "the step has the wrong sign: the weight moved up the gradient"
@@ -31,6 +32,9 @@ SUMMED = "the gradients were summed over the 4 ranks, not averaged (the update i
 INDEPENDENT = {name: fill(answers) for name, answers in STYLES.items()}
 INDEPENDENT |= {"expected_a": fill({}), "expected_b": "# Assignment 4, my hand-in\n" + fill({}),
                 "skeleton_a": skeleton(), "skeleton_b": skeleton()}
+# Two students who typed the expected answers into the skeleton, byte for byte alike: what everyone
+# who types the handout's answers writes, never listed on that alone.
+INDEPENDENT |= {"typed_a": fill({}), "typed_b": fill({})}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +58,8 @@ def batch(tmp_path_factory):
         code = mutate(mutant)
         handins[name] = (Files(code=code, log=run_log(code, seed), err=run_err(seed)),
                          [("tensor_parallel", "odd-sizes", "d1" * 32, UNNAMED)])
-    # A usual mistake four hand-ins make: common, counted and not listed.
-    for i in range(4):
+    # A usual mistake six hand-ins make: common (by default more than 5 share it), counted and not listed.
+    for i in range(6):
         code = mutate("dp_summed") + f"\n# version {i}\n"
         handins[f"summed_{i}"] = (Files(code=code, log=run_log(code, 110 + i), err=run_err(110 + i)),
                                   [("data_parallel", "default", "5e" * 32, SUMMED)])
@@ -78,8 +82,9 @@ def batch(tmp_path_factory):
                          wrong)
     for name in ("log_owner", "log_borrower"):
         handins[name] = (handins[name][0], [("baseline", "default", "b5" * 32, WRONG_SIGN)])
-    # A run of another student's code: its log's code sha256 is sha_owner's assignment4.py.
-    shared = mutate("tp_own_shard_only")
+    # A run of another student's code (a file with lines of its own): its log's code sha256 is
+    # sha_owner's assignment4.py.
+    shared = fill(STUDENTS["manual"])
     handins["sha_owner"] = (Files(code=shared, log=run_log(shared, 105), err=run_err(105)), ())
     handins["sha_runner"] = (Files(code=mutate("dp_no_allreduce"), log=run_log(shared, 106), err=run_err(106)), ())
     for name, (files, wrong) in handins.items():
@@ -152,7 +157,7 @@ def test_usual_mistakes_shared_in_two_parts_are_moderate_and_in_one_not_listed_a
     assert "the same wrong weight in 2 check(s)" in row["evidence"]
     assert "usual mistakes: the gradients were summed" in row["evidence"] and "were not divided by" in row["evidence"]
     assert not [pair for pair in listed[1] if "one_a" in pair or "one_b" in pair]
-    assert "pairs sharing one usual mistake and nothing else" in listed[2]
+    assert "pairs sharing only weak evidence, one usual mistake" in listed[2]
 
 
 def test_a_usual_mistake_is_shown_beside_other_evidence(listed):
@@ -171,6 +176,14 @@ def test_a_shared_code_sha256_is_listed(listed):
     assert "the same code sha256" in row["evidence"]
     assert "is sha_owner: its assignment4.py and the code its .log ran; sha_runner: the code its .log ran" \
         in row["evidence"]
+    assert "line(s) of its own beyond the skeleton and the expected answers" in row["evidence"]
+
+
+def test_byte_identical_expected_answers_are_weak_and_not_listed_alone(listed):
+    """Two files of the skeleton with the expected answers typed in, byte for byte alike: not listed
+    (everyone who types the handout's answers writes that file), and counted as weak."""
+    assert ("typed_a", "typed_b") not in listed[1]
+    assert "the skeleton with the expected answers byte for byte" in listed[2]
 
 
 def test_only_the_planted_pairs_are_listed(listed):
@@ -203,7 +216,8 @@ def test_in_a_class_from_the_handout_a_copy_of_handout_code_is_not_listed_and_a_
     """Six hand-ins written from the course's original handout (its code, not the kit's skeleton):
     one is the handout's code with its own answers, five answer in styles of their own. The copy
     of the first, renamed and without comments, shares every fingerprint of its own code, but
-    that is the class's (the handout's): not listed. The same disguise of a style's hand-in is."""
+    that is the class's (the handout's, which most of the class holds): not listed. The same
+    disguise of a style's hand-in is."""
     base = codes.Base.from_files()
     klass = {"handout": HANDOUT.read_text()} | {name: handout_fill(STYLES[name]) for name in
                                                  ("terse", "functional", "loops", "defensive", "einsum")}
@@ -211,13 +225,14 @@ def test_in_a_class_from_the_handout_a_copy_of_handout_code_is_not_listed_and_a_
     owns = {name: codes.own_code(text, base) for name, text in klass.items()}
     assert owns["handout"].fingerprints == owns["handout_copy"].fingerprints   # the same own code
     assert owns["handout"].size > 10 * similar.MIN_TOKENS    # the handout's code counts as its own
+    # ... until what most of the class holds is taken as what it was given, as the command does.
+    template = codes.class_template(list(owns.values()))
+    owns = {name: codes.without(own, template, base) for name, own in owns.items()}
+    assert owns["handout"].size < similar.MIN_TOKENS < owns["terse"].size
     matches, common = similar.similar_pairs(owns, default_common(len(owns)))
     assert [(m.a, m.b) for m in matches] == [("terse", "terse_copy")], [(m.a, m.b, m.tokens_a) for m in matches]
     copy = matches[0]
-    assert copy.share_a == copy.share_b == 1.0 and copy.strong and copy.distinct_a < copy.size_a / 2
-    assert common > 0
-    # Measured against the whole own code, as before, the real copy would fall under the threshold.
-    assert copy.tokens_a / copy.size_a < similar.MIN_SHARE
+    assert copy.share_a == copy.share_b == 1.0 and copy.strong
 
 
 def test_code_that_does_not_parse_is_still_read_line_by_line():
@@ -276,6 +291,18 @@ def test_the_command_loads_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=kit.ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_base_files_must_be_python_files_that_are_there(batch, tmp_path, capsys):
+    out, inbox = batch
+    assert main(["integrity", str(out), str(inbox), "--base", str(tmp_path / "handout.py")]) == 2
+    assert f"--base {tmp_path / 'handout.py'}: no such file" in capsys.readouterr().err
+    (tmp_path / "handout.md").write_text("# the handout\n")
+    assert main(["integrity", str(out), str(inbox), "--base", str(tmp_path / "handout.md")]) == 2
+    assert "not a .py file" in capsys.readouterr().err
+    report = run_integrity(out, [inbox], base_files=[HANDOUT])
+    assert str(HANDOUT) in report.base and f"`{HANDOUT}`" in (out / "integrity.md").read_text()
+    run_integrity(out, [inbox])   # leave the batch's report as the other tests read it
 
 
 def test_a_folder_that_was_not_graded_is_refused(tmp_path, capsys):

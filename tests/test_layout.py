@@ -205,8 +205,8 @@ def test_the_command_line_loads_no_torch_and_no_room():
     assert proc.returncode == 0, proc.stderr
     torch_loaded, rooms = proc.stdout.strip().splitlines()[-1].split(" ", 1)
     assert torch_loaded == "False"
-    # skeleton --check ran: its room, and only its room, was loaded
-    assert rooms == "['grader.instructor.commands', 'grader.instructor.skeleton']", rooms
+    # skeleton --check ran (the skeleton and the handout's points): its room, and only its room, was loaded
+    assert rooms == "['grader.instructor.commands', 'grader.instructor.handout', 'grader.instructor.skeleton']", rooms
 
 
 def test_the_sandbox_stages_what_the_zygote_imports_and_no_more():

@@ -3,8 +3,12 @@ with a message that says what to do. A kit-shaped working folder per test, holdi
 and the session's real run of it (made by slurm/run-local.sh) where Slurm leaves runs: the top folder."""
 
 import os
+import re
 import shutil
+import subprocess
+import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -12,9 +16,9 @@ from grader import cli
 from grader.intake.handin import Handin, unpack
 from grader.rubric import Files as Limits
 from grader.student.package import DEFAULT_ZIP, PackageError, collect, package, runs
-from tests.corpus import DATA, REFERENCE, UTILS, refingerprint
+from tests.corpus import DATA, REFERENCE, ROOT, UTILS, mutate, refingerprint
 
-RUN_AGAIN = "run the job again with this code (sbatch slurm/assignment4.sbatch)"
+RUN_AGAIN = "run it again with this code (slurm/run-local.sh)"   # the session's run is run-local.sh's
 
 
 @pytest.fixture
@@ -91,9 +95,10 @@ def test_a_run_that_did_not_finish_is_refused(kit, capsys, reference_run, refere
     for path in reference_run_files:
         (kit / path.name).unlink()
     message = refused(capsys)
-    assert "assignment4-999.log: the run did not finish" in message
-    assert "rank 3 never printed 'done'" in message and "footer is missing" in message
-    assert "Fix what assignment4-999.err reports" in message and RUN_AGAIN in message
+    assert "assignment4-999.log: the run did not finish: rank 3 never printed 'done'" in message
+    assert "footer is missing" in message and message.lower().count("did not finish") == 1
+    assert "assignment4-999.err says: Slurm stopped the job at its time limit" in message
+    assert RUN_AGAIN in message and "package with --partial" in message
 
 
 def test_a_log_of_other_code_than_the_file_being_zipped_is_refused(kit, capsys, reference_run_files):
@@ -156,3 +161,52 @@ def test_of_several_runs_the_complete_one_of_this_code_is_taken_and_said(kit, ca
                             f"sha256), finished on 4 ranks); left aside: assignment4-777.log (other code)")
     assert cli.main(["package"]) == 0
     assert sources.note in capsys.readouterr().out
+
+
+def test_a_slurm_jobs_run_is_named_as_the_slurm_job(kit, capsys, reference_run_files):
+    """The command to run again is the one that made the run: a Slurm job's log names sbatch."""
+    log, err = reference_run_files
+    for path in reference_run_files:
+        (kit / path.name).unlink()
+    (kit / "slurm-5151.out").write_text(refingerprint((DATA / "logs" / "slurm-48213.out").read_text(),
+                                                      "not this file"))
+    message = refused(capsys)
+    assert "was written by other code than assignment_4/assignment4.py" in message
+    assert "run it again with this code (sbatch slurm/assignment4.sbatch)" in message
+
+
+@pytest.mark.timeout(600)
+def test_a_run_that_crashed_in_part_3_is_refused_once_then_handed_in_as_partial_work(tmp_path, monkeypatch, capsys):
+    """A mutant that crashes on rank 1 in Part 3, run as students run it (slurm/run-local.sh, 4
+    ranks): package says once what did not finish and names run-local.sh; with --partial it
+    zips the run, and the check of the zip counts Parts 1 and 2's log."""
+    (tmp_path / "assignment_4").mkdir()
+    (tmp_path / "assignment_4" / "assignment4.py").write_text(mutate("crash_on_one_rank"))
+    shutil.copyfile(UTILS, tmp_path / "assignment_4" / "utils.py")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", A4_TIMEOUT_S="20")
+    proc = subprocess.run([str(ROOT / "slurm" / "run-local.sh"), "--nproc", "4", "--out", str(tmp_path),
+                           str(tmp_path / "assignment_4" / "assignment4.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stdout
+    log = next(tmp_path.glob("assignment4-local-*.log"))
+    monkeypatch.chdir(tmp_path)
+
+    message = refused(capsys)
+    assert f"{log.name}: the run did not finish: " in message and message.lower().count("did not finish") == 1
+    assert "no rank printed 'done'; the job ended with status 1" in message
+    assert f"{log.with_suffix('.err').name} says: Rank 1 raised RuntimeError: rank 1 lost its way" in message
+    assert "run it again with this code (slurm/run-local.sh)" in message and "sbatch" not in message
+    assert "package with --partial" in message
+
+    assert cli.main(["package", "--partial"]) == 1   # written; the check shows Part 3 failing
+    printed = capsys.readouterr().out
+    assert "did not finish, made by slurm/run-local.sh, written by this very assignment4.py" in printed
+    assert printed.count("what did not finish:") == 1 and "Rank 1 raised RuntimeError" in printed
+    assert "handed in as partial work (--partial): the log shows Part 1, Part 2 matching on every rank" in printed
+    with zipfile.ZipFile(DEFAULT_ZIP) as z:
+        assert sorted(z.namelist()) == sorted(["assignment4.py", "utils.py", log.name, log.with_suffix(".err").name])
+    for part in (1, 2):   # the parts that finished: their re-runs pass, and their log counts
+        assert re.search(rf"^Part {part}: [^\n]*?  passed +passed ", printed, re.M), printed
+    assert re.search(r"^Part 3: [^\n]*?  crashed +failed ", printed, re.M), printed
+    assert "is written as partial work: hand it in as it is, or fix the run, run it again (slurm/run-local.sh)" \
+        in printed

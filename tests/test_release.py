@@ -19,9 +19,12 @@ import yaml
 from grader.batch.run import grade_batch
 from grader import kit
 from grader.instructor.config import reference_constants
+from grader.instructor.handout import points_are_current, points_table
+from grader.instructor.lab import ANSWERS, answer_traces
+from grader.instructor.leaks import rename_hint
 from grader.instructor.release import ReleaseError, build_release, find_leaks
 from grader.instructor.skeleton import make_skeleton
-from grader.parts import OPTIONAL_PART_IDS
+from grader.parts import BY_ID, OPTIONAL_PART_IDS
 from grader.rubric import load_rubric, public_rubric, rubric_from_dict
 from tests.corpus import FULL_CSV, REFERENCE, ROOT, fast_rubric, with_part5
 
@@ -59,16 +62,18 @@ def test_the_release_holds_the_kit_and_the_student_tools(release):
 
 def test_the_release_ships_whole_rooms_and_slurm_whole(release):
     """grader/ is the shared modules and the rooms check and package run on, each copied whole;
-    slurm/ and lab/ are copied whole; nothing of the graders' rooms or rubric."""
+    slurm/ is copied whole, lab/ less the files that answer the assignment; nothing of the graders'
+    rooms or rubric."""
     shipped = {p.relative_to(release / "grader").as_posix() for p in (release / "grader").rglob("*") if p.is_file()}
     expected = {rel.as_posix() for rel in kit.grader_files(kit.HANDIN_ROOMS + ("student",))} | {"rubric-public.yaml"}
     assert shipped == expected
     for rel in expected - {"rubric-public.yaml"}:
         assert (release / "grader" / rel).read_bytes() == (kit.GRADER / rel).read_bytes(), rel
-    for folder in ("slurm", "lab"):
+    for folder, left_out in (("slurm", set()), ("lab", set(ANSWERS))):
         ours = {p.relative_to(ROOT).as_posix() for p in (ROOT / folder).rglob("*")
                 if p.is_file() and "__pycache__" not in p.parts}
-        assert ours == {p.relative_to(release).as_posix() for p in (release / folder).rglob("*") if p.is_file()}
+        assert ours - left_out == {p.relative_to(release).as_posix() for p in (release / folder).rglob("*")
+                                   if p.is_file()}
 
 
 def test_the_release_command_line_offers_only_the_student_tools(release):
@@ -351,8 +356,7 @@ def test_a_hidden_check_named_with_a_common_word_is_refused_with_rename_the_chec
     for name in ("a.md", "b.md", "c.md"):
         (leaky / name).write_text(f"run the {hidden} case\n")
     leaks = find_leaks(leaky)
-    from grader.instructor.release import _rename_hint
-    hint = _rename_hint(leaks)
+    hint = rename_hint(leaks)
     assert f"hidden check '{hidden}' is named in 3 files" in hint and "rename the check in grader/rubric.yaml" in hint
 
 
@@ -392,16 +396,24 @@ def test_a_course_with_part_5_ships_it_and_check_grades_it(tmp_path, reference_r
     copy = kit_copy_of(tmp_path)
     rubric = copy / "grader" / "rubric.yaml"
     data = with_part5(yaml.safe_load(rubric.read_text()))
+    data["parts"]["megatron_mlp"] = {"log": 3, "rerun": 12, "bonus": True}   # not the kit's 2 and 8
     rubric.write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp_path / "release"
     build_release(out, root=copy)
     files = files_of(out)
     assert files["assignment_4/assignment4.py"] == SKELETON.read_text()   # the committed skeleton, Part 5 in
     assert "raise NotImplementedError('TODO in RowParallelLinear.forward" in files["assignment_4/assignment4.py"]
-    assert "## Part 5 (optional, bonus)" in files["assignment_4/README.md"]
-    assert not any("BEGIN PART" in text or "END PART" in text for text in files.values())
+    handout = files["assignment_4/README.md"]
+    assert "## Part 5 (optional): Megatron's MLP block" in handout
+    # The handout says what this course's rubric says: Part 5's sentence and its row of the table.
+    assert ("This part is optional: it earns 15 bonus points on top of Parts 1-4 (3 for the log and 12 for the "
+            "re-run), and leaving it as a `TODO` costs nothing.") in handout
+    assert "| Part 5 (optional): Megatron's MLP block, a bonus | 12 | 3 | 15 |" in handout
+    assert "| **all parts** | | | **100**, and 15 bonus on top |" in handout
+    assert "2 for the log" not in handout and "8 for the re-run" not in handout
+    assert not any(marker in text for text in files.values() for marker in ("BEGIN PART", "END PART", "BEGIN POINTS"))
     public = yaml.safe_load(files["grader/rubric-public.yaml"])
-    assert public["parts"]["megatron_mlp"] == {"log": 2.0, "rerun": 8.0, "bonus": True}
+    assert public["parts"]["megatron_mlp"] == {"log": 3.0, "rerun": 12.0, "bonus": True}
     widths = {c.get("hidden_dim", 128) for c in data["checks"] if not c.get("hidden")}
     assert {c["hidden_dim"] for c in public["checks"]} == widths
     # The scan covers Part 5's solution as it covers Parts 1-4's.
@@ -423,3 +435,82 @@ def test_a_course_with_part_5_ships_it_and_check_grades_it(tmp_path, reference_r
     assert checked.returncode == 0, checked.stdout + checked.stderr
     row = next(line for line in checked.stdout.splitlines() if line.startswith("Part 5"))
     assert "passed  passed" in row, checked.stdout
+
+
+def test_the_handout_states_the_rubrics_points_and_nothing_else_does(release):
+    """The committed handout's points are grader/rubric.yaml's (`python -m grader skeleton` writes
+    them), the release's too, and no guide states a number of points outside them."""
+    rubric = load_rubric()
+    assert points_are_current(rubric)
+    handout = (release / "assignment_4" / "README.md").read_text()
+    assert points_table(rubric) in handout
+    for part, p in rubric.parts.items():
+        assert f"| {p.rerun:g} | {p.log:g} | {p.rerun + p.log:g} |" in handout, part
+    assert "Taken off the total: a hand-in without the run's `.err` costs 2 points." in handout
+
+
+def test_the_shipped_lab_holds_no_answer_and_runs_what_it_holds(release, tmp_path):
+    """No file of the release's lab answers a TODO (the files the map names are left out, and no
+    other's code all-reduces a gradient or defines f or g), its README does not name them, and its
+    run_all runs the parts it holds and names the others."""
+    assert not [rel for rel in ANSWERS if (release / rel).exists()]
+    for path in (release / "lab").glob("*.py"):
+        assert answer_traces(path.read_text()) == [], path.name
+    readme = (release / "lab" / "README.md").read_text()
+    assert "LAB ANSWERS" not in readme and "data_parallel.py" not in readme and "tensor_parallel.py" not in readme
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "A4_"))}
+    env.update(A4_LAB_MAX_SIZE="4K", A4_LAB_OUT=str(tmp_path))
+    ran = subprocess.run([sys.executable, "lab/run_all.py"], cwd=release, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ("[lab:all][Rank 0] ok: True | collectives | not in this copy of the lab: data_parallel, "
+            "tensor_parallel, pipeline_parallel") in ran.stdout
+
+
+def test_the_lab_map_names_every_lab_file_that_answers_a_todo():
+    """grader/instructor/lab.py's ANSWERS is the lab as it is: every file it names answers what it
+    says (the ones whose answer code can be found, found), every other lab file answers nothing,
+    and the lab's README tells the instructor the same files and parts."""
+    traced = {p.relative_to(ROOT).as_posix() for p in (ROOT / "lab").glob("*.py") if answer_traces(p.read_text())}
+    assert traced == {"lab/data_parallel.py", "lab/tensor_parallel.py"} and traced <= set(ANSWERS)
+    assert all((ROOT / rel).is_file() for rel in ANSWERS)
+    section = (ROOT / "lab" / "README.md").read_text().split("## In a students' release")[1]
+    for rel, parts in ANSWERS.items():
+        assert f"`{rel.split('/')[1]}`" in section
+        for part in parts:
+            assert BY_ID[part].title.split(":")[0].replace(" (optional)", "") in section, (rel, part)
+
+
+def test_the_lab_answers_flag_ships_the_lab_whole_and_says_which_files_answer(tmp_path, capsys):
+    from grader.cli import main
+    assert main(["release", "--out", str(tmp_path / "whole"), "--lab-answers"]) == 0
+    printed = capsys.readouterr().out
+    assert "the lab's files that answer the assignment, shipped (--lab-answers):" in printed
+    assert "lab/data_parallel.py: Part 3's TODOs: the all-reduce of every gradient" in printed
+    assert all((tmp_path / "whole" / rel).is_file() for rel in ANSWERS)
+    assert "LAB ANSWERS" not in (tmp_path / "whole" / "lab" / "README.md").read_text()
+
+
+def test_a_refused_release_names_every_place_that_disagrees_in_one_run(tmp_path):
+    """A kit with a stale skeleton, a configuration said differently, a number of points typed into
+    the handout, a solution line in the job scripts and a lab file that all-reduces gradients: one
+    refusal names all five, and nothing is written."""
+    copy = kit_copy_of(tmp_path)
+    (copy / "assignment_4" / "assignment4.py").write_text(SKELETON.read_text() + "\n# edited by hand\n")
+    handout = copy / "assignment_4" / "README.md"
+    batch = reference_constants(copy / "assignment_4" / "reference" / "assignment4.py")["global_batch_size"]
+    text = handout.read_text().replace(f"never assume the numbers {batch}, ", f"never assume the numbers {batch + 1}, ")
+    handout.write_text(text.replace("## Part 1:", "Part 3 is worth 35 points.\n\n## Part 1:", 1))
+    (copy / "slurm" / "notes.md").write_text("    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n")
+    (copy / "lab" / "zero.py").write_text("import torch.distributed as dist\n\n\ndef sync(model):\n"
+                                          "    for p in model.parameters():\n        dist.all_reduce(p.grad)\n")
+    with pytest.raises(ReleaseError) as refused:
+        build_release(tmp_path / "out", root=copy)
+    message = str(refused.value)
+    assert "nothing was written; 5 place(s) to fix, all of them:" in message
+    assert "assignment_4/assignment4.py differs from what the reference generates" in message
+    assert f"assignment_4/README.md says global_batch_size is {batch + 1}" in message
+    assert "assignment_4/README.md says '35 points' outside the points the release writes from the rubric" in message
+    assert "slurm/notes.md: has the solution line 'dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)'" in message
+    assert "lab/zero.py: line 6: all-reduces a gradient (Part 3's TODO)" in message
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["kit"]

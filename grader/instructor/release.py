@@ -8,7 +8,8 @@ writes
     pyproject.toml                     the kit's: `pip install .` installs the release as a package
     assignment_4/                      the skeleton, utils.py and the handout (never reference/)
     slurm/                             the job scripts and the launcher, whole
-    lab/                               the lecture's lab, whole
+    lab/                               the lecture's lab, less the files that answer the assignment
+                                       (grader.instructor.lab; `--lab-answers`: whole)
     grader/                            the shared modules, the rooms one hand-in's grading runs on
                                        (grader.kit.HANDIN_ROOMS) and student: folder copies, so its command
                                        line offers only check and package; rubric-public.yaml,
@@ -19,11 +20,15 @@ it: the skeleton and the handout are written without the part's `BEGIN PART`/`EN
 the public rubric has neither its points nor its settings, and the scan refuses a release in
 which the skeleton, the handout, the README or the public rubric still names it.
 
+The handout's points are written from the rubric (grader.instructor.handout): its points blocks
+filled with the course's parts, re-run and log points, bonus and penalties.
+
 It is refused (ReleaseError) when the committed skeleton is not what the reference generates, when
-the reference's configuration, the rubric's default check and the handout disagree,
-when the public rubric cannot be derived (a public check that does not divide at one of
-`public_world_sizes`), or when a scan of
-every file written finds solution text, a `reference/` path, or a hidden check's name or values.
+the reference's configuration, the rubric's default check and the handout disagree, when the
+handout or the README states points outside the blocks the rubric fills, when the public rubric
+cannot be derived (a public check that does not divide at one of `public_world_sizes`), or when a
+scan of every file written (grader.instructor.leaks) finds solution text, a `reference/` path, a
+hidden check's name or values, or the lab's answers. Every place is named, all in one refusal.
 
 The release is built in a new folder beside DIR and moved into place only when it is complete and
 clean: a refused release leaves DIR as it was (with `--replace`, a previous release in DIR stays
@@ -41,16 +46,18 @@ from pathlib import Path
 import yaml
 
 from grader import kit
-from grader.instructor import skeleton
-from grader.parts import BY_ID, OPTIONAL_PART_IDS, PART_IDS
+from grader.instructor import handout, skeleton
 from grader.instructor.config import config_drift
-from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, Rubric, load_rubric, public_rubric
+from grader.instructor.lab import answered, without_answers, without_markers
+from grader.instructor.leaks import PART_KEYS, find_leaks, rename_hint
+from grader.parts import OPTIONAL_PART_IDS
+from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, Rubric, RubricError, load_rubric, public_rubric
 
 ROOT = kit.ROOT
 HANDOUT = ("assignment4.py", "utils.py", "README.md")
 ROOMS = kit.HANDIN_ROOMS + ("student",)   # what check and package run on
 JUNK = re.compile(r"(^|/)(__pycache__|\.pytest_cache|\.DS_Store)(/|$)|\.(pyc|log|err|zip)$")
-CONFIG = ("world_size", "seed", "global_batch_size", "input_dim", "output_dim", "accumulation_steps")
+GUIDES = ("assignment_4/README.md", "student/README.md")   # where students read what each part is worth
 
 
 class ReleaseError(ValueError):
@@ -62,6 +69,8 @@ class Release:
     out: Path
     files: list = field(default_factory=list)     # relative paths written
     rooms: list = field(default_factory=list)     # grader rooms shipped beside the shared modules
+    lab_answers: dict = field(default_factory=dict)   # lab file -> the TODOs it answers
+    lab_shipped: bool = False                          # ... and whether they were shipped (--lab-answers)
 
 
 PUBLIC_HEADER = """\
@@ -73,10 +82,6 @@ PUBLIC_HEADER = """\
 # (Written from the graders' rubric by `python -m grader release`; do not edit. Its checks are
 # already at every public world size, so public_world_sizes is empty.)
 """
-
-
-# Check keys only an optional part reads: left out of a public rubric whose course leaves it off.
-PART_KEYS = {"megatron_mlp": ("hidden_dim",)}
 
 
 def parts_off(rubric: Rubric) -> tuple:
@@ -95,84 +100,6 @@ def public_rubric_text(rubric: Rubric) -> str:
     return PUBLIC_HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=200)
 
 
-def solution_lines(reference: str) -> set:
-    """The stripped lines inside the reference's SOLUTION blocks that appear nowhere else in it."""
-    inside, given, solution = False, set(), set()
-    for line in reference.splitlines():
-        text = line.strip()
-        if text.startswith("# BEGIN SOLUTION"):
-            inside = True
-        elif text == "# END SOLUTION":
-            inside = False
-        elif text:
-            (solution if inside else given).add(text)
-    return solution - given
-
-
-def hidden_patterns(rubric_path=DEFAULT_RUBRIC) -> dict:
-    """A regex per hidden check: its name, and its values as a rubric or feedback would write them."""
-    rubric = load_rubric(rubric_path)
-    default = rubric.default_check
-    patterns = {}
-    for c in (c for c in rubric.checks if c.hidden):
-        alternatives = [rf"(?<![\w-]){re.escape(c.name)}(?![\w-])", rf"\b{c.input_dim}x{c.output_dim}\b"]
-        for key in CONFIG[1:]:
-            if getattr(c, key) != getattr(default, key):
-                word = {"global_batch_size": "(?:global_batch_size|batch)"}.get(key, key)
-                alternatives.append(rf"\b{word}\W{{0,3}}{getattr(c, key)}\b")
-        patterns[c.name] = re.compile("|".join(alternatives))
-    return patterns
-
-
-# Where students read about the assignment: what must not name a part the course leaves off.
-STUDENT_FACING = ("README.md", "assignment_4/assignment4.py", "assignment_4/README.md", f"grader/{PUBLIC_RUBRIC.name}")
-
-
-def part_traces(part: str) -> re.Pattern:
-    """What names an optional part: its id, function, log prefix, scopes, number and keys."""
-    p = BY_ID[part]
-    words = [p.id, p.function, p.log_prefix, *p.scopes, *PART_KEYS.get(part, ())]
-    number = 1 + PART_IDS.index(part)
-    return re.compile("|".join([rf"\b{re.escape(w)}\b" for w in words] + [rf"\bPart {number}\b"]))
-
-
-def find_leaks(folder: Path, root: Path = ROOT, without=()) -> list:
-    """Every place in `folder` where the solution or a hidden check shows, or where a student-facing
-    file names an optional part in `without` (one the course leaves off): ["path: what"]."""
-    solution = solution_lines((root / "assignment_4" / "reference" / "assignment4.py").read_text())
-    hidden = hidden_patterns(root / "grader" / "rubric.yaml")
-    traces = {part: part_traces(part) for part in without}
-    leaks = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        if rel in STUDENT_FACING:
-            text = path.read_bytes().decode("utf-8", "replace")
-            leaks += [f"{rel}: names {BY_ID[part].title}, which this course leaves off ({m.group(0)!r})"
-                      for part, pattern in traces.items() if (m := pattern.search(text))]
-        if "reference" in path.relative_to(folder).parts or rel == "grader/rubric.yaml":
-            leaks.append(f"{rel}: must not be in a release")
-        text = path.read_bytes().decode("utf-8", "replace")
-        for marker in ("BEGIN SOLUTION", "END SOLUTION", "REFERENCE ONLY"):
-            if marker in text:
-                leaks.append(f"{rel}: has the marker '{marker}'")
-        leaks += [f"{rel}: has the solution line {line!r}" for line in sorted(solution) if line in text]
-        leaks += [f"{rel}: names hidden check '{name}' or its values" for name, p in hidden.items() if p.search(text)]
-    return leaks
-
-
-def _rename_hint(leaks: list) -> str:
-    """A hidden check whose name turns up in several files is most likely named with a common word."""
-    counts = {}
-    for leak in leaks:
-        if ": names hidden check '" in leak:
-            name = leak.split(": names hidden check '", 1)[1].split("'", 1)[0]
-            counts[name] = counts.get(name, 0) + 1
-    common = sorted(name for name, n in counts.items() if n >= 3)
-    return "".join(f"\nhidden check '{name}' is named in {counts[name]} files: if '{name}' is a common word, "
-                   f"rename the check in grader/rubric.yaml (a name nothing else uses, e.g. 'hidden-{name}-1')"
-                   for name in common)
-
-
 def _copy(src: Path, dst: Path, written: list, out: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dst)
@@ -183,45 +110,70 @@ def _is_release(folder: Path) -> bool:
     return (folder / "grader" / PUBLIC_RUBRIC.name).is_file() and (folder / "assignment_4").is_dir()
 
 
-def _copy_text(src: Path, dst: Path, written: list, out: Path, without: tuple) -> None:
-    """Copy `src`, without its optional-part markers and the blocks of the parts in `without`."""
+def _copy_text(src: Path, dst: Path, written: list, out: Path, without: tuple, rubric: Rubric = None) -> None:
+    """Copy `src`, without its optional-part markers and the blocks of the parts in `without`, its
+    points blocks written from `rubric`."""
     text = src.read_text()
-    if "BEGIN PART" not in text:
+    if "BEGIN PART" not in text and "BEGIN POINTS" not in text:
         return _copy(src, dst, written, out)
+    text = skeleton.strip_parts(text, without, src.name)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    kit.atomic_write(dst, skeleton.strip_parts(text, without, src.name))
+    kit.atomic_write(dst, handout.fill(text, rubric, markers=False) if rubric else text)
     written.append(dst.relative_to(out).as_posix())
 
 
-def build_release(out, root: Path = ROOT, replace: bool = False) -> Release:
+def _problems(root: Path, rubric: Rubric) -> list:
+    """(title, [places]) of everything that disagrees before a file is written."""
+    found = []
+    if not skeleton.skeleton_is_current(root / "assignment_4" / "reference" / "assignment4.py",
+                                        root / "assignment_4" / "assignment4.py"):
+        found.append(("the skeleton is out of date", ["assignment_4/assignment4.py differs from what the reference "
+                                                      "generates: run `make skeleton` and commit the result"]))
+    found.append(("the configuration is said differently in different places; make them agree", config_drift(root)))
+    found.append(("points are stated outside what the rubric writes",
+                  [place for name in GUIDES if (root / name).is_file()
+                   for place in handout.stray_points((root / name).read_text(), name)]))
+    return [(title, places) for title, places in found if places]
+
+
+def build_release(out, root: Path = ROOT, replace: bool = False, lab_answers: bool = False) -> Release:
     """Write the student release into `out` (a new or empty folder; with `replace`, also one that
-    holds an earlier release); see the module docstring."""
+    holds an earlier release); see the module docstring. `lab_answers` ships the lab whole."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (replace and _is_release(out)))):
         raise ReleaseError(f"{out} is not an empty folder" + (" nor a release" if replace else "")
                            + ": give a new folder" + ("" if replace else ", or --replace to replace a release"))
-    if not skeleton.skeleton_is_current(root / "assignment_4" / "reference" / "assignment4.py",
-                                        root / "assignment_4" / "assignment4.py"):
-        raise ReleaseError("assignment_4/assignment4.py differs from what the reference generates: run "
-                           "`make skeleton` and commit the result")
-    mismatched = config_drift(root)
-    if mismatched:
-        raise ReleaseError("the configuration is said differently in different places; make them agree:\n  "
-                           + "\n  ".join(mismatched))
     rubric = load_rubric(root / "grader" / DEFAULT_RUBRIC.name)
-    public = public_rubric_text(rubric)
+    problems = _problems(root, rubric)
+    try:
+        public = public_rubric_text(rubric)
+    except RubricError as e:
+        public = None
+        problems.append(("the public rubric cannot be derived", [f"grader/rubric.yaml: {e}"]))
     without = parts_off(rubric)
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = out.parent / f".{out.name}.new-{os.getpid()}"   # made as mkdir makes folders (the umask's mode)
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
     try:
-        release = _write(staged, root, public, without)
+        release = _write(staged, root, public, without, rubric, lab_answers)
+        leaks = find_leaks(staged, root, without, lab_answers)
+        if leaks:
+            problems.append(("the release would leak", leaks))
+        if problems:
+            raise ReleaseError(_refusal(problems, leaks))
         _swap(staged, out)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     release.out = out
     return release
+
+
+def _refusal(problems: list, leaks: list) -> str:
+    count = sum(len(places) for _, places in problems)
+    return (f"nothing was written; {count} place(s) to fix, all of them:\n"
+            + "\n".join(f"  {title}:\n" + "\n".join(f"    {place}" for place in places) for title, places in problems)
+            + rename_hint(leaks))
 
 
 def _swap(staged: Path, out: Path) -> None:
@@ -235,11 +187,11 @@ def _swap(staged: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write(out: Path, root: Path, public: str, without: tuple) -> Release:
-    release = Release(out=out, rooms=list(ROOMS))
+def _write(out: Path, root: Path, public, without: tuple, rubric: Rubric, lab_answers: bool) -> Release:
+    release = Release(out=out, rooms=list(ROOMS), lab_answers=answered(rubric.parts), lab_shipped=lab_answers)
     written = release.files
     for name in ("README.md", "requirements.txt"):
-        _copy_text(kit.top_file(f"student/{name}", root), out / name, written, out, without)
+        _copy_text(kit.top_file(f"student/{name}", root), out / name, written, out, without, rubric)
     _copy(kit.top_file("pyproject.toml", root), out / "pyproject.toml", written, out)
     reference = (root / "assignment_4" / "reference" / "assignment4.py").read_text()
     for name in HANDOUT:
@@ -248,17 +200,18 @@ def _write(out: Path, root: Path, public: str, without: tuple) -> Release:
                                                                                  without=without))
             written.append(f"assignment_4/{name}")
         else:
-            _copy_text(root / "assignment_4" / name, out / "assignment_4" / name, written, out, without)
+            _copy_text(root / "assignment_4" / name, out / "assignment_4" / name, written, out, without, rubric)
+    left_out = set() if lab_answers else set(release.lab_answers)
     for path in sorted([*(root / "slurm").rglob("*"), *(root / "lab").rglob("*")]):
         rel = path.relative_to(root).as_posix()
-        if path.is_file() and not JUNK.search(rel):
+        if path.is_file() and not JUNK.search(rel) and rel not in left_out:
             _copy(path, out / rel, written, out)
+    if (out / "lab" / "README.md").is_file():
+        readme = (out / "lab" / "README.md").read_text()
+        kit.atomic_write(out / "lab" / "README.md", without_markers(readme if lab_answers else without_answers(readme)))
     for rel in kit.grader_files(ROOMS):
         _copy(root / "grader" / rel, out / "grader" / rel, written, out)
-    kit.atomic_write(out / "grader" / PUBLIC_RUBRIC.name, public)
-    written.append(f"grader/{PUBLIC_RUBRIC.name}")
-    leaks = find_leaks(out, root, without)
-    if leaks:
-        raise ReleaseError("the release would leak (nothing was left written):\n  " + "\n  ".join(leaks)
-                           + _rename_hint(leaks))
+    if public is not None:
+        kit.atomic_write(out / "grader" / PUBLIC_RUBRIC.name, public)
+        written.append(f"grader/{PUBLIC_RUBRIC.name}")
     return release

@@ -1,9 +1,11 @@
-"""`python -m grader integrity OUT [PATH...]`: the integrity report of a graded batch.
+"""`python -m grader integrity OUT [PATH...] [--base FILE]`: the integrity report of a graded batch.
 
 `run_integrity` reads every OUT/students/<student>/grading.json, finds the hand-ins again among the PATHs
 (the same ones given to `grade`), reads each one's evidence (grader.integrity.facts), pairs them
 (grader.integrity.evidence) and writes OUT/integrity.csv and OUT/integrity.md (and the count of
-pairs into OUT/report.html, grader.analytics). It re-runs nothing.
+pairs into OUT/report.html, grader.analytics). It re-runs nothing. The code's base is the kit's
+skeleton, reference and utils.py; `--base FILE` adds code a course gave its students otherwise
+(its own handout's code, say), so that what every hand-in took from it counts for nothing.
 """
 
 import math
@@ -20,7 +22,7 @@ from grader.integrity.report import IntegrityReport, write_report
 from grader.rubric import RubricError, load_rubric
 
 COMMON_SHARE = 0.02   # by default, evidence more than 2% of the hand-ins share is common ...
-COMMON_MIN = 3        # ... and never fewer than 3
+COMMON_MIN = 5        # ... and never fewer than 5
 
 
 class IntegrityError(ValueError):
@@ -43,13 +45,27 @@ def _wrong_checks(results: list) -> tuple:
     return wrong, digests
 
 
-def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Base = None) -> IntegrityReport:
+def course_base(files=()) -> Base:
+    """The code every hand-in may hold: the kit's skeleton, reference and utils.py, and `files` (the
+    code a course gave its students where it is not the kit's skeleton, such as its own handout)."""
+    for path in map(Path, files):
+        if not path.is_file():
+            raise IntegrityError(f"--base {path}: no such file; give the code the students were given (a .py file)")
+        if path.suffix != ".py":
+            raise IntegrityError(f"--base {path}: not a .py file; give the code the students were given")
+    return Base.from_files(extra=files)
+
+
+def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Base = None,
+                  base_files=()) -> IntegrityReport:
     """The integrity report of the batch graded into `out`, written there; see the module docstring.
-    `common`: evidence shared by more hand-ins than this is common, not listed (default_common)."""
+    `common`: evidence shared by more hand-ins than this is common, not listed (default_common).
+    `base_files`: code the students were given besides the kit's (course_base)."""
     started = time.monotonic()
     out = Path(out)
     if not out.is_dir():
         raise IntegrityError(f"{out}: no such folder; give the folder `python -m grader grade --out` wrote")
+    base = base or course_base(base_files)
     rubric = load_rubric(rubric_path)
     results, notes = load_results(out)
     if not results:
@@ -57,7 +73,6 @@ def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Bas
                              f"(python -m grader grade PATH... --out {out})")
     pattern = rubric.files.student_id_pattern
     matched, found_notes = match_handins(results, list(paths), pattern)
-    base = base or Base.from_files()
     facts = [read_facts(r, matched.get(r["student"]), base, rubric) for r in results]
     read = time.monotonic()
     report = IntegrityReport(out=str(out), handins=len(facts), found=sum(f.found for f in facts),
@@ -67,7 +82,7 @@ def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Bas
     if paths:
         report.not_found = [f"{f.student} ({f.source or 'no hand-in'}): {f.problem}" for f in facts
                             if not f.found and f.problem and f.status != "invalid"]
-    report.pairs, report.commons = find_pairs(facts, report.common)
+    report.pairs, report.commons = find_pairs(facts, report.common, base)
     paired = time.monotonic()
     report.seconds = round(paired - started, 2)
     report.made_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -80,7 +95,8 @@ def run_integrity(out, paths=(), rubric_path=None, common: int = None, base: Bas
 
 def integrity_command(args) -> int:
     try:
-        report = run_integrity(args.out, args.paths, rubric_path=args.rubric, common=args.common)
+        report = run_integrity(args.out, args.paths, rubric_path=args.rubric, common=args.common,
+                               base_files=args.base or ())
     except (IntegrityError, RubricError) as e:
         print(f"integrity: {e}", file=sys.stderr)
         return 2

@@ -14,9 +14,13 @@ never paired. What each kind means:
   shared only by shared code (strong). A usual mistake the grader names (a sum, not a mean) is
   made independently: shared in two parts it is moderate, in one it is weak, shown only beside
   other evidence.
-- same code: what the two wrote beyond the skeleton, normalised (grader.integrity.code).
+- same code: what the two wrote beyond the skeleton, normalised (grader.integrity.code), less
+  what most of the batch holds beyond it (a course's own handout, say: code.class_template).
 - same sha256: assignment4.py byte for byte, or the code sha256 their logs' init lines print,
-  with two student ids. The untouched skeleton is left out.
+  with two student ids. The untouched skeleton is left out. Bytes are only as telling as what
+  they hold beyond the base: the skeleton with the expected answers typed in is what every
+  student who types them writes (weak: shown beside other evidence, never listed alone); a
+  file with lines of its own (comments count: they are typed, not converged on) is strong.
 """
 
 from __future__ import annotations
@@ -27,20 +31,24 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from grader import kit
-from grader.integrity.similar import similar_pairs
+from grader.integrity.code import class_template, without
+from grader.integrity.similar import MIN_TOKENS, code_cut, similar_pairs
 from grader.results import ToDict
 
 STRONG, MODERATE, WEAK = "strong", "moderate", "weak"   # weak: shown beside other evidence, never listed alone
 KINDS = {"same_run": "the same run", "same_wrong_weight": "the same wrong behaviour",
          "same_code": "the same code beyond the skeleton", "same_sha256": "the same code sha256"}
 SHOWN_LINES = 12   # lines of shared code shown per hand-in
+SHA_OWN_LINES = 5  # byte-identical files with this many lines of their own (comments too) are strong evidence
 # What is counted, not listed, when more than `common` hand-ins share it.
 LOGS = "identical .log files with nothing run-specific in them"
 ERRS = "identical .err files"
 CLAIMS = "sequences of printed comparisons"
 WEIGHTS = "wrong weights (usual mistakes)"
-KGRAMS = "k-grams of own code (answers many converged on)"
-ALONE = "pairs sharing one usual mistake and nothing else (not listed on that alone)"
+KGRAMS = "k-grams of own code (answers many converged on: they weigh nothing)"
+TEMPLATE = "statements of code beyond the base that most hand-ins hold (what the class was given: left out)"
+ALONE = ("pairs sharing only weak evidence, one usual mistake or the skeleton with the expected answers byte for "
+         "byte (not listed on that alone)")
 
 
 @dataclass
@@ -188,18 +196,39 @@ def _shown(f, lines: list) -> list:
     return [f"{n}: {source[n - 1].strip()}" for n in lines[:SHOWN_LINES] if 0 < n <= len(source)]
 
 
-def same_code(p: _Pairs) -> None:
+def same_code(p: _Pairs, base=None) -> None:
     owns = {s: f.own for s, f in p.facts.items() if f.own is not None}
+    template = class_template(list(owns.values())) if base is not None else set()
+    if template:
+        owns = {s: without(own, template, base) for s, own in owns.items()}
+        p.commons[TEMPLATE] = len(template)
     matches, common = similar_pairs(owns, p.common)
-    p.commons[KGRAMS] += common
+    if common:
+        cut = code_cut(p.common, sum(1 for own in owns.values() if own and own.size))
+        p.commons[f"{KGRAMS}, each held by more than {cut} hand-ins"] += common
     for m in matches:
         x, y = p.facts[m.a], p.facts[m.b]
-        p.add(x, y, Evidence("same_code", STRONG if m.strong else MODERATE,
-                             f"own code beyond the skeleton shared: {m.tokens_a} of {m.distinct_a} distinctive tokens "
-                             f"({m.share_a:.0%}; {m.size_a} in all) and {m.tokens_b} of {m.distinct_b} "
-                             f"({m.share_b:.0%}; {m.size_b} in all), after renaming and comments are normalised "
-                             f"away and what the class shares is left out",
+        said = (f"own code beyond the skeleton shared: {m.tokens_a:.0f} weighted tokens, {m.share_a:.0%} of {m.a}'s "
+                f"distinctive code ({m.size_a} tokens of its own in all), and {m.tokens_b:.0f}, {m.share_b:.0%} of "
+                f"{m.b}'s ({m.size_b} in all); a token weighs by how few hand-ins hold its k-gram or statement, "
+                f"after renaming, comments, layout and the order of independent lines are normalised away")
+        p.add(x, y, Evidence("same_code", STRONG if m.strong else MODERATE, said,
                              _shown(x, m.lines_a), _shown(y, m.lines_b)))
+
+
+def _sha_strength(holder) -> tuple:
+    """(strength, why) of two hand-ins sharing the bytes of `holder`'s assignment4.py (None: no
+    hand-in holds them, only logs ran them). Byte-identical files of the skeleton with the expected
+    answers are what everyone who types the handout's answers writes: weak, shown only beside other
+    evidence. Lines of its own, comments included, make the bytes a hand-in's own."""
+    if holder is None:
+        return MODERATE, "code no hand-in holds, run by both"
+    own, tokens = holder.own_lines, holder.own.size if holder.own else 0
+    if own >= SHA_OWN_LINES or tokens >= MIN_TOKENS:
+        return STRONG, f"{own} line(s) of its own beyond the skeleton and the expected answers"
+    if own:
+        return MODERATE, f"only {own} line(s) of its own beyond the skeleton and the expected answers"
+    return WEAK, "the skeleton with the expected answers and nothing else: what everyone who types them writes"
 
 
 def same_sha256(p: _Pairs) -> None:
@@ -216,20 +245,22 @@ def same_sha256(p: _Pairs) -> None:
         return " and ".join(said)
 
     for digest, group in holders.items():
+        strength, why = _sha_strength(next((f for f in group if f.code_sha256 == digest and f.code), None))
         for x, y in combinations(group, 2):
             if not p.has(x, y, "same_sha256"):
-                p.add(x, y, Evidence("same_sha256", STRONG, f"code sha256 {short(digest)} is {x.student}: "
-                                     f"{role(x, digest)}; {y.student}: {role(y, digest)}",
+                p.add(x, y, Evidence("same_sha256", strength, f"code sha256 {short(digest)} is {x.student}: "
+                                     f"{role(x, digest)}; {y.student}: {role(y, digest)} ({why})",
                                      [f"{role(x, digest)}: {digest}"], [f"{role(y, digest)}: {digest}"]))
 
 
-def find_pairs(facts: list, common: int) -> tuple:
+def find_pairs(facts: list, common: int, base=None) -> tuple:
     """([Pair], {what: how many were taken as common}): every pair with evidence, strongest first,
-    and what more than `common` hand-ins shared (counted, not listed)."""
+    and what more than `common` hand-ins shared (counted, not listed). With the code's `base`
+    (grader.integrity.code.Base), the statements most hand-ins hold beyond it are dropped first."""
     p = _Pairs(facts, common)
     same_run(p)
     same_wrong_weight(p)
-    same_code(p)
+    same_code(p, base)
     same_sha256(p)
     alone = p.attach_weak()
     if alone:

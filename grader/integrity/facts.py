@@ -22,7 +22,7 @@ from grader.evidence.logtext import CLAIM, as_bytes, squash
 from grader.evidence.runs import rule_of
 from grader.intake import handin as handins
 from grader.intake.find import discover
-from grader.integrity.code import Base, OwnCode, own_code
+from grader.integrity.code import Base, OwnCode, own_code, own_lines
 from grader.names import result_files, student_of
 from grader.results import ToDict
 
@@ -70,6 +70,7 @@ class HandinFacts:
     code_sha256: str = ""        # of its assignment4.py
     code: str = ""               # its assignment4.py (for showing shared lines)
     own: OwnCode = None          # its own code beyond the base
+    own_lines: int = 0           # lines of its assignment4.py, comments included, no file of the base has
     wrong: list = field(default_factory=list)       # WrongWeight
 
     @property
@@ -173,4 +174,5 @@ def read_facts(result: dict, handin, base: Base, rubric) -> HandinFacts:
         facts.code_sha256 = hashlib.sha256(data).hexdigest()
         facts.code = data[:MAX_CODE_BYTES].decode("utf-8", "replace")
         facts.own = own_code(facts.code, base)
+        facts.own_lines = own_lines(facts.code, base)
     return facts

@@ -9,7 +9,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.integrity.evidence import ALONE, KINDS, STRONG
+from grader.integrity.evidence import ALONE, KGRAMS, KINDS, STRONG, TEMPLATE
 from grader.kit import atomic_write
 from grader.names import result_files
 from grader.results import ToDict
@@ -28,10 +28,16 @@ MEANING = {
                          "rare (strong). A usual mistake it names is made independently: shared in two parts "
                          "it is moderate, in one part weak, shown only beside other evidence.",
     "same_code": "what the two wrote beyond the skeleton, with the skeleton, the expected answers, comments, "
-                 "docstrings and imports dropped and every name the code defines, every number and "
-                 "string normalised: renaming variables or deleting comments does not hide a copy.",
+                 "docstrings, imports and annotations dropped, every name the code defines, every number and "
+                 "string normalised, and each block's independent statements (and the module's functions) put in "
+                 "one order: renaming, deleting comments, reformatting, reordering independent lines and moving "
+                 "code into functions of its own do not hide a copy. Code most of the batch holds beyond the "
+                 "skeleton (a handout of its own: give it with --base) is left out, and each shared piece weighs "
+                 "by how few hand-ins hold it: fully when two do, nothing when a twentieth of the batch does.",
     "same_sha256": "assignment4.py byte for byte, or the code sha256 the logs' init lines print, in hand-ins "
-                   "of two student ids (the untouched skeleton is left out).",
+                   "of two student ids (the untouched skeleton is left out). Strong only when the file has lines "
+                   "of its own: the skeleton with the expected answers typed in is what everyone who types them "
+                   "writes (weak, shown only beside other evidence).",
 }
 
 
@@ -111,7 +117,8 @@ def integrity_markdown(report: IntegrityReport) -> str:
         lines.append("")
     if report.commons:
         lines += ["## Taken as common (not listed)", ""]
-        lines += [f"- {count} {what}" + ("" if what == ALONE else f", each shared by more than {report.common} hand-ins")
+        lines += [f"- {count} {what}" + ("" if what in (ALONE, TEMPLATE) or what.startswith(KGRAMS) else
+                                          f", each shared by more than {report.common} hand-ins")
                   for what, count in sorted(report.commons.items()) if count]
         lines.append("")
     if report.not_found:

@@ -1,6 +1,6 @@
 """Package a hand-in: the zip a student uploads, holding exactly the files the grader expects.
 
-    python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP]
+    python -m grader package [PATH] [--log FILE] [--err FILE] [-o ZIP] [--partial]
 
 PATH is the folder that holds `assignment4.py` (default: `assignment_4/` when there is one, else
 the current folder) or the file itself. `utils.py` is taken from beside it, or from the folder
@@ -18,10 +18,17 @@ with a PackageError that says what to do, when there is no `assignment4.py`, no 
 run, a `.log` without its `.err`, a run that did not finish, or a run of other code than the file
 being zipped (the code sha256 its log records). The CLI then checks the zip with
 `grader.student.check`, as the graders will grade it.
+
+A run that crashed or hung is partial work: `--partial` hands it in as it is. The parts its log
+shows matching on every rank earn their log points, and the grader re-runs every part, as it
+does for every hand-in. Either way the message says once what did not finish (the ranks that
+never printed "done", the job's status, what the .err says) and names the command that made
+the run, as its log shows it (`made_by`): `slurm/run-local.sh`, the Slurm job, or torchrun by hand.
 """
 
 import hashlib
 import io
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,14 +36,21 @@ from pathlib import Path
 from grader import kit
 from grader.evidence import runs as run_logs
 from grader.evidence.logfile import parse_log
-from grader.evidence.logtext import LogReport, read_log
+from grader.evidence.errfile import parse_err
+from grader.evidence.logtext import LogReport, ranks_text, read_log
 from grader.rubric import load_public_rubric
 
 DEFAULT_FOLDER = Path("assignment_4")
 DEFAULT_ZIP = Path("assignment4-handin.zip")
-RUN_AGAIN = "run the job again with this code (sbatch slurm/assignment4.sbatch) and package again"
+SLURM_JOB = "sbatch slurm/assignment4.sbatch"
 RUN_FIRST = ("run the job first (sbatch slurm/assignment4.sbatch on the cluster; slurm/run-local.sh "
              "tries it on this machine)")
+
+
+# What the .err says that names the failure, in order of what to tell first (grader.evidence.errfile).
+ERR_REASONS = ("python_error", "collective_timeout", "oom", "slurm_time_limit", "slurm_node_fail", "slurm_cancelled",
+               "nccl_error")
+LOCAL_ID = re.compile(r"local-\d{8}-\d{6}")   # slurm/run-local.sh's job ids; slurm.submit's are local-<n>
 
 
 class PackageError(ValueError):
@@ -84,6 +98,9 @@ class Packaged:
     members: list                 # the names in the zip, in order
     job: dict = field(default_factory=dict)   # the [Job] fields of the run's .log
     world_size: int = None        # of the run in the .log
+    command: str = ""             # what made the run (made_by)
+    unfinished: str = ""          # what did not finish, for a run handed in with --partial ("" when it finished)
+    matched: list = field(default_factory=list)   # the parts the .log shows matching on every rank
 
 
 def find_code(path=None) -> Path:
@@ -163,8 +180,45 @@ def collect(path=None, log=None, err=None, rule=None) -> Sources:
     return sources
 
 
-def refuse_unless_ready(sources: Sources) -> LogReport:
-    """Raise a PackageError unless `sources` make a hand-in; return the parsed .log."""
+def made_by(report: LogReport) -> str:
+    """The command that made the run in `report`, as its log shows it: slurm/run-local.sh's job id
+    is local-<date>-<time>, `python -m slurm.submit --local`'s local-<n>, a Slurm job's its number."""
+    job = report.job.get("id", "")
+    if LOCAL_ID.fullmatch(job):
+        return "slurm/run-local.sh"
+    if job.startswith("local"):
+        return "python -m slurm.submit --local"
+    if report.slurm:
+        return SLURM_JOB
+    return "torchrun --standalone --nproc_per_node=4 assignment_4/assignment4.py, by hand"
+
+
+def run_again(command: str) -> str:
+    return f"run it again with this code ({command}) and package again"
+
+
+def why_unfinished(report: LogReport, err: Path = None) -> str:
+    """What did not finish, said once: the ranks that never printed "done", the job's footer or
+    status, and what the run's .err says went wrong."""
+    ws, done = report.world_size, set(report.done_ranks)
+    silent = [r for r in range(ws or 0) if r not in done]
+    why = [] if ws and not silent else [f"{ranks_text(silent)} never printed 'done'"] if done else \
+        ["no rank printed 'done'" if ws else "no rank started"]
+    if report.job.get("id") and "status" not in report.job:
+        why.append("the job's footer is missing (stopped at its time limit, or cancelled?)")
+    elif report.job.get("status", "0") != "0":
+        why.append(f"the job ended with status {report.job['status']}")
+    if err is not None:
+        flags = {f.code: f.message for f in parse_err(read_log(err)).flags}
+        said = [flags[code] for code in ERR_REASONS if code in flags][:2]
+        if said:
+            why.append(f"{show(err)} says: " + " ".join(said))
+    return "; ".join(why)
+
+
+def refuse_unless_ready(sources: Sources, partial: bool = False) -> tuple:
+    """Raise a PackageError unless `sources` make a hand-in; return (the parsed .log, what did not
+    finish: "" for a complete run, which `partial` allows to be unfinished)."""
     code = show(sources.code)
     if sources.utils is None:
         raise PackageError(f"no utils.py beside {code}: copy the provided utils.py from the kit next to it")
@@ -173,21 +227,27 @@ def refuse_unless_ready(sources: Sources) -> LogReport:
         raise PackageError(f"no log of a run in {where} (no file holds a run's lines): {RUN_FIRST}, then "
                            f"package again; or give the job's stdout with --log FILE")
     log = show(sources.log)
+    report = parse_log(read_log(sources.log))
+    again = run_again(made_by(report))
     if sources.err is None:
         raise PackageError(f"{log} has no .err beside it ({sources.log.with_suffix('.err').name}): hand in "
-                           f"the .err the same job wrote (give it with --err FILE), or {RUN_AGAIN}")
-    report = parse_log(read_log(sources.log))
-    if not report.finished:
-        why = [f.message for f in report.flags if f.code in ("empty", "binary", "no_init_lines", "unfinished",
-                                                              "job_failed")]
-        raise PackageError(f"{log}: the run did not finish. {' '.join(why) or 'No rank printed done.'} "
-                           f"Fix what {show(sources.err)} reports, then {RUN_AGAIN}")
+                           f"the .err the same job wrote (give it with --err FILE), or {again}")
     digest = sha256_of(sources.code)
     if report.fingerprints and digest not in report.fingerprints:
         raise PackageError(f"{log} was written by other code than {code} (the log's code sha256 "
                            f"{report.fingerprints[-1][:12]}..., the file's {digest[:12]}...): the file "
-                           f"changed after that run; {RUN_AGAIN}")
-    return report
+                           f"changed after that run; {again}")
+    if report.finished:
+        return report, ""
+    why = why_unfinished(report, sources.err)
+    if not report.init_ranks:
+        flags = " ".join(f.message for f in report.flags if f.code in ("empty", "binary", "no_init_lines"))
+        raise PackageError(f"{log}: the run never started ({why}). {flags} Fix it and {again}")
+    if not partial:
+        raise PackageError(f"{log}: the run did not finish: {why}. Fix it and {again}; or, to hand in the work "
+                           f"as it is, package with --partial: the parts the log shows finished earn their log "
+                           f"points, and the grader re-runs every part")
+    return report, why
 
 
 def zip_bytes(sources: Sources) -> bytes:
@@ -204,14 +264,16 @@ def write_zip(data: bytes, out: Path) -> None:
     kit.atomic_write(out, data)
 
 
-def package(path=None, log=None, err=None, out=None) -> Packaged:
-    """Write the hand-in zip of the code at `path` and its run; see the module docstring."""
+def package(path=None, log=None, err=None, out=None, partial: bool = False) -> Packaged:
+    """Write the hand-in zip of the code at `path` and its run; see the module docstring. With
+    `partial`, a run that did not finish is handed in as it is."""
     out = Path(out) if out is not None else DEFAULT_ZIP
     if out.suffix.lower() != ".zip":
         raise PackageError(f"{out}: a hand-in is a .zip file; give -o NAME.zip")
     sources = collect(path, log, err)
-    report = refuse_unless_ready(sources)
+    report, unfinished = refuse_unless_ready(sources, partial)
     data = zip_bytes(sources)
     write_zip(data, out)
     return Packaged(zip=out, sources=sources, members=list(sources.members()), job=dict(report.job),
-                    world_size=report.world_size)
+                    world_size=report.world_size, command=made_by(report), unfinished=unfinished,
+                    matched=[p for p, ev in report.parts.items() if ev.passed])
