@@ -98,6 +98,8 @@ def _gradescope_arguments(p) -> None:
 def _doctor_arguments(p) -> None:
     p.add_argument("--sandbox", choices=("auto", "off", "best"), default="auto",
                    help="the mode to try, as grade would (default auto)")
+    p.add_argument("--rubric", metavar="FILE", help="rubric YAML whose limits and largest check the world runs "
+                                                    "under, as grade's --rubric (default grader/rubric.yaml)")
 
 
 def _bundle_arguments(p) -> None:
@@ -174,7 +176,7 @@ COMMANDS = {
     "diff": ("grades", "grader.grades.commands:diff_command", _diff_arguments,
              "what a regrade moved: scores and part statuses, old and new; exit 1 when a score went down", None),
     "doctor": ("rerun", "grader.rerun.doctor:doctor_command", _doctor_arguments,
-               "say which sandbox layers work on this machine, and why not", None),
+               "run one world of the reference here as grade would: which layers hold, what bounds a world, why not", None),
     "gradescope": ("gradescope", "grader.gradescope.run:run", _gradescope_arguments,
                    "grade one submission inside Gradescope's autograder", None),
     "gradescope-bundle": ("gradescope", "grader.gradescope.bundle:bundle_command", _bundle_arguments,

@@ -26,7 +26,7 @@ from tests.corpus import REFERENCE, ROOT
 
 # Rubric.digest() of the stock course's grader/rubric.yaml (comments and layout do not count). A
 # deliberate change of the stock course changes it here too, and the stock_rubric tests with it.
-STOCK_RUBRIC = "5620d5e1a4721c70a8fd8a8c104ee426ee3d9e17b0130e8708e2af2cb3ce4776"
+STOCK_RUBRIC = "60b64ede6eb786289e0b89fb5557c1dbf0c4a9d8f94f899f376969b40c0d9a06"
 NOT_STOCK = ("grader/rubric.yaml is not the stock course's rubric: this test checks the stock course's "
              "own checks and numbers")
 

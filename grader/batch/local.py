@@ -20,7 +20,7 @@ from pathlib import Path
 from grader import kit
 from grader.pipeline import report
 from grader.pipeline.grade import grade_handin, judge_check
-from grader.rerun import secret
+from grader.rerun import machine, secret
 from grader.rerun.check import prepare_code
 from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
@@ -60,16 +60,18 @@ def data_key(out: Path) -> bytes:
     return key
 
 
-def canary(executor, rubric, scratch: Path) -> str:
-    """Re-run the reference at every check; return what failed ('' when everything passed)."""
+def canary(executor, rubric, scratch: Path) -> tuple:
+    """Re-run the reference at every check; return (what failed, why: a grader.rerun.machine.Diagnosis
+    of the machine), ('', None) when everything passed."""
     if not kit.REFERENCE.exists():
-        return ""
+        return "", None
     code = prepare_code(kit.REFERENCE)
     for check in rubric.checks:
         for part, outcome in judge_check(executor, code, check, rubric, scratch).items():
             if outcome.status != Status.PASSED:
-                return f"the reference solution fails {part} at check '{check.name}': {outcome.message}"
-    return ""
+                why = machine.explain(outcome.status.value, outcome.message, rubric.limits)
+                return f"the reference solution fails {part} at check '{check.name}': {outcome.message}", why
+    return "", None
 
 
 class Progress:
@@ -97,10 +99,11 @@ class Progress:
             sys.stderr.flush()
 
 
-def infra_result(h, rubric, message: str):
-    """The result of a hand-in the machinery could not grade: no score, grade it again."""
+def infra_result(h, rubric, message: str, again: bool = True):
+    """The result of a hand-in the machinery could not grade: no score; `again`: a second try may
+    help (else the message says what to fix first)."""
     return ungraded(new_result(h.student, h.name, h.sha256, rubric), rubric, Status.INFRA_ERROR,
-                    f"not graded: {message}; grade it again", "not run: infrastructure failure")
+                    f"not graded: {message}" + ("; grade it again" if again else ""), "not run: infrastructure failure")
 
 
 def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = "warm", sandbox: str = "auto",
@@ -120,20 +123,22 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = 
     scratch = Path(scratch_dir("a4-grade-"))
     bar = Progress(len(todo), progress)
     executors = ([first] if first is not None else []) + [
-        make_executor(executor, sandbox, rubric.limits, key)
+        make_executor(executor, sandbox, rubric.limits, key, jobs)
         for _ in range(max(1, min(jobs, len(todo))) - (first is not None))]
     idle = queue.Queue()
     for ex in executors:
         idle.put(ex)
     try:
         executors[0].start()   # SandboxUnavailable before anything runs, where hand-ins cannot be isolated
-        broken = canary(executors[0], rubric, scratch)
+        broken, why = canary(executors[0], rubric, scratch)
         if broken:
-            broken += "; the grading machine is not working"
+            broken += f"; the grading machine cannot grade: {why.cause}" + (f"; {why.fix}" if why.fix else "")
+            if not why.transient:
+                broken += ", then grade again"
 
         def grade_one(h):
             if broken:
-                result = infra_result(h, rubric, broken)
+                result = infra_result(h, rubric, broken, again=why.transient)
             else:
                 ex = idle.get()
                 try:

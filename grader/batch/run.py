@@ -181,8 +181,9 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
             summary.cached += 1
         else:
             todo.append(h)
-    # The sandbox is probed before OUT is touched: a refusal (SandboxUnavailable) leaves it as it was.
-    first = make_executor(executor, sandbox, rubric.limits) if todo and executor != "slurm" else None
+    # The sandbox and the machine are probed before OUT is touched: a refusal (CannotGrade) leaves it as it was.
+    first = make_executor(executor, sandbox, rubric.limits, jobs=max(1, min(jobs, len(todo)))) \
+        if todo and executor != "slurm" else None
     try:
         if first is not None:
             first.start()

@@ -25,6 +25,7 @@ from grader.intake.find import discover
 from grader.parts import BY_ID
 from grader.pipeline.grade import grade_handin
 from grader.rerun.executors import make_executor
+from grader.rerun.machine import explain
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status, ToDict
 from grader.rubric import load_public_rubric
@@ -87,10 +88,11 @@ def _row(part) -> CheckRow:
                     traceback=traceback)
 
 
-def _problems(result, rows) -> list:
+def _problems(result, rows, rubric) -> list:
     if result.status == Status.INFRA_ERROR:
-        return [f"the re-runs could not run on this machine, which says nothing about your code ({result.message}); "
-                f"try again, or on another machine"]
+        broken = next((p.message for p in result.parts.values() if p.status == Status.INFRA_ERROR), result.message)
+        why = explain(Status.INFRA_ERROR.value, broken, rubric.limits)
+        return [f"the re-runs could not run on this machine, which says nothing about your code: {why.text()}"]
     if result.status == Status.ERROR:
         return [f"checking crashed, which says nothing about your code ({result.message}); tell the course staff"]
     if result.status != Status.GRADED:
@@ -124,7 +126,7 @@ def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     rows = [_row(p) for p in result.parts.values()] if result.status == Status.GRADED else []
-    problems = _problems(result, rows)
+    problems = _problems(result, rows, rubric)
     return CheckReport(source=source or handin.name, status=result.status, passed=not problems,
                        message=result.message, checks=[f"{c.name} ({_ranks(c.world_size)})" for c in public],
                        files=dict(result.files), rows=rows, notes=list(result.notes), problems=problems,
