@@ -180,9 +180,18 @@ def check(path=None, log=None, err=None, rubric_path=None, executor=None) -> Che
     report.notes = notes + report.notes
     isolation = getattr(executor, "isolation", {}) or {}
     if isolation.get("sandbox", "none") == "none" and isolation.get("problems"):
-        report.sandbox = isolation["problems"][0]
+        report.sandbox = f"{isolation['problems'][0]}; so without {_lacking(isolation)}"
     report.seconds = round(time.monotonic() - started, 1)
     return report
+
+
+def _lacking(isolation: dict) -> str:
+    """The layers a world without the sandbox lacks, from its isolation summary."""
+    layers = [name for name, missing in (("its own files", isolation.get("files", "").startswith("NOT")),
+                                         ("its own network", isolation.get("network", "").startswith("NOT")),
+                                         ("its own processes", isolation.get("processes") == "process group"),
+                                         ("a memory limit", "NOT held" in isolation.get("memory", ""))) if missing]
+    return ", ".join(layers[:-1]) + (" and " if len(layers) > 1 else "") + layers[-1] if layers else "no layer"
 
 
 def format_report(report: CheckReport) -> str:
