@@ -72,7 +72,8 @@ def _grade_arguments(p) -> None:
     slurm.add_argument("--chunk", type=int, default=kit.ARRAY_CHUNK, metavar="N", help="hand-ins per task (default %(default)s)")
     slurm.add_argument("--slurm-time", type=int, metavar="MIN", help="time limit of a task (default from --chunk)")
     slurm.add_argument("--slurm-mem-gb", type=int, metavar="GB",
-                       help="memory of a task (default: the partition's; a task needs about jobs x 4 GB)")
+                       help="memory of a task (default: the partition's; a task may use up to jobs x the rubric's "
+                            "limits.memory_mb, 4096 MB by default, and about 1 GB for the grader and its helpers)")
     slurm.add_argument("--slurm-cluster", choices=("auto", "slurm", "local"), default="auto",
                        help="local: run the array on this machine through submitit's local executor")
     p.add_argument("--sandbox", choices=("auto", "off"), default="auto",

@@ -44,12 +44,21 @@ if dist.get_rank() == 0:
 # A student tuning for a GPU node: 32 threads, and a product big enough for them to start.
 THIRTY_TWO = "torch.set_num_threads(32)\n_ = torch.randn(512, 512) @ torch.randn(512, 512)\n"
 THREADS_ENV = {name: "32" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+# Code written for a GPU node, run where torch says a GPU is there: every "cuda" it asks for lands on the CPU.
+CUDA_AVAILABLE = """\
+torch.cuda.is_available = lambda: True
+device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else device
+torch.cuda.set_device(device)
+_ = (torch.ones(2, device=device).cuda() + torch.zeros(2).to(device)).sum().item()
+torch.cuda.synchronize()
+"""
 
 
 def _inbox(folder: Path, log: str, err: str, names) -> Path:
-    """Hand-in zips named after what they do: reference, two_children, thirty_two, lazy_imports."""
+    """Hand-in zips named after what they do: reference, two_children, thirty_two, lazy_imports, cuda_available."""
     codes = {"reference": REFERENCE.read_text(), "two_children": inject(REFERENCE.read_text(), TWO_CHILDREN),
              "thirty_two": inject(REFERENCE.read_text(), THIRTY_TWO, everywhere=True),
+             "cuda_available": inject(REFERENCE.read_text(), CUDA_AVAILABLE, everywhere=True),
              "lazy_imports": inject(REFERENCE.read_text(), LAZY_IMPORTS.format(planted="a4-none"), everywhere=True)}
     inbox = folder / "inbox"
     inbox.mkdir(parents=True)
@@ -248,7 +257,7 @@ def module_grade(reference_run, tmp_path_factory):
     assert bare.returncode != 0, "the copy starts without LD_LIBRARY_PATH: it tests nothing"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_LIBRARY_PATH")}
     env.update(module_env, **THREADS_ENV)
-    inbox = _inbox(work, *reference_run, ["reference", "lazy_imports", "thirty_two"])
+    inbox = _inbox(work, *reference_run, ["reference", "lazy_imports", "thirty_two", "cuda_available"])
     proc = subprocess.run([str(python), *_grade_args(inbox, work / "out")], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env=env)
     return dict(proc=proc, results=_results(work / "out"))
@@ -256,9 +265,10 @@ def module_grade(reference_run, tmp_path_factory):
 
 @pytest.mark.timeout(900)
 def test_a_module_python_grades_in_the_sandbox_as_it_runs_outside(module_grade):
+    """With 32 threads asked of every pool, and code that finds torch saying a GPU is there."""
     proc, results = module_grade["proc"], module_grade["results"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ("reference", "lazy_imports", "thirty_two"):
+    for name in ("reference", "lazy_imports", "thirty_two", "cuda_available"):
         r = results[name]
         assert (r["status"], r["score"]) == ("graded", FULL), \
             (name, r["message"], {p: v["message"] for p, v in r["parts"].items()})

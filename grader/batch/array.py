@@ -65,7 +65,7 @@ def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "a
               "slurm_setup": [f"export PYTHONPATH={kit.ROOT}:${{PYTHONPATH:-}}"]}
     if partition:
         params["slurm_partition"] = partition
-    if mem_gb:   # otherwise the partition's default; a task needs about jobs x 4 ranks x 1 GB
+    if mem_gb:   # otherwise the partition's default; a task may use up to jobs x limits.memory_mb, and its helpers
         params["mem_gb"] = mem_gb
     executor.update_parameters(**params)
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -105,7 +105,9 @@ class Isolation:
                               if self.processes else "process group"),
                 "network": "own network namespace, loopback only" if self.network else "NOT isolated",
                 "files": ("private root: system, Python and the hand-in only" if self.files else
-                          "NOT isolated: the hand-in sees what its user may read"),
+                          "NOT isolated: the hand-in sees what its user may read" + (
+                              f" (of {', '.join(self.passable)}, only the Python: each world's own mount namespace)"
+                              if self.passable else "")),
                 "user": ("an unprivileged user id of its own per world" if self.own_uid or self.id_range > 1 else
                          "the grader's user, in a user namespace of its own" if self.sandbox else
                          f"the grader's own user (uid {self.uid})"),
@@ -211,6 +213,10 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0) -> None:
         os.setuid(uid)
     if nproc:
         cap(resource.RLIMIT_NPROC, nproc)
+    # Dumpable again (the leader is not, and a change of user id clears it): the world's watchdog, where
+    # it runs as this user without privilege (no namespaces), reads the rank's Pss, not its resident set,
+    # which counts every page shared with the zygote once per rank (4 ranks of torch's CUDA build: 2 GB).
+    prctl(PR_SET_DUMPABLE, 1)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
     if LINUX and (os.environ.get("A4_IN_SANDBOX") or uid != 0):
         try:
@@ -237,19 +243,6 @@ def _in_child(attempt) -> str:
     return "" if os.waitpid(pid, 0)[1] == 0 else why or "it failed"
 
 
-def own_mounts(passable: list, also: list = ()) -> None:
-    """Outside the sandbox, as root: a mount namespace of this process's own in which a rank can
-    pass the folders `passable` to the Python below them, and to `also` (grader.rerun.scratch.passable)."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare")
-    scratch.passable(passable, keep() + [os.path.abspath(p) for p in also])
-
-
-def keep() -> list:
-    """The folders a rank must reach: those the Python loads from, as real paths and as sys.path names them."""
-    return sorted(set(readable.roots()) | {os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)
-                                           and not p.startswith("/a4/")})
-
-
 def _readable(isolation: Isolation) -> None:
     """Can ranks under a user id of their own read this Python? Where a folder above it bars them
     outside the sandbox, each world opens it in a mount namespace of its own, if this machine allows
@@ -257,9 +250,9 @@ def _readable(isolation: Isolation) -> None:
     uid = world_uid(isolation)
     found = readable.check_as(uid)
     blocked = found.above
-    if blocked and not isolation.sandbox and os.geteuid() == 0 and not _in_child(lambda: own_mounts(blocked)):
+    if blocked and not isolation.sandbox and os.geteuid() == 0 and not _in_child(lambda: scratch.own_mounts(blocked)):
         isolation.passable = blocked
-        found = readable.check_as(uid, prepare=lambda: own_mounts(blocked))
+        found = readable.check_as(uid, prepare=lambda: scratch.own_mounts(blocked))
     problem = found.problem(isolation.mode)
     if problem:
         isolation.unfit.append(problem)

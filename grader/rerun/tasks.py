@@ -125,9 +125,11 @@ def hold(own_uid: bool, own_userns: bool, pids_cgroup: bool) -> Hold:
     return Hold.WATCHDOG
 
 
-def rank_nproc(held: Hold, own_uid: bool, processes: int, counted: int = None) -> int:
+def rank_nproc(held: Hold, own_uid: bool, processes: int, machine_visible: bool = True) -> int:
     """The RLIMIT_NPROC a rank gets: the world's limit where the count is the world's alone (a user
-    id or a namespace of its own), else the backstop over the user's own count."""
+    id or a namespace of its own), else the backstop over the user's own count; none (0) where that
+    count cannot be seen (a PID namespace hides the machine's tasks from a kernel older than 5.14,
+    which counts them all): the watchdog alone then holds the world."""
     if own_uid or held == Hold.OWN_USERNS:
         return processes
-    return backstop(processes, counted)
+    return backstop(processes) if machine_visible else 0

@@ -83,7 +83,8 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
     prepared = worker.prepare(job)
     sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)   # what the ranks start stays below us, for the watchdog
     held = tasks.Hold[isolation.tasks] if isolation is not None and isolation.tasks else tasks.Hold.WATCHDOG
-    nproc = tasks.rank_nproc(held, uid != os.getuid(), limits.processes)
+    nproc = tasks.rank_nproc(held, uid != os.getuid(), limits.processes,
+                             machine_visible=isolation is None or not isolation.processes)
     pids, fds, orders = [], {}, {}
     pgid = 0
     for rank in range(job.world_size):
@@ -135,7 +136,7 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None) -> None:
         if isolation.cgroups:
             cgroup.join(isolation.cgroups)   # before anything of the world is forked: all of it is counted
         if isolation.passable:   # outside the sandbox, as root: ranks reach the Python below /root
-            sandbox.own_mounts(isolation.passable, [job.work_dir])
+            scratch.own_mounts(isolation.passable, [job.work_dir])
         if isolation.per_world:   # first: the code goes into the world's own new /tmp
             sandbox.unshare_world(isolation, limits.tmp_mb)
             report = _as_init(job)
