@@ -13,7 +13,8 @@ descendant).
     tasks = sum over the world's processes of their threads (what RLIMIT_NPROC would count)
 
 polled every POLL_S seconds; Pss is read (smaps_rollup, costly) only while the cheap upper bound,
-the sum of the resident sets (statm), is above the limit. The moment `used` passes limits.memory_mb,
+the sum of the resident sets (statm), is above the limit, and then estimated between readings
+(`Estimate`). The moment `used` passes limits.memory_mb,
 every process of the world is killed and each rank's output ends with "MemoryError: the ranks and
 their children used more than N MB", which the grader reports as the part's out-of-memory; past
 limits.processes, with "the ranks and their children ran more than N processes and threads", a
@@ -33,6 +34,7 @@ import time
 from grader.rerun import cgroup
 
 POLL_S = 0.02
+MAX_PAUSE = 0.2    # the longest between two polls, however much one costs
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 HAS_PROC = os.path.isdir("/proc/self/task")   # Linux; not macOS, where a world has no watchdog
 
@@ -101,6 +103,51 @@ def used(pids: list) -> int:
     return sum(_proportional(p) for p in pids)
 
 
+class Estimate:
+    """The Pss of a world's processes, kept cheap enough to poll every few milliseconds.
+
+    Each process is estimated from its last Pss reading plus what its resident set grew since (its
+    resident set, an upper bound, where it has none); while the estimate is within the limit, one
+    process is read again per poll, the one read longest ago (a page copied on write grows a
+    process's Pss, not its resident set). An estimate above the limit is checked while the world
+    is stopped (`hold`: a world fills gigabytes a second, and a reading costs up to a tenth of a
+    second per GB on a busy machine), the processes that grew most first: yes as soon as those read
+    alone are above the limit (the world is then ended stopped); else the world goes on.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.known = {}   # pid -> (its resident set when its Pss was read, that Pss, when)
+        self.last = 0     # the last estimate of the whole world
+
+    def _read(self, pid: int, resident: int) -> int:
+        self.known[pid] = (resident, _proportional(pid), time.monotonic())
+        return self.known[pid][1]
+
+    def over(self, resident: dict, hold) -> bool:
+        """Whether the processes of `resident` (pid -> resident set now) use more than the limit;
+        `hold(True)` stops them, `hold(False)` lets them go on."""
+        self.known = {p: v for p, v in self.known.items() if p in resident}
+        estimate = {p: self.known[p][1] + max(0, r - self.known[p][0]) if p in self.known else r
+                    for p, r in resident.items()}
+        self.last = sum(estimate.values())
+        if self.last <= self.limit:
+            stalest = min(resident, key=lambda p: self.known.get(p, (0, 0, 0.0))[2])
+            self.last += self._read(stalest, resident[stalest]) - estimate[stalest]
+            return self.last > self.limit and self.over(resident, hold)
+        hold(True)
+        growth = {p: estimate[p] - self.known.get(p, (0, 0, 0.0))[1] for p in resident}
+        read = 0
+        for pid in sorted(resident, key=growth.get, reverse=True):
+            estimate[pid] = self._read(pid, resident[pid])
+            read += estimate[pid]
+            if read > self.limit:
+                return True
+        hold(False)
+        self.last = sum(estimate.values())
+        return False
+
+
 def message(limit_mb: int) -> str:
     return f"the ranks and their children used more than {limit_mb} MB"
 
@@ -135,6 +182,7 @@ class Watchdog:
     def _watch(self) -> None:
         limit = self.limit_mb << 20
         kills = cgroup.oom_kills(self.cgroups)
+        estimate = Estimate(limit)
         pause = POLL_S
         while not self._stop.wait(pause):
             started = time.monotonic()
@@ -142,15 +190,21 @@ class Watchdog:
             pids = descendants(self._me, children)
             count = sum(threads.get(p, 1) for p in pids)
             self.peak_tasks = max(self.peak_tasks, count)
-            if (sum(_resident(p) for p in pids) > limit and used(pids) > limit) or \
+            resident = {p: _resident(p) for p in pids}
+            # Where /proc shows the whole machine (no sandbox), a poll costs more: keep it under a
+            # tenth, but never wait long (a world fills gigabytes a second), and poll four times as
+            # often while the world holds more than half its limit.
+            pause = min(MAX_PAUSE, max(POLL_S, 10 * (time.monotonic() - started)))
+            if min(sum(resident.values()), estimate.last or limit) > limit // 2:
+                pause = POLL_S / 4
+            if (sum(resident.values()) > limit and estimate.over(resident, lambda stop: self._signal(
+                    pids, signal.SIGSTOP if stop else signal.SIGCONT))) or \
                     cgroup.oom_kills(self.cgroups) > kills:
                 return self._end(pids, f"MemoryError: {message(self.limit_mb)} (limits.memory_mb, the world's "
                                        f"limit); the world was ended")
             if self.tasks and count > self.tasks:
                 return self._end(pids, f"{tasks_message(self.tasks)} (limits.processes, the world's limit); "
                                        f"the world was ended")
-            # Where /proc shows the whole machine (no sandbox), a poll costs more: keep it under a tenth.
-            pause = max(POLL_S, 10 * (time.monotonic() - started))
 
     def _end(self, pids: list, why: str) -> None:
         self.tripped = why
@@ -160,15 +214,20 @@ class Watchdog:
                     f.write(f"\n{why}\n")
             except OSError:
                 pass
-        depth = len(_nspid("self")) - 1
         for _ in range(3):   # a process that forks while being killed leaves children behind: again
-            for pid in pids:
-                ours = _nspid(pid)   # kill() takes our namespace's number, /proc may show another
-                try:
-                    if len(ours) > depth:
-                        os.kill(ours[depth], signal.SIGKILL)
-                except OSError:
-                    pass
+            self._signal(pids, signal.SIGKILL)
             pids = descendants(self._me)
             if not pids:
                 break
+
+    @staticmethod
+    def _signal(pids: list, sig: int) -> None:
+        """Send `sig` to each of `pids` (as /proc numbers them: kill() takes our namespace's number)."""
+        depth = len(_nspid("self")) - 1
+        for pid in pids:
+            ours = _nspid(pid)
+            try:
+                if len(ours) > depth:
+                    os.kill(ours[depth], sig)
+            except OSError:
+                pass
