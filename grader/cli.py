@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from grader import kit
+from grader.limits import slurm_task
 
 HERE = Path(__file__).resolve().parent
 EXECUTOR_CHOICES = ("warm", "torchrun", "slurm")   # grader.rerun.executors.EXECUTORS and the job array
@@ -57,7 +58,8 @@ def _grade_arguments(p) -> None:
     p.add_argument("--lms", choices=("canvas", "moodle", "gradescope", "blackboard"),
                    help="the LMS the download comes from (default: recognised from its file names)")
     p.add_argument("--out", required=True, metavar="DIR", help="where grades.csv, summary.md and per-student folders go")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="hand-ins graded at once (default 1)")
+    p.add_argument("--jobs", type=int, default=kit.JOBS, metavar="N",
+                   help="hand-ins graded at once: here, or in each array task (default %(default)s)")
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
     p.add_argument("--force", action="store_true", help="grade again even hand-ins already graded in DIR")
     p.add_argument("--only", nargs="+", metavar="ID", help="grade only these student ids")
@@ -70,10 +72,14 @@ def _grade_arguments(p) -> None:
     slurm.add_argument("--array-parallelism", type=int, default=kit.ARRAY_PARALLELISM, metavar="K",
                        help="tasks running at once (default %(default)s)")
     slurm.add_argument("--chunk", type=int, default=kit.ARRAY_CHUNK, metavar="N", help="hand-ins per task (default %(default)s)")
-    slurm.add_argument("--slurm-time", type=int, metavar="MIN", help="time limit of a task (default from --chunk)")
+    task = slurm_task(kit.ARRAY_CHUNK, kit.JOBS)
+    slurm.add_argument("--slurm-time", type=int, metavar="MIN",
+                       help=f"time limit of a task (default: every hand-in of its chunk may run out the rubric's "
+                            f"timeouts.handin, --jobs at once, after the canary; a task asks for {task} with the "
+                            f"stock rubric and the default --chunk and --jobs)")
     slurm.add_argument("--slurm-mem-gb", type=int, metavar="GB",
-                       help="memory of a task (default: the partition's; a task may use up to jobs x the rubric's "
-                            "limits.memory_mb, 4096 MB by default, and about 1 GB for the grader and its helpers)")
+                       help=f"memory of a task (default: --jobs worlds at the rubric's limits.memory_mb, a helper "
+                            f"each and the grader: {task.mem_gb} GB with the stock rubric and the default --jobs)")
     slurm.add_argument("--slurm-cluster", choices=("auto", "slurm", "local"), default="auto",
                        help="local: run the array on this machine through submitit's local executor")
     p.add_argument("--sandbox", choices=("auto", "off"), default="auto",

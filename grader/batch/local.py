@@ -106,7 +106,7 @@ def infra_result(h, rubric, message: str, again: bool = True):
                     f"not graded: {message}" + ("; grade it again" if again else ""), "not run: infrastructure failure")
 
 
-def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = "warm", sandbox: str = "auto",
+def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor: str = "warm", sandbox: str = "auto",
                   progress: bool = True, first=None) -> tuple:
     """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
     it is graded, every world on the data of OUT's data key (`data_key`). Returns ({student: its

@@ -38,6 +38,7 @@ from grader.batch import gradebook
 from grader.batch.local import data_key, grade_handins
 from grader.intake import handin as handins
 from grader.intake.find import Unreadable, find_handins
+from grader import kit
 from grader.kit import write_json
 from grader.names import SEP, result_files, student_dir, student_of, students_dir
 from grader.pipeline import report
@@ -154,7 +155,7 @@ def _cached(out: Path, h, rubric, sandbox: str):
     return data if same else None
 
 
-def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False, only=None,
+def grade_batch(paths, out, jobs: int = kit.JOBS, rubric_path=None, force: bool = False, only=None,
                 executor: str = "warm", sandbox: str = "auto", progress: bool = True,
                 slurm: dict = None, lms: str = None) -> BatchSummary:
     """Grade every hand-in under `paths` into `out`; see the module docstring.

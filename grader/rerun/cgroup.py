@@ -205,6 +205,9 @@ def _v2_base(mount: str, own: str) -> str:
 
 def _v2_why(mount: str, own: str) -> str:
     folder = os.path.normpath(mount + own)
+    if os.environ.get("SLURM_JOB_ID"):
+        return (f"inside Slurm job {os.environ['SLURM_JOB_ID']}, whose cgroup is not the grader's to divide: the "
+                f"job's own limit bounds the whole batch, the watchdog each world")
     if os.geteuid() == 0:
         return f"no cgroup above {folder} gives its children the memory controller"
     if not _writable(folder):
