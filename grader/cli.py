@@ -17,7 +17,9 @@ Nothing here imports torch: `--help` and `skeleton` start at once.
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from grader import kit
@@ -47,8 +49,24 @@ def _handler(target: str):
                   f"Commands that only read results (gradebook, diff, integrity, public-rubric) run without it.",
                   file=sys.stderr)
             return 2
+        except (ImportError, RuntimeError, OSError, MemoryError) as e:
+            if not any(f.filename.endswith(f"torch{os.sep}__init__.py") for f in traceback.extract_tb(e.__traceback__)):
+                raise
+            print(f"grader: `{args.command}` needs torch, and this Python could not import it "
+                  f"({type(e).__name__}: {e}){_address_space_hint()}", file=sys.stderr)
+            return 2
         return getattr(imported, function)(args)
     return run
+
+
+def _address_space_hint() -> str:
+    """Where `ulimit -v` caps the address space: torch's CUDA build maps about 3 GB at import."""
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return (f"; `ulimit -v` allows this Python {soft >> 20} MB of address space, and torch's CUDA build maps about "
+            f"3 GB at import: raise it (ulimit -v unlimited)")
 
 
 def _grade_arguments(p) -> None:

@@ -27,6 +27,7 @@ same message.
 """
 
 import os
+import resource
 import signal
 import threading
 import time
@@ -146,6 +147,34 @@ class Estimate:
         hold(False)
         self.last = sum(estimate.values())
         return False
+
+
+def data_size(field: bytes = b"VmData:") -> int:
+    """What this process holds as data now (VmData: private writable mappings; VmSize: its whole
+    address space), in bytes; 0 where /proc does not say."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+RANK_GROWTH_MB = 1024   # address space a rank adds to the zygote's: its threads' stacks and arenas, gloo, tensors
+
+
+def address_space_problem() -> str:
+    """Why no world can run under this process's address-space cap ('' when one can): a machine's own
+    (`ulimit -v`, a login node's) below what a rank maps once it runs makes its next thread fail
+    (torch's CUDA build maps 3 GB at import)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = data_size(b"VmSize:") >> 20
+    if soft == resource.RLIM_INFINITY or not mapped or mapped + RANK_GROWTH_MB <= soft >> 20:
+        return ""
+    return (f"this Python maps {mapped} MB of address space before any hand-in runs, a rank about {RANK_GROWTH_MB} MB "
+            f"more, and `ulimit -v` allows {soft >> 20} MB: raise it (ulimit -v unlimited) before grading")
 
 
 def message(limit_mb: int) -> str:

@@ -8,11 +8,10 @@ forks any rank,
 
 - unshares PID, network, IPC and mount namespaces of its own: a world's processes see no other
   world's, its loopback is its own, its SysV objects die with it, its /tmp and /dev/shm are new
-  empty file systems (nothing an earlier world left, however it made it unremovable, is there) and
-  its code folder is mounted read only (no rank writes bytecode beside it); and, so that the process limit counts
-  this world alone, either a user id no other world has (when the grader is root, bwrap's user
-  namespace maps a range of ids) or a user namespace of its own (an ordinary user's single id:
-  limits count per user namespace);
+  empty file systems (nothing an earlier world left, however made unremovable, is there) and its
+  code folder is read only (no rank writes bytecode beside it); and either a user id no other
+  world has (the grader is root: bwrap's user namespace maps a range of ids) or a user namespace
+  of its own (an ordinary user's single id);
 - is the parent of ranks that drop every capability, set no_new_privs, and take the rubric's
   limits on file size and CPU time, one compute thread each (grader.rerun.environment), and no more
   data than they hold at their fork plus the world's memory (RLIMIT_DATA: never below what the
@@ -21,9 +20,8 @@ forks any rank,
 The world as a whole, all its ranks and their children, is held to limits.memory_mb and
 limits.processes by a cgroup of its own where the grader can have one (grader.rerun.cgroup) and
 by its leader's watchdog (grader.rerun.memory) everywhere; RLIMIT_NPROC only where it counts this
-world alone (grader.rerun.tasks says where). Between worlds the zygote kills every other process
-it can see and empties its /tmp and /dev/shm (grader.rerun.scratch, which also gives each world its
-new ones).
+world alone (grader.rerun.tasks). Between worlds the zygote kills every other process it can see
+and empties its /tmp and /dev/shm (grader.rerun.scratch, which also gives each world new ones).
 Without bwrap (`--sandbox off`, a student's own machine, a container without user namespaces)
 none of the namespaces exist; ranks run as a user id of their own when the grader is root, so
 files only root may read stay unreadable (and a world whose ranks could not reach the Python then,
@@ -45,7 +43,7 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import Limits
-from grader.rerun import readable, scratch, tasks
+from grader.rerun import memory, readable, scratch, tasks
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 CLONE_NEWNS = 0x00020000
@@ -180,19 +178,6 @@ def world_uid(isolation: Isolation) -> int:
     return random.randint(200_000, 1_000_000_000) if isolation.own_uid else os.getuid()
 
 
-def data_size() -> int:
-    """What this process holds as data now (VmData: private writable mappings), in bytes; 0 where
-    /proc does not say."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmData:"):
-                    return int(line.split()[1]) << 10
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def limit_rank(limits: Limits, uid: int, nproc: int = 0) -> None:
     """In a rank, after its files are open and before any hand-in code: limits, then no privileges.
     `nproc`: its RLIMIT_NPROC (grader.rerun.tasks.rank_nproc; 0: none)."""
@@ -201,7 +186,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0) -> None:
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(kind, (value, value))
 
-    data = data_size()
+    data = memory.data_size()
     if data:   # one process alone may not take more than the world may: refused at once, a clean MemoryError
         cap(resource.RLIMIT_DATA, data + (limits.memory_mb << 20))
     cap(resource.RLIMIT_FSIZE, limits.file_mb << 20)
@@ -299,6 +284,9 @@ def _finish(isolation: Isolation, own_userns: bool) -> None:
     """What bounds a world's tasks, and whether ranks of an id of their own can read the Python."""
     held = tasks.hold(isolation.own_uid or isolation.id_range > 1, own_userns, "pids" in isolation.controllers)
     isolation.tasks = held.name
+    problem = memory.address_space_problem()
+    if problem:
+        isolation.unfit.append(problem)
     if not isolation.watchdog:
         isolation.problems.append("no /proc here: nothing watches a world's memory and tasks, "
                                   "and a world has no limit on them but its processes' own")
