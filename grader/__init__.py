@@ -7,9 +7,10 @@ The house, one room per job; a hand-in travels down the list:
                  by matplotlib, loaded only to draw; the lab's bandwidth plot uses it too), cli
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox (bwrap) and bring back
                  its weights (executor, executors, torchrun, zygote, world, supervise, worker, source, secret,
-                 layer, block, hooks, protocol, channel, sandbox, scratch, memory, check; hidden
-                 keeps a hidden check's results free of a rank's words; doctor says which sandbox
-                 layers work on a machine)
+                 layer, block, hooks, protocol, channel, sandbox, scratch, check; what holds a world:
+                 memory, tasks, cgroup, environment, readable; hidden keeps a hidden check's results
+                 free of a rank's words; machine says why a machine cannot grade, doctor runs a world
+                 of the reference there and says what holds)
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
                  hand-ins), download (whose each file of an LMS download is), handin (unpack safely,
                  locate the code and the runs)
