@@ -6,10 +6,10 @@ room (tests/test_layout.py holds the map to that):
     shared       kit (paths, atomic writes, the source digest), parts, rubric (the loader, and
                  the public rubric derived from it; feasible: whether the kit can run its checks;
                  worth: what a check is worth, the one rounding of scores, what the hidden checks
-                 hold) and limits (what a rank may use: all that the
-                 re-run's processes read of the rubric), results (statuses and result dataclasses,
-                 where a batch keeps them, and whether a batch could be graded at all: its canary,
-                 OUT/canary.json), names (where a hand-in's results live in OUT; names
+                 hold) and limits (what a world may use, each timeout's default, and what a Slurm
+                 grading task asks for: all that the re-run's processes read of the rubric),
+                 results (statuses and result dataclasses, where a batch keeps them, and whether a
+                 batch could be graded at all: its canary, OUT/canary.json), names (where a hand-in's results live in OUT; names
                  from a download made inert), typed (dataclasses from plain data and back: the one
                  validator), plots (figures by matplotlib, loaded only to draw; the lab's bandwidth
                  plot uses it too), cli (the command line; __main__ runs it)
@@ -21,7 +21,11 @@ room (tests/test_layout.py holds the map to that):
                  and runs a step, Part 4's layer alone (layer) or Part 5's block (block), wrapped in
                  hooks; secret derives each part's data; protocol types the messages and channel
                  frames them; check runs a hand-in's parts at one check; hidden keeps a hidden
-                 check's results free of a rank's words; doctor says which sandbox layers work
+                 check's results free of a rank's words. What holds a world: memory (its watchdog),
+                 tasks (its count of processes and threads), cgroup, environment (the variables a
+                 rank and the helper get), readable (code and Python the ranks' user can read);
+                 machine says why a machine cannot grade, and doctor runs a world of the reference
+                 there and says what holds
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
                  hand-ins), download (whose each file of an LMS download is), listing (a folder's or
                  a zip's files, each read from disk only when used), handin (unpack safely, locate

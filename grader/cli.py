@@ -8,10 +8,13 @@ bundle) does not offer it. Nothing here imports torch: `--help` and `skeleton` s
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from grader import kit
+from grader.limits import slurm_task
 
 HERE = Path(__file__).resolve().parent
 DESCRIPTION = "Assignment 4's grader and student tools: the commands this copy of the kit holds, and who runs them, are below."
@@ -48,7 +51,23 @@ def _handler(target: str):
                   f"Commands that only read results (gradebook, diff, integrity, public-rubric) run without it.",
                   file=sys.stderr)
             return 2
+        except (ImportError, RuntimeError, OSError, MemoryError) as e:
+            if not any(f.filename.endswith(f"torch{os.sep}__init__.py") for f in traceback.extract_tb(e.__traceback__)):
+                raise
+            print(f"grader: `{args.command}` needs torch, and this Python could not import it "
+                  f"({type(e).__name__}: {e}){_address_space_hint()}", file=sys.stderr)
+            return 2
     return run
+
+
+def _address_space_hint() -> str:
+    """Where `ulimit -v` caps the address space: torch's CUDA build maps about 3 GB at import."""
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return (f"; `ulimit -v` allows this Python {soft >> 20} MB of address space, and torch's CUDA build maps about "
+            f"3 GB at import: raise it (ulimit -v unlimited)")
 
 
 def _grade_arguments(p) -> None:
@@ -58,7 +77,8 @@ def _grade_arguments(p) -> None:
     p.add_argument("--lms", choices=("canvas", "moodle", "gradescope", "blackboard"),
                    help="the LMS the download comes from (default: recognised from its file names)")
     p.add_argument("--out", required=True, metavar="DIR", help="where grades.csv, summary.md and per-student folders go")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="hand-ins graded at once (default 1)")
+    p.add_argument("--jobs", type=int, default=kit.JOBS, metavar="N",
+                   help="hand-ins graded at once: here, or in each array task (default %(default)s)")
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
     p.add_argument("--force", action="store_true", help="grade again even hand-ins already graded in DIR")
     p.add_argument("--only", nargs="+", metavar="ID", help="grade only these student ids")
@@ -71,9 +91,14 @@ def _grade_arguments(p) -> None:
     slurm.add_argument("--array-parallelism", type=int, default=kit.ARRAY_PARALLELISM, metavar="K",
                        help="tasks running at once (default %(default)s)")
     slurm.add_argument("--chunk", type=int, default=kit.ARRAY_CHUNK, metavar="N", help="hand-ins per task (default %(default)s)")
-    slurm.add_argument("--slurm-time", type=int, metavar="MIN", help="time limit of a task (default from --chunk)")
+    task = slurm_task(kit.ARRAY_CHUNK, kit.JOBS)
+    slurm.add_argument("--slurm-time", type=int, metavar="MIN",
+                       help=f"time limit of a task (default: every hand-in of its chunk may run out the rubric's "
+                            f"timeouts.handin, --jobs at once, after the canary; a task asks for {task} with the "
+                            f"stock rubric and the default --chunk and --jobs)")
     slurm.add_argument("--slurm-mem-gb", type=int, metavar="GB",
-                       help="memory of a task (default: the partition's; a task needs about jobs x 4 GB)")
+                       help=f"memory of a task (default: --jobs worlds at the rubric's limits.memory_mb, a helper "
+                            f"each and the grader: {task.mem_gb} GB with the stock rubric and the default --jobs)")
     slurm.add_argument("--slurm-cluster", choices=("auto", "slurm", "local"), default="auto",
                        help="local: run the array on this machine through submitit's local executor")
     p.add_argument("--sandbox", choices=("auto", "off"), default="auto",
@@ -99,6 +124,8 @@ def _gradescope_arguments(p) -> None:
 def _doctor_arguments(p) -> None:
     p.add_argument("--sandbox", choices=("auto", "off", "best"), default="auto",
                    help="the mode to try, as grade would (default auto)")
+    p.add_argument("--rubric", metavar="FILE", help="rubric YAML whose limits and largest check the world runs "
+                                                    "under, as grade's --rubric (default grader/rubric.yaml)")
 
 
 def _bundle_arguments(p) -> None:
@@ -199,7 +226,7 @@ COMMANDS = {
     "diff": ("grades", "grader.grades.commands:diff_command", _diff_arguments,
              "what a regrade moved: scores and part statuses, old and new; exit 1 when a score went down", None),
     "doctor": ("rerun", "grader.rerun.doctor:doctor_command", _doctor_arguments,
-               "say which sandbox layers work on this machine, and why not", None),
+               "run one world of the reference here as grade would: which layers hold, what bounds a world, why not", None),
     "gradescope": ("gradescope", "grader.gradescope.run:run", _gradescope_arguments,
                    "grade one submission inside Gradescope's autograder", None),
     "gradescope-bundle": ("gradescope", "grader.gradescope.bundle:bundle_command", _bundle_arguments,

@@ -37,7 +37,9 @@ WHEEL_TOP = "top"   # the folder of grader/ that holds a wheel's copies of TOP_F
 GRADESCOPE_SUBMISSION = "/autograder/submission"
 GRADESCOPE_RESULTS = "/autograder/results/results.json"
 GRADESCOPE_METADATA = "/autograder/submission_metadata.json"
-# The job array's shape (grader.batch.array.grade_on_slurm's defaults, and the command line's).
+# The batch's shape (grader.batch.run.grade_batch's defaults, grader.batch.array.grade_on_slurm's, and
+# the command line's).
+JOBS = 1                 # hand-ins graded at once: on this machine, or in each array task
 ARRAY_PARALLELISM = 16   # tasks running at once
 ARRAY_CHUNK = 10         # hand-ins per task
 # The kit's own folders under ROOT: what a sandbox hides when ROOT is a site-packages it binds.

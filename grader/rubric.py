@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader import feasible, kit, typed
-from grader.limits import PART_SECONDS, WORLD_START_SECONDS, Limits
+from grader.limits import HANDIN_SECONDS, PART_SECONDS, PROCESS_GROUP_SECONDS, WORLD_START_SECONDS, Limits
 from grader.parts import BY_ID, CORE_PART_IDS, PART_IDS, PARTS
 from grader.worth import HiddenGroup, hidden_summary
 
@@ -102,10 +102,11 @@ class Tolerance:
 
 @dataclass
 class Timeouts:
-    part: float = PART_SECONDS   # wall clock of one part in one world (s)
-    process_group: float = 10.0  # how long a collective waits for a missing rank (s)
-    world_start: float = WORLD_START_SECONDS   # from starting a world to every rank having loaded the code (s)
-    handin: float = 600.0        # all re-runs of one hand-in (s)
+    """In seconds; each default, and what it means, is grader/limits.py's."""
+    part: float = PART_SECONDS
+    process_group: float = PROCESS_GROUP_SECONDS
+    world_start: float = WORLD_START_SECONDS
+    handin: float = HANDIN_SECONDS
 
 
 @dataclass

@@ -26,7 +26,7 @@ from tests.corpus import REFERENCE, ROOT
 
 # Rubric.digest() of the stock course's grader/rubric.yaml (comments and layout do not count). A
 # deliberate change of the stock course changes it here too, and the stock_rubric tests with it.
-STOCK_RUBRIC = "fc522350788acbfee7a8f34ec2d55f15811b4152396fb8906144eaca4d27aac4"
+STOCK_RUBRIC = "8264dbd72ab45e56fefd0b14c489559b3047092477caf30401147163c1674bae"
 NOT_STOCK = ("grader/rubric.yaml is not the stock course's rubric: this test checks the stock course's "
              "own checks and numbers")
 
@@ -51,8 +51,8 @@ def pytest_configure(config):
 # seconds). `make test` hands whole files to its two processes in collection order
 # (--dist loadfile --no-loadscope-reorder), so the long ones start at once and the short ones fill
 # in around them: both processes finish together instead of one running a long file handed out last.
-LONGEST_FIRST = ("test_sandbox.py", "test_grader.py", "test_scale.py", "test_release.py", "test_reliability.py",
-                 "test_forgery.py", "test_reference.py", "test_megatron.py")
+LONGEST_FIRST = ("test_sandbox.py", "test_grader.py", "test_machines.py", "test_scale.py", "test_release.py",
+                 "test_reliability.py", "test_forgery.py", "test_reference.py", "test_megatron.py")
 
 
 def pytest_collection_modifyitems(config, items):

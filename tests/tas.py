@@ -48,7 +48,7 @@ def available() -> str:
     return ""
 
 
-def _link_tree(src: Path, dst: Path) -> None:
+def link_tree(src: Path, dst: Path, ignore=None) -> None:
     """dst as a copy of src whose files are hard links where possible, copies where not. Its
     bytecode comes along, as pip and a Python's installer write it: without it every start of the
     TA's Python compiles torch again (the TA cannot write into root's folders), 8 s instead of 2."""
@@ -57,7 +57,7 @@ def _link_tree(src: Path, dst: Path) -> None:
             os.link(s, d)
         except OSError:
             shutil.copy2(s, d)
-    shutil.copytree(src, dst, copy_function=link, symlinks=True, dirs_exist_ok=True)
+    shutil.copytree(src, dst, copy_function=link, symlinks=True, dirs_exist_ok=True, ignore=ignore)
 
 
 def ta_setup(config: str) -> TA:
@@ -74,12 +74,12 @@ def ta_setup(config: str) -> TA:
         base = home / "python"                 # as pyenv has it: bin/ and lib/pythonX.Y under ~
         (base / "bin").mkdir(parents=True)
         shutil.copy2(f"/usr/bin/{version}", base / "bin" / version)
-        _link_tree(Path(f"/usr/lib/{version}"), base / "lib" / version)
+        link_tree(Path(f"/usr/lib/{version}"), base / "lib" / version)
         venv, make = home / "venv", as_ta + [str(base / "bin" / version)]
     else:
         venv, make = Path(f"/var/tmp/{user}-venv"), [f"/usr/bin/{version}"]
     subprocess.run(make + ["-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
-    _link_tree(Path(sysconfig.get_paths()["purelib"]), venv / "lib" / version / "site-packages")
+    link_tree(Path(sysconfig.get_paths()["purelib"]), venv / "lib" / version / "site-packages")
     kit = home / "kit"
     kit.mkdir()
     for part in KIT_PARTS:

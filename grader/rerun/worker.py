@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from grader.parts import BY_ID
-from grader.rerun import block, channel, layer, protocol, secret
+from grader.rerun import block, channel, environment, layer, protocol, secret
 from grader.rerun.source import compile_assignment, load_source, run_assignment
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.protocol import ErrorInfo, RankStatus
@@ -184,13 +184,17 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
 
 def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
     """Nothing of the grader's environment (a TA's tokens, say) reaches the hand-in, but the
-    interface gloo is told to use (loopback unless the grader was told otherwise). The rank's place
-    in the world is set as torchrun sets it on each node (and Slurm's node id, on several nodes)."""
+    interface gloo is told to use (loopback unless the grader was told otherwise) and what makes
+    the Python itself work (a cluster's module Python needs LD_LIBRARY_PATH, PYTHONPATH). Every
+    thread pool has one thread, no GPU is visible (grader.rerun.environment). The rank's place in the
+    world is set as torchrun sets it on each node (and Slurm's node id, on several nodes)."""
     interface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    kept = environment.python_variables()
     node, local_rank, per_node = layout(job.check, rank, job.world_size)
     os.environ.clear()
+    os.environ.update(kept, **environment.ENVIRONMENT)
     os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME="/tmp", TMPDIR="/tmp", LANG="C.UTF-8",
-                      OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=interface, RANK=str(rank),
+                      GLOO_SOCKET_IFNAME=interface, RANK=str(rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(job.world_size),
                       LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(node),
                       GROUP_WORLD_SIZE=str(job.world_size // per_node),

@@ -18,7 +18,7 @@ import dataclasses
 import os
 import signal
 
-from grader.rerun import protocol, sandbox, scratch
+from grader.rerun import cgroup, protocol, sandbox, scratch, tasks
 from grader.rerun.protocol import StopReason, WorldJob, WorldReport
 from grader.rerun.supervise import draw_secrets, supervise
 from grader.limits import Limits
@@ -34,10 +34,10 @@ def _close_inherited(keep: int) -> None:
                 pass
 
 
-def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, prepared: dict) -> tuple:
+def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, prepared: dict, nproc: int = 0) -> tuple:
     """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its
-    result pipe, write end of its data pipe)."""
-    from grader.rerun import worker
+    result pipe, write end of its data pipe). `nproc`: its RLIMIT_NPROC (grader.rerun.tasks)."""
+    from grader.rerun import environment, worker
     read_fd, write_fd = os.pipe()
     data_read, data_write = os.pipe()
     pid = os.fork()
@@ -60,7 +60,8 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             os.dup2(data_read, 4)
             _close_inherited(4)
             os.chdir(job.work_dir)
-            sandbox.limit_rank(limits, uid)
+            sandbox.limit_rank(limits, uid, nproc)
+            environment.hold_rank()
             worker.rank_main(job, rank, 3, prepared, 4)
         finally:
             os._exit(4)
@@ -74,21 +75,26 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
     return pid, read_fd, data_write
 
 
-def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None) -> WorldReport:
+def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=None) -> WorldReport:
     """Fork the world's ranks, supervise them to the end, and return the world's report.
-    `read_key` reads the data key (grader.rerun.secret) once the ranks are forked (None: fresh data)."""
+    `read_key` reads the data key (grader.rerun.secret) once the ranks are forked (None: fresh data).
+    The world as a whole is held to limits.memory_mb and limits.processes (grader.rerun.memory)."""
     from grader.rerun import memory, worker
     prepared = worker.prepare(job)
     sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)   # what the ranks start stays below us, for the watchdog
+    held = tasks.Hold[isolation.tasks] if isolation is not None and isolation.tasks else tasks.Hold.WATCHDOG
+    nproc = tasks.rank_nproc(held, uid != os.getuid(), limits.processes,
+                             machine_visible=isolation is None or not isolation.processes)
     pids, fds, orders = [], {}, {}
     pgid = 0
     for rank in range(job.world_size):
-        pid, fds[rank], orders[rank] = fork_rank(job, rank, pgid, uid, limits, prepared)
+        pid, fds[rank], orders[rank] = fork_rank(job, rank, pgid, uid, limits, prepared, nproc)
         pgid = pgid or pid
         pids.append(pid)
     outputs = [os.path.join(job.work_dir, f"rank{rank}.out") for rank in range(job.world_size)]
     key = read_key() if read_key else None   # only now: no rank holds it
-    with memory.Watchdog(limits.memory_mb * job.world_size, outputs):
+    cgroups = isolation.cgroups if isolation is not None else []
+    with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups):
         return supervise(job, fds, orders, pids, pgid, draw_secrets(job, key))
 
 
@@ -127,9 +133,10 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None) -> None:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
         uid = sandbox.world_uid(isolation)
-        if isolation.memory_cgroup:
-            from grader.rerun import memory
-            memory.join_cgroup()   # before anything of the world is forked: all of it is counted
+        if isolation.cgroups:
+            cgroup.join(isolation.cgroups)   # before anything of the world is forked: all of it is counted
+        if isolation.passable:   # outside the sandbox, as root: ranks reach the Python below /root
+            scratch.own_mounts(isolation.passable, [job.work_dir])
         if isolation.per_world:   # first: the code goes into the world's own new /tmp
             sandbox.unshare_world(isolation, limits.tmp_mb)
             report = _as_init(job)
@@ -141,7 +148,7 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None) -> None:
             if uid != os.getuid():
                 os.chown(job.work_dir, uid, uid)
             sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
-            report = run_world(job, uid, limits, read_key)
+            report = run_world(job, uid, limits, read_key, isolation)
     except sandbox.SandboxError as e:
         report = infra_report(job, f"the sandbox could not be set up: {e}")
     except BaseException as e:  # noqa: BLE001 - the grader must always get a report

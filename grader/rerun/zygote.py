@@ -61,7 +61,8 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     # installation are on the path (not the working folder, /tmp, which ranks write to).
     sys.dont_write_bytecode = True
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
-    from grader.rerun import sandbox, scratch, world, worker  # torch is imported once here, inherited by every rank
+    from grader.rerun import environment, sandbox, scratch, world, worker  # torch is imported once here, inherited by every rank
+    environment.bound_zygote()   # before the first fork: every pool of every rank has one thread
     worker.warm_up()
     # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
     # (and so copies) it.
@@ -72,7 +73,8 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
     sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)
     import encodings.idna  # noqa: F401 - a hand-in's socket to "127.0.0.1" needs it; load it once here
-    isolation = sandbox.probe(mode, kit_root, sandbox_name)
+    cgroups = [c for c in os.environ.get("A4_CGROUPS", "").split(os.pathsep) if c]
+    isolation = sandbox.probe(mode, kit_root, sandbox_name, cgroups)
     hello = protocol.Hello(isolation=isolation.summary())
     _reply(control_out, 0)(hello)
     last = None
@@ -100,7 +102,7 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
 
 
 def _torchrun_rank(job_file: str) -> None:
-    from grader.rerun import sandbox, worker
+    from grader.rerun import environment, sandbox, tasks, worker
     with open(job_file) as f:
         job = protocol.decode(json.load(f), (protocol.WorldJob,))
     rank = int(os.environ["RANK"])
@@ -108,7 +110,9 @@ def _torchrun_rank(job_file: str) -> None:
     data_fd = os.open(os.path.join(job.work_dir, f"rank{rank}.data"), os.O_RDONLY)
     worker.warm_up()  # on the start-up clock, as the zygote does, not on the first part's
     os.chdir(job.work_dir)
-    sandbox.limit_rank(Limits(**job.limits), os.getuid())
+    limits = Limits(**job.limits)
+    sandbox.limit_rank(limits, os.getuid(), tasks.rank_nproc(tasks.Hold.WATCHDOG, False, limits.processes))
+    environment.hold_rank()
     worker.rank_main(job, rank, fd, data_fd=data_fd)
 
 

@@ -31,6 +31,7 @@ from grader.intake.find import discover
 from grader.parts import BY_ID
 from grader.pipeline.grade import grade_handin
 from grader.rerun.executors import make_executor
+from grader.rerun.machine import explain
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status, ToDict
 from grader.rubric import load_public_rubric, public_rubric
@@ -99,10 +100,11 @@ def _row(part) -> CheckRow:
                     traceback=traceback)
 
 
-def _problems(result, rows) -> list:
+def _problems(result, rows, rubric) -> list:
     if result.status == Status.INFRA_ERROR:
-        return [f"the re-runs could not run on this machine, which says nothing about your code ({result.message}); "
-                f"try again, or on another machine"]
+        broken = next((p.message for p in result.parts.values() if p.status == Status.INFRA_ERROR), result.message)
+        why = explain(Status.INFRA_ERROR.value, broken, rubric.limits)
+        return [f"the re-runs could not run on this machine, which says nothing about your code: {why.text()}"]
     if result.status == Status.ERROR:
         return [f"checking crashed, which says nothing about your code ({result.message}); tell the course staff"]
     if result.status != Status.GRADED:
@@ -134,7 +136,7 @@ def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     rows = [_row(p) for p in result.parts.values()] if result.status == Status.GRADED else []
-    problems = _problems(result, rows)
+    problems = _problems(result, rows, rubric)
     said = {c.name: f"{c.name} ({_ranks(c.world_size)})" for c in rubric.checks}
     return CheckReport(source=source or handin.name, status=result.status, passed=not problems,
                        message=result.message, checks=list(said.values()),
@@ -193,9 +195,18 @@ def check(path=None, log=None, err=None, rubric_path=None, executor=None) -> Che
     report.notes = notes + report.notes
     isolation = getattr(executor, "isolation", {}) or {}
     if isolation.get("sandbox", "none") == "none" and isolation.get("problems"):
-        report.sandbox = isolation["problems"][0]
+        report.sandbox = f"{isolation['problems'][0]}; so without {_lacking(isolation)}"
     report.seconds = round(time.monotonic() - started, 1)
     return report
+
+
+def _lacking(isolation: dict) -> str:
+    """The layers a world without the sandbox lacks, from its isolation summary."""
+    layers = [name for name, missing in (("its own files", isolation.get("files", "").startswith("NOT")),
+                                         ("its own network", isolation.get("network", "").startswith("NOT")),
+                                         ("its own processes", isolation.get("processes") == "process group"),
+                                         ("a memory limit", "NOT held" in isolation.get("memory", ""))) if missing]
+    return ", ".join(layers[:-1]) + (" and " if len(layers) > 1 else "") + layers[-1] if layers else "no layer"
 
 
 def format_report(report: CheckReport) -> str:

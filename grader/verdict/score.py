@@ -16,6 +16,7 @@ Penalties for missing or modified files come off the total, which never goes bel
 from grader import worth
 from grader.evidence.runs import rule_of, rule_problems
 from grader.parts import PARTS
+from grader.rerun.machine import explain
 from grader.results import LogPart, PartResult, Status
 
 FAILURE_ORDER = (Status.INFRA_ERROR, Status.CRASHED, Status.TIMEOUT, Status.OOM, Status.FAILED,
@@ -104,11 +105,14 @@ def score_handin(result, outcomes_by_part: dict, rubric, log, log_usable: bool) 
             if "log_not_reproduced" not in result.flags:   # the re-run the log is held against disagrees
                 result.flags.append("log_not_reproduced")
     result.max_score = rubric.max_score
-    if any(p.status == Status.INFRA_ERROR for p in result.parts.values()):
+    broken = next((p for p in result.parts.values() if p.status == Status.INFRA_ERROR), None)
+    if broken is not None:
         result.status = Status.INFRA_ERROR
         result.score = None
-        result.message = ("the grader's machinery failed while re-running this hand-in; no score is "
-                          "written, grade it again")
+        why = explain(Status.INFRA_ERROR.value, broken.message, rubric.limits)
+        result.message = (f"the grader's machinery failed while re-running this hand-in ({why.cause}); no score "
+                          f"is written: " + (f"{why.fix}, or grade it again" if why.transient else
+                                             f"{why.fix}, then grade it again" if why.fix else "grade it again"))
         return
     total = sum(p.score for p in result.parts.values()) - sum(result.penalties.values())
     result.score = worth.rounded(rubric, max(0.0, total))
