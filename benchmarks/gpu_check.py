@@ -14,7 +14,7 @@ Steps, each run on its own (one that fails hides no other's figures) with a wall
                 with two ranks per GPU (its refusal)
     lab         lab/run_all.py on NCCL, one rank per GPU: every check, and the bandwidth table
     demo        the demo with this build, as `make demo`: the reference on 4 ranks, doctor, check,
-                package, grade (the score)
+                package, grade (the score), and grade again with --sandbox off (the GPUs in sight)
     throughput  benchmarks/grading_throughput.py at --jobs = the CPU cores (refuses to print a rate
                 when a status is wrong)
 
@@ -191,21 +191,32 @@ def step_demo(host: Host, step: Step) -> None:
         return
     step.figures.append(f"the reference on 4 ranks: backend {', '.join(report.backends)}, exit {status}")
     zip_, out = host.scratch / "demo" / "demo-student.zip", host.scratch / "demo" / "grades"
+    bare = host.scratch / "demo" / "grades-unsandboxed"
     py = [sys.executable, "-m", "grader"]
     results = {}
+    # The last grade runs without the sandbox, where the GPUs' device files are in sight of the
+    # re-run helper (inside the sandbox they are not): its ranks must still never touch CUDA.
     for name, args, timeout in (("doctor", py + ["doctor"], 120), ("check", py + ["check", "assignment_4/reference",
                                 "--log", log], 180), ("package", py + ["package", "assignment_4/reference", "--log",
-                                log, "-o", zip_], 180), ("grade", py + ["grade", zip_, "--out", out, "--quiet"], 240)):
+                                log, "-o", zip_], 180), ("grade", py + ["grade", zip_, "--out", out, "--quiet"], 240),
+                                ("grade --sandbox off", py + ["grade", zip_, "--out", bare, "--quiet", "--sandbox",
+                                                              "off"], 240)):
         status, text = host.run(args, timeout)
         results[name] = status
         step.figures.append(f"{name}: exit {status}: {tail(text, 2)[:400]}")
+    rows = {name: _first_row(folder) for name, folder in (("grade", out), ("grade --sandbox off", bare))}
+    for name, row in rows.items():
+        step.figures.append(f"{name}: score {row.get('score') or 'none'} of {row.get('max_score', '?')}, "
+                            f"status {row.get('status', 'no result')}")
+    step.summary = f"{step.figures[-2]}; " + ", ".join(f"{name} exit {status}" for name, status in results.items())
+    step.passed = set(results.values()) == {0} and all(
+        row.get("status") == "graded" and row.get("score") == row.get("max_score") for row in rows.values())
+
+
+def _first_row(out: Path) -> dict:
+    """The first hand-in's row of OUT's grades.csv ({} when there is none)."""
     grades = (out / "grades.csv").read_text().splitlines() if (out / "grades.csv").is_file() else []
-    row = dict(zip(grades[0].split(","), grades[1].split(","))) if len(grades) > 1 else {}
-    step.figures.append(f"grade: score {row.get('score') or 'none'} of {row.get('max_score', '?')}, "
-                        f"status {row.get('status', 'no result')}")
-    step.summary = f"{step.figures[-1]}; " + ", ".join(f"{name} exit {status}" for name, status in results.items())
-    step.passed = results == {"doctor": 0, "check": 0, "package": 0, "grade": 0} and \
-        row.get("status") == "graded" and row.get("score") == row.get("max_score")
+    return dict(zip(grades[0].split(","), grades[1].split(","))) if len(grades) > 1 else {}
 
 
 def step_throughput(host: Host, step: Step) -> None:

@@ -206,7 +206,8 @@ def grade(inbox, out, jobs, executor, rubric_path, files=None, sandbox="auto"):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--handins", type=int, default=100)
-    parser.add_argument("--baseline-handins", type=int, default=6, help="graded with torchrun (slow)")
+    parser.add_argument("--baseline-handins", type=int, default=6,
+                        help="graded with torchrun (slow); 0: no baseline and no ratio")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
     args = parser.parse_args(argv)
@@ -223,14 +224,16 @@ def main(argv=None) -> int:
         memory = MemorySampler()
         warm = grade(tmp / "inbox", tmp / "warm", args.jobs, "warm", args.rubric)
         memory.stop()
-        files = sorted(kinds)[: args.baseline_handins]
+        files = sorted(kinds)[: max(args.baseline_handins, 0)]
         # The baseline has no sandbox (torchrun starts its own processes): a plain process per rank.
-        cold = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", args.rubric, files, sandbox="off")
+        # None given (--baseline-handins 0): no baseline, and no ratio.
+        cold = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", args.rubric, files, sandbox="off") \
+            if files else None
         print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), each re-run "
               f"at {len(rubric.checks)} checks ({', '.join(rubric.part_ids)}); --jobs {args.jobs}")
         print(f"statuses:          {dict(sorted(warm[0].statuses.items()))}")
         wrong = wrong_results(tmp / "warm", kinds, rubric) + \
-            wrong_results(tmp / "torchrun", {f: kinds[f] for f in files}, rubric)
+            (wrong_results(tmp / "torchrun", {f: kinds[f] for f in files}, rubric) if cold else [])
         if wrong:
             print(f"NO FIGURES: {len(wrong)} hand-in(s) did not get what the corpus says they must, so a rate "
                   f"would count failures as work done:", *wrong[:12], sep="\n  ")
@@ -242,24 +245,30 @@ def main(argv=None) -> int:
 
 
 def report(args, warm_run, cold_run, floor: float, memory: MemorySampler, log: str, out: Path) -> None:
-    """Print the figures of a batch whose every result was what the corpus expects."""
-    (warm, warm_s), (cold, cold_s) = warm_run, cold_run
+    """Print the figures of a batch whose every result was what the corpus expects (`cold_run`:
+    None where no baseline ran)."""
+    warm, warm_s = warm_run
     mb_s = log_speed(log)
-    warm_rate, cold_rate = warm.graded / warm_s * 60, cold.graded / cold_s * 60
+    warm_rate = warm.graded / warm_s * 60
     per_world = warm_s / max(warm.worlds, 1)      # the batch's wall time over its worlds
     latency = warm.world_seconds / max(warm.worlds, 1)   # one world, start to report, jobs sharing the CPUs
-    cold_world = cold.world_seconds / max(cold.worlds, 1)
     grader_mb, helper_mb = memory.grader, memory.helpers
     tenth = max(len(grader_mb) // 10, 1)
     isolation = json.loads(next((out / "students").glob("*/grading.json")).read_text())["isolation"]
-    print(f"every result as expected: {warm.graded} hand-ins by the warm executor, {cold.graded} by torchrun")
+    print(f"every result as expected: {warm.graded} hand-ins by the warm executor, "
+          f"{cold_run[0].graded if cold_run else 'none'} by torchrun")
     print(f"sandbox:           {isolation.get('sandbox', 'none')}: {isolation.get('files')}; "
           f"{isolation.get('network')}; {isolation.get('processes')}; {isolation.get('user')}")
     print(f"warm executor:     {warm.graded} hand-ins in {warm_s:.1f} s = {warm_rate:.0f} hand-ins/min "
           f"({warm.worlds} worlds, {latency:.3f} s each from start to report, {args.jobs} at a time)")
-    print(f"torchrun baseline: {cold.graded} hand-ins in {cold_s:.1f} s = {cold_rate:.1f} hand-ins/min "
-          f"({cold.worlds} worlds, {cold_world:.3f} s each)")
-    print(f"throughput ratio:  {warm_rate / cold_rate:.1f}x")
+    if cold_run is None:
+        print("torchrun baseline: not run (--baseline-handins 0), so no throughput ratio")
+    else:
+        cold, cold_s = cold_run
+        cold_rate = cold.graded / cold_s * 60
+        print(f"torchrun baseline: {cold.graded} hand-ins in {cold_s:.1f} s = {cold_rate:.1f} hand-ins/min "
+              f"({cold.worlds} worlds, {cold.world_seconds / max(cold.worlds, 1):.3f} s each)")
+        print(f"throughput ratio:  {warm_rate / cold_rate:.1f}x")
     print(f"time per world:    {per_world:.3f} s (wall time / worlds) against a fork-and-gloo floor of "
           f"{floor:.3f} s (4 ranks, one all-reduce) = {per_world / floor:.2f}x the floor")
     print(f"grader memory:     {grader_mb[0]:.0f} MB at the start, {statistics.mean(grader_mb[:tenth]):.0f} MB "

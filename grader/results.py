@@ -200,5 +200,5 @@ def ungradable(out) -> str:
             cause = cause or str(data.get("message", "")).removeprefix("not graded: ").removesuffix("; grade it again")
         if statuses != {Status.INFRA_ERROR.value}:
             return ""
-    cause = " ".join(cause.split())[:400] or "the grading machine failed"
+    cause = " ".join(cause.split())[:1200] or "the grading machine failed"   # the cause and its fix
     return f"Not graded: no hand-in has a score, because {cause}. What to do: {UNGRADABLE_TODO}."

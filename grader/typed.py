@@ -92,20 +92,7 @@ def convert(kind, value, where: str, error=ValueError, key: bool = False):
     """`value` checked (and converted: an int to a float, a text to an Enum) as annotation `kind`."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin is Union or origin is types.UnionType:
-        if value is None and type(None) in args:
-            return None
-        kinds = [a for a in args if a is not type(None)]
-        for each in kinds[:-1]:
-            try:
-                return convert(each, value, where, error, key)
-            except error:
-                pass
-        try:
-            return convert(kinds[-1], value, where, error, key)
-        except error:
-            if len(kinds) == 1:
-                raise
-        raise error(f"{where}: expected {' or '.join(map(_describe, kinds))}, got {_shown(value)}")
+        return _union(args, value, where, error, key)
     if dataclasses.is_dataclass(kind):
         return build(kind, value, where, error)
     if isinstance(kind, type) and issubclass(kind, Enum):
@@ -130,6 +117,29 @@ def convert(kind, value, where: str, error=ValueError, key: bool = False):
             return value
         return {convert(args[0], k, f"{where} key", error, key=True):
                 convert(args[1], v, f"{where}.{str(k)[:40]}", error) for k, v in value.items()}
+    return _scalar(kind, value, where, error, key)
+
+
+def _union(args: tuple, value, where: str, error, key: bool):
+    """`value` as the first of the union's kinds it converts to (None where the union allows it)."""
+    if value is None and type(None) in args:
+        return None
+    kinds = [a for a in args if a is not type(None)]
+    for each in kinds[:-1]:
+        try:
+            return convert(each, value, where, error, key)
+        except error:
+            pass
+    try:
+        return convert(kinds[-1], value, where, error, key)
+    except error:
+        if len(kinds) == 1:
+            raise
+    raise error(f"{where}: expected {' or '.join(map(_describe, kinds))}, got {_shown(value)}")
+
+
+def _scalar(kind, value, where: str, error, key: bool):
+    """`value` checked as bool, int, float or str (anything else is taken as it is)."""
     if kind is bool:
         if not isinstance(value, bool):
             raise error(f"{where}: expected true or false, got {_shown(value)}")

@@ -351,8 +351,9 @@ def test_a_number_written_into_the_code_is_said_once_where_it_is_made(graded):
     stock course's hidden checks vary accumulation_steps, which is what catches this)."""
     text = (graded[0] / "students" / "acc_hard_coded_steps" / "feedback.md").read_text()
     said = "each micro-batch loss was divided by 4 written into the code, not by accumulation_steps; it is " \
-           "right where accumulation_steps is 4, as at check 'default'"
+           "right where accumulation_steps is 4, as at checks 'default', 'default-1-rank' and 'default-2-ranks'"
     assert text.count(said) >= 2
+    assert "; 3 more of the 7 checks fail too" in text   # the headline's count, apart from its list
 
 
 def test_tracebacks_show_the_handins_own_frames_once(graded):

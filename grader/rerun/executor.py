@@ -65,7 +65,7 @@ def _child_env(cgroups: list = ()) -> dict:
     env = {k: os.environ[k] for k in PASSED_ON if k in os.environ}
     python = environment.python_variables()
     env.update(python, **environment.ENVIRONMENT)
-    env.update(PYTHONDONTWRITEBYTECODE="1", HOME="/tmp", A4_CGROUPS=os.pathsep.join(cgroups),
+    env.update(PYTHONDONTWRITEBYTECODE="1", HOME="/tmp", A4_CGROUPS=os.pathsep.join(cgroups or ()),
                PYTHONPATH=os.pathsep.join([str(kit.ROOT)] + ([python["PYTHONPATH"]] if "PYTHONPATH" in python else [])))
     return env
 

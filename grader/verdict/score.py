@@ -55,7 +55,8 @@ def _failure(outcomes: list, failing: list) -> tuple:
     where = f"hidden check '{first.check}'" if first.hidden else f"check '{first.check}'"
     message = f"{where}: {first.message}"
     if len(failing) > 1:
-        message += f" (and {len(failing) - 1} more of {len(outcomes)} checks)"
+        others = len(failing) - 1   # said apart from the message, which may end in a list of checks of its own
+        message += f"; {others} more of the {len(outcomes)} checks fail{'s' if others == 1 else ''} too"
     return status, message
 
 
