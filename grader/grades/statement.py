@@ -12,7 +12,7 @@ late penalty, late days used, a grade of 0 past the last day), in words, with it
       final                                                           80
 
 Scaling: final x points_possible / the rubric's maximum, two decimals (the rubric's own rounding,
-grader.verdict.score, is not redone: this only formats). With no points possible (no LMS file, or
+grader.worth.rounded, is not redone: this only formats). With no points possible (no LMS file, or
 none in it) the grade is shown on the rubric's scale.
 """
 

@@ -14,8 +14,9 @@ cut down to what its author wrote:
 2. A statement whose normalised form is one of the base's (the skeleton, the reference solution
    and utils.py, and any file a course adds, such as its own handout's code) is dropped: the
    skeleton, renamed or not, and the expected answers contribute nothing. What is left is the
-   hand-in's own code. Over a batch, a statement more than half of the hand-ins hold as their
-   own is what the class was given beyond the base (`class_template`): dropped too.
+   hand-in's own code. Over a batch, a statement more than TEMPLATE_SHARE of the hand-ins (and at
+   least TEMPLATE_MIN) hold as their own is what the class was given beyond the base
+   (`class_template`): dropped too.
 3. Its k-grams of K tokens are hashed (the base's k-grams removed again, as copydetect does with
    boilerplate) and winnowed (Schleimer, Wilkerson and Aiken, SIGMOD 2003): any run of
    K + WINDOW - 1 tokens two hand-ins share is certain to share a fingerprint.
