@@ -1,6 +1,9 @@
 # a4: the Assignment 4 kit, its Slurm jobs and its grader.
 #   make demo        run the reference on 4 CPU ranks as the Slurm job would, check it, package it, grade it
 #   make test        the test suite (real gloo worlds, real torchrun)
+#   make test-configs  where the course runs beyond this checkout and root: an ordinary user (useradd),
+#                    no user namespaces, a tight ulimit -u, a module Python, the kit installed elsewhere,
+#                    a student's fresh folder (marker configs)
 #   make test-course the suite again in an instructor's changed copy of the kit (rubric, sizes, Part 5)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
@@ -28,7 +31,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 DEMO := build/demo
 RELEASE := build/release
 
-.PHONY: venv demo test test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
+.PHONY: venv demo test test-configs test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
 
 $(STAMP): $(REQUIREMENTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,7 +68,14 @@ demo: $(STAMP)
 # timeouts of one overlap the other's work, and both finish together.
 TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not slurm and not course" -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -m "not slurm and not course and not configs" -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+
+# Where the course runs beyond this checkout and root (marker configs; run as root, as useradd is):
+# the sandbox's attacks as an ordinary user made with useradd (the system's Python, and a Python in
+# that user's home), the machines' configurations of tests/test_machines.py, the kit installed into
+# a venv elsewhere (tests/test_install.py), and a student following the release from a fresh folder.
+test-configs: $(STAMP)
+	$(PY) -m pytest -m configs -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 # The kit's suite run again in an instructor's changed copy of the kit, Part 5 off and on
 # (tests/test_course_rubric.py, marker course): one copy per process.

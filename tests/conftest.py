@@ -120,11 +120,15 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Say what `-m "not course"` left out, and name the stock-course tests, so that after a change
+    """Say what `-m "not course"` and `-m "not configs"` left out, and name the stock-course tests, so that after a change
     of the rubric their skips are expected."""
     if "not course" in (config.option.markexpr or ""):
         terminalreporter.write_line('left out by -m "not course": the suite run again in an instructor\'s changed '
                                     'copy of the kit (tests/test_course_rubric.py); make test-course runs it')
+    if "not configs" in (config.option.markexpr or ""):
+        terminalreporter.write_line('left out by -m "not configs": grading as an ordinary user and on other '
+                                    'machines\' configurations (tests/test_machines.py, tests/test_sandbox.py); '
+                                    'make test-configs runs them')
     tests = list(dict.fromkeys(getattr(config, "stock_tests", []) + STOCK_REPORTED))
     if not tests:
         return

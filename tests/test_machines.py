@@ -25,6 +25,8 @@ from tests.conftest import skip_unless_required
 from tests.corpus import FULL, MUTANTS, REFERENCE, ROOT, Files, mutate, refingerprint, zip_bytes
 from tests.hostile import LAZY_IMPORTS, inject
 
+pytestmark = pytest.mark.configs   # make test-configs runs these, make test leaves them out
+
 MEMORY_MB = 1024
 # One public check of 4 ranks; timeouts a loaded machine cannot run out of (this is about what each
 # machine allows, not about time); a world's memory small enough that two children can pass it.

@@ -283,6 +283,7 @@ def test_the_release_requirements_install_everything_it_ships(release):
     assert "--index-url https://download.pytorch.org/whl/cpu torch==" + pins["torch"] in readme
 
 
+@pytest.mark.configs   # a student's fresh folder: make test-configs
 @pytest.mark.timeout(600)
 def test_a_student_follows_the_release_readme_literally_from_a_fresh_folder(release, tmp_path):
     """The README's own commands, from "From TODO to hand-in", run as written in a fresh copy (the

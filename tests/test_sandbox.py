@@ -81,6 +81,8 @@ def leftover_processes() -> list:
 # Where TAs grade: as root (CI), as an ordinary user with the system's Python, and as an ordinary
 # user whose Python and packages live in their private home directory (pyenv, conda, a venv in ~).
 CONFIGS = ("root", "user", "user_home")
+# root's runs in `make test`; an ordinary user's two in `make test-configs` (marker configs).
+CONFIG_PARAMS = [c if c == "root" else pytest.param(c, marks=pytest.mark.configs) for c in CONFIGS]
 # What the TA configurations run: every attack on isolation, and the reference.
 ISOLATION_ATTACKS = ("reference", "network", "port_from_graders_environment", "read_secrets", "read_kit_through_proc",
                      "walk_the_file_system", "scan_own_memory", "write_results", "kill_parent",
@@ -117,7 +119,7 @@ def _ta_or_skip(config):
     return tas.ta_setup(config)
 
 
-@pytest.fixture(scope="module", params=CONFIGS)
+@pytest.fixture(scope="module", params=CONFIG_PARAMS)
 def hostile(request, reference_run, tmp_path_factory):
     config = request.param
     ta = _ta_or_skip(config)
@@ -267,7 +269,7 @@ def _grade_in_order(config, ta, reference_run, tmp: Path, handins: dict, python=
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", CONFIG_PARAMS)
 def test_a_planted_compiled_module_never_reaches_the_next_world(config, reference_run, tmp_path_factory):
     """A hand-in plants an unchecked .pyc of `utils` beside its code and in /tmp, files in /tmp and
     /dev/shm, and makes the folders read only; the correct hand-ins graded after it by the same
@@ -387,7 +389,7 @@ print(json.dumps({"status": runs["baseline"].status.value, "detail": runs["basel
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", CONFIG_PARAMS)
 def test_a_world_that_fans_out_stays_within_its_memory(config, tmp_path_factory):
     """A rank forks 16 children that each try to fill 1000 MB (each may alone: its data limit is
     the world's, 2400 MB): the memory of the grader's process tree rises by no more than the world's
