@@ -9,7 +9,7 @@
 #   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
 #   make test-cuda   with torch's CUDA build (.venv-cuda): the demo's check and grade, the grading,
-#                    sandbox and self-check tests (tests/cuda/test-cuda.sh; no GPU needed)
+#                    sandbox, self-check and machines' tests (tests/cuda/test-cuda.sh; no GPU needed)
 #   make bench       every benchmark of benchmarks/, its figures written into docs/figures.md with the
 #                    date, the commit and the machine (benchmarks/figures.py; RUBRIC=benchmarks/part5.yaml:
 #                    with Part 5 on)
@@ -93,7 +93,7 @@ test-pythons:
 
 # torch's CUDA build (PyPI's torch for Linux, what clusters bring) in a venv of its own, .venv-cuda,
 # from the default index whatever this machine's pip configuration says: the demo's check and grade,
-# the grading, sandbox and self-check tests (tests/cuda/test-cuda.sh). Fails, never skips, where the
+# the grading, sandbox, self-check and machines' configurations tests (tests/cuda/test-cuda.sh). Fails, never skips, where the
 # CUDA build cannot be had. No GPU needed.
 test-cuda:
 	PYTHON=$(PYTHON) TEST_PROCESSES=$(TEST_PROCESSES) tests/cuda/test-cuda.sh

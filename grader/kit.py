@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 # The kit's top folder, found from this package wherever it is imported from: a clone, the student
@@ -214,3 +215,13 @@ def atomic_path(path: Path):
 def write_json(path: Path, data, sort_keys: bool = False) -> None:
     """`data` as indented JSON, written atomically."""
     atomic_write(path, json.dumps(data, indent=1, sort_keys=sort_keys) + "\n")
+
+
+@lru_cache(maxsize=None)
+def page_template(path: Path):
+    """The Jinja2 template at `path` (a room's templates/ file), every value it shows escaped
+    (autoescape) and every name it uses required (StrictUndefined). Jinja2 is loaded only here."""
+    import jinja2
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(path).parent), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template(Path(path).name)

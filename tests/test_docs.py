@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from grader import cli, kit
+from tests.test_layout import defined_names
 
 ROOT = kit.ROOT
 DOCS = sorted({ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "student" / "README.md",
@@ -89,22 +90,10 @@ def kit_files() -> frozenset:
     """The names of the kit's files (not the venv's, not build outputs)."""
     names = set()
     for folder, dirs, files in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if d not in (".git", ".venv", "build", "__pycache__", ".pytest_cache")]
+        dirs[:] = [d for d in dirs if d not in (".git", "build", "__pycache__", ".pytest_cache")
+                   and not d.startswith(".venv")]   # .venv, .venv-cuda: installed, not the kit's
         names |= set(files)
     return frozenset(names)
-
-
-def _defined(path: Path) -> set:
-    names = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
 
 
 def module_file(dotted: str):
@@ -127,7 +116,7 @@ def stale_module(name: str) -> bool:
     if known == len(parts):
         return False
     file = module_file(".".join(parts[:known]))
-    return file.is_dir() or parts[known] not in _defined(file)
+    return file.is_dir() or parts[known] not in defined_names(file)
 
 
 def stale_names(doc: Path, text: str = None) -> list:

@@ -231,7 +231,7 @@ def test_no_module_writes_its_own_plain():
         assert "_plain" not in defined, f"{module} defines _plain: use grader.typed.plain"
 
 
-def _defined(path: Path) -> set:
+def defined_names(path: Path) -> set:
     """The names `path` defines or imports at its top level."""
     names = set()
     for node in ast.parse(path.read_text()).body:
@@ -254,7 +254,7 @@ def stale_names(text: str) -> list:
     for name in re.findall(r"(?<![\w.])grader(?:\.[A-Za-z_]\w*)+", text):
         parts = name.split(".")
         known = max(k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in found)
-        if known < len(parts) and parts[known] not in _defined(found[".".join(parts[:known])]):
+        if known < len(parts) and parts[known] not in defined_names(found[".".join(parts[:known])]):
             stale.append(name)
     return stale
 

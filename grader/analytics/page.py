@@ -21,14 +21,15 @@ by `gradebook` (with the final grades and late days); hidden checks keep their n
 
 import dataclasses
 import json
-from functools import lru_cache
 from pathlib import Path
 
 from grader import plots
 from grader.analytics.numbers import Analytics, analyse, integrity_pairs
 from grader.analytics.triage import readable
-from grader.kit import atomic_write
+from grader.kit import atomic_write, page_template
 from grader.parts import BY_ID
+
+TEMPLATE = Path(__file__).parent / "templates" / "report.html"   # its page, escaped by autoescape
 
 STAFF_ONLY = ("For course staff only. Hidden checks are named here and every hand-in is linked: "
               "do not share this page, or a screenshot of it, with students.")
@@ -125,18 +126,10 @@ def _run(a: Analytics) -> list:
                    for k, values in r["isolation"].items()]
 
 
-@lru_cache(maxsize=1)
-def _template():
-    import jinja2   # loaded only to write the page
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template("report.html")
-
-
 def report_html(a: Analytics) -> str:
     hangs = [(BY_ID[p].title, h["timeout"], h["crashed"], ", ".join(f"{op} ({n})" for op, n in h["collectives"].items())
               or "-") for p, h in a.hangs.items() if h["timeout"] or h["crashed"]]
-    return _template().render(
+    return page_template(TEMPLATE).render(
         a=a, staff_only=STAFF_ONLY, look_title=LOOK[0].upper() + LOOK[1:], titles={p: BY_ID[p].title for p in a.parts},
         made="with the final grades" if a.final is not None else "after grading",
         statuses=", ".join(f"{s} {n}" for s, n in a.statuses.items()) or "none",

@@ -17,11 +17,13 @@ The verdict and message come first, then the evidence. `public_only` leaves the 
 results out (Gradescope shows them after the due date).
 """
 
-from functools import lru_cache
 from pathlib import Path
 
+from grader.kit import page_template
 from grader.names import inert, student_of
 from grader.parts import BY_ID
+
+TEMPLATE = Path(__file__).parent / "templates" / "feedback.html"   # its page, escaped by autoescape
 
 MARKDOWN = {"": "{}", "b": "**{}**", "code": "`{}`", "i": "*{}*"}
 
@@ -163,15 +165,7 @@ def feedback_markdown(result: dict, public_only: bool = False) -> str:
     return markdown(feedback_document(result, public_only))
 
 
-@lru_cache(maxsize=1)
-def _template():
-    import jinja2   # loaded only to write a page
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template("feedback.html")
-
-
 def feedback_html(result: dict) -> str:
     """feedback.html: the same feedback as a page (escaped by the template's autoescape)."""
-    return _template().render(title=f"Assignment 4: feedback for {student_of(result['student'])}",
+    return page_template(TEMPLATE).render(title=f"Assignment 4: feedback for {student_of(result['student'])}",
                               blocks=feedback_document(result))
