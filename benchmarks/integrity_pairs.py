@@ -15,7 +15,9 @@
    wrong weight, a run of another's code). The integrity report runs over OUT and the hand-ins as
    `python -m grader integrity OUT INBOX` does; it prints the time by stage and what was listed
    against what was planted.
-Not a test: the figures depend on the machine and on what else runs on it.
+Not a test: the figures depend on the machine and on what else runs on it. Exits 1 only where a
+planted pair of the kinds found at any size (a copied run, the same wrong weight, a run of
+another's code) is not listed.
 """
 
 import argparse
@@ -160,7 +162,10 @@ def print_scale(args) -> int:
     for a, b in sorted(planted - listed):
         print(f"     MISSED      {a} / {b}")
     print("   taken as common: " + (", ".join(f"{n} {what}" for what, n in sorted(report.commons.items())) or "-"))
-    return 0 if planted <= listed else 1
+    # Identical runs and the same wrong weights are found at any size; a disguised copy's code weighs
+    # less the more of the class holds the same (the generated class holds few styles), so its
+    # misses are figures (held by tests/test_integrity_planted.py on the planted set), not a failure.
+    return 0 if planted - copies <= listed else 1
 
 
 def main() -> int:
