@@ -2,7 +2,7 @@
 the date, the commit and the machine.
 
     make bench
-    python benchmarks/figures.py [NAME ...] [--out docs/figures.md]
+    python benchmarks/figures.py [NAME ...] [--out docs/figures.md] [--rubric FILE] [--with ARGS]
 
 Runs each benchmarks/*.py but this one, in name order (NAME ...: only those, e.g.
 grading_throughput; the page keeps the other sections as they were; those named gpu_* need GPUs and
@@ -21,6 +21,7 @@ import datetime
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -159,7 +160,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=PAGE, help="the page to write (default docs/figures.md)")
     parser.add_argument("--rubric", type=Path, metavar="FILE",
                         help="a rubric read on top of grader/rubric.yaml, for every benchmark that takes one")
+    parser.add_argument("--with", dest="given", default="", metavar="ARGS",
+                        help="more arguments for the benchmarks named, e.g. grading_throughput --with '--handins 40 "
+                             "--baseline-handins 2' (the page shows the command as it ran)")
     args = parser.parse_args(argv)
+    if args.given and not args.names:
+        parser.error("--with needs the benchmarks it is for named")
     found = benchmarks()
     unknown = [n for n in args.names if n not in found]
     if unknown:
@@ -167,7 +173,7 @@ def main(argv=None) -> int:
     sections, failed = kept_sections(args.out), []
     where, at = machine(), commit()   # the tree as the run starts: the benchmarks load it as they start
     for name in args.names or [n for n in found if not needs_gpu(n)]:
-        extra = arguments(found[name], args.rubric)
+        extra = arguments(found[name], args.rubric) + shlex.split(args.given)
         print(f"== {name}: {' '.join(['python', str(found[name].relative_to(ROOT)), *extra])}", flush=True)
         load, when = os.getloadavg()[0], datetime.datetime.now(datetime.timezone.utc)
         status, out, errors, seconds = run(found[name], extra)
