@@ -126,9 +126,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line('left out by -m "not course": the suite run again in an instructor\'s changed '
                                     'copy of the kit (tests/test_course_rubric.py); make test-course runs it')
     if "not configs" in (config.option.markexpr or ""):
-        terminalreporter.write_line('left out by -m "not configs": grading as an ordinary user and on other '
-                                    'machines\' configurations (tests/test_machines.py, tests/test_sandbox.py); '
-                                    'make test-configs runs them')
+        terminalreporter.write_line('left out by -m "not configs": grading as an ordinary user, on other machines\' '
+                                    'configurations, installed elsewhere and from a student\'s fresh folder (marker '
+                                    'configs); make test-configs runs them')
     tests = list(dict.fromkeys(getattr(config, "stock_tests", []) + STOCK_REPORTED))
     if not tests:
         return
