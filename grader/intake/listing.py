@@ -10,6 +10,7 @@ as the bytes stream past (`digest`, `files_digest`), with the same results as ha
 
 import hashlib
 import re
+import sys
 import tempfile
 import zipfile
 import zlib
@@ -112,7 +113,7 @@ class Blob:
         member is copied out because reading a zip inside it would decompress it again at every seek."""
         if not self.member:
             return open(self.path, "rb"), self.digest(cap=cap)
-        spool, h = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES), hashlib.sha256()
+        spool, h = _spool(), hashlib.sha256()
         try:
             for chunk in self.chunks(z, cap):
                 h.update(chunk)
@@ -122,6 +123,14 @@ class Blob:
             raise
         spool.seek(0)
         return spool, h.hexdigest()
+
+
+def _spool():
+    """A file held in memory up to SPOOL_BYTES, then on disk. Python 3.10's SpooledTemporaryFile
+    lacks what zipfile asks of a file (seekable): there, a file on disk from the start."""
+    if sys.version_info >= (3, 11):
+        return tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+    return tempfile.TemporaryFile()
 
 
 def files_digest(files: dict, z: zipfile.ZipFile = None, cap: int = None) -> str:
