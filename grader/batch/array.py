@@ -73,7 +73,11 @@ def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "a
                                    [sandbox] * len(chunks), [jobs] * len(chunks))
     except (submitit.core.utils.FailedJobError, OSError) as e:
         answer = " ".join(str(e).split())[:500]
-        raise ScaleError(f"the job array could not be submitted ({executor.cluster}): {answer}") from e
+        asked = f"{params['timeout_min']} min, {params['cpus_per_task']} CPUs, {params['mem_gb']} GB a task"
+        raise ScaleError(f"the job array could not be submitted ({executor.cluster}): {answer}; it asked for {asked} "
+                         f"(grader.limits.slurm_task: the rubric's timeouts.handin and limits.memory_mb, and --jobs; "
+                         f"--slurm-time, --slurm-mem-gb or --jobs ask for less, where the cluster's nodes have "
+                         f"less)") from e
     if progress:
         sys.stderr.write(f"submitted {len(todo)} hand-ins as {len(array)} array task(s) "
                          f"{array[0].job_id.split('_')[0]} ({executor.cluster})\n")

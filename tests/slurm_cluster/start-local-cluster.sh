@@ -89,10 +89,14 @@ chmod 0755 "$state/munge"
 
 # --- configuration --------------------------------------------------------------------------
 ctld_host=$(hostname -s)
+# Every node declares this host's memory: a grading array task asks for what a world may use at the
+# rubric's limits (grader.limits.slurm_task), as on a real cluster's node. Memory is not a consumable
+# resource here (CR_Core), so the nodes' shares of one host are not counted against each other.
+real_mb=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024 - 512 ))
 nodes=""
 for i in $(seq 1 "$A4_SLURM_NODES"); do
   nodes+="NodeName=node$i NodeAddr=127.0.0.1 Port=$((A4_SLURMD_PORT_BASE + i)) CPUs=$A4_SLURM_CPUS"
-  nodes+=" RealMemory=4000 Gres=gpu:$A4_SLURM_FAKE_GPUS State=UNKNOWN"$'\n'
+  nodes+=" RealMemory=$real_mb Gres=gpu:$A4_SLURM_FAKE_GPUS State=UNKNOWN"$'\n'
 done
 
 mkdir -p "$(dirname "$SLURM_CONF_FILE")"
