@@ -276,3 +276,39 @@ def test_the_grader_grades_a_batch_through_a_job_array(workdir, reference_run):
     assert dp["status"] == "failed" and "summed over the 4 ranks" in dp["message"]
     tasks = sorted(p.name for p in out.glob(".slurm/*/*_0_log.out")) + sorted(p.name for p in out.glob(".slurm/*/*_1_log.out"))
     assert len(tasks) == 2, tasks       # two array tasks, one per chunk of two hand-ins
+
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def test_an_array_task_whose_node_clock_is_minutes_behind_still_counts(workdir, reference_run, monkeypatch):
+    """The collection never compares two machines' clocks: a task on a node whose clock is 10 minutes
+    behind the submitting machine's writes results that look older than the submission, and they
+    still stand (not infra_error). libfaketime gives the tasks that clock: sbatch passes the
+    submitting process's environment to them, and this process, started before, keeps the real one."""
+    import json
+    from datetime import datetime, timezone
+
+    from grader.batch.run import grade_batch
+    from tests.corpus import Files, fast_rubric, refingerprint, skeleton, write_zip
+    lib = next((p for p in (FAKETIME, *Path("/usr/lib").glob("*/faketime/libfaketime.so.1")) if p.exists()), None)
+    if lib is None:
+        pytest.skip("libfaketime is not installed (tests/slurm_cluster/start-local-cluster.sh installs faketime)")
+    log, err = reference_run
+    inbox = workdir / "inbox"
+    inbox.mkdir()
+    for name, code in {"reference": REFERENCE.read_text(), "skeleton": skeleton()}.items():
+        write_zip(inbox / f"{name}.zip", Files(code=code, log=refingerprint(log, code), err=err))
+    out = workdir / "grades"
+    submitted = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    monkeypatch.setenv("LD_PRELOAD", str(lib))
+    monkeypatch.setenv("FAKETIME", "-10m")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    summary = grade_batch([inbox], out, rubric_path=fast_rubric(workdir), executor="slurm", progress=False,
+                          slurm={"cluster": "slurm", "partition": "debug", "chunk": 1})
+    assert summary.ran == {"graded": 2}, summary.ran
+    rows = {r.split(",")[0]: r.split(",") for r in (out / "grades.csv").read_text().splitlines()[1:]}
+    assert rows["reference"][1:4] == [FULL_CSV, FULL_CSV, "graded"], rows
+    assert rows["skeleton"][1] == "0", rows
+    graded_at = json.loads((out / "students" / "reference" / "grading.json").read_text())["graded_at"]
+    assert graded_at < submitted, f"the task's clock was not behind ({graded_at} >= {submitted}): the test proves nothing"

@@ -35,7 +35,8 @@ unshare --uts true 2>/dev/null \
   || cannot "it needs unshare --uts (util-linux, CAP_SYS_ADMIN) to give each emulated node its hostname"
 
 # --- packages -------------------------------------------------------------------------------
-packages=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
+# faketime: an array task on a node whose clock is off (tests/test_slurm.py)
+packages=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server faketime)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
