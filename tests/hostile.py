@@ -150,9 +150,9 @@ ATTACKS = {
     "kill_parent": Attack("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", ("passed", "crashed")),
     "kill_everything_it_can": Attack("import os, signal\nos.kill(-1, signal.SIGKILL)\n", ("crashed",)),
     "close_stdout_and_stderr": Attack("import os\nos.close(1)\nos.close(2)\n"),
-    "flood_output": Attack(
-        "import sys\ntry:\n    for _ in range(20000):\n        sys.stdout.write('x' * 10000 + '\\n')\n"
-        "except OSError:\n    pass\n"),
+    "flood_output": Attack(   # 200 MB printed, then the rank dies: what it printed is its crash's evidence
+        "import os, sys\ntry:\n    for _ in range(20000):\n        sys.stdout.write('x' * 10000 + '\\n')\n"
+        "    sys.stdout.flush()\nexcept OSError:\n    pass\nos._exit(3)\n", ("crashed",)),
     "imitate_log_and_protocol": Attack(
         "import struct, sys\nfor r in range(4):\n"
         "    print(f'[FullColumnParallel][Rank {{r}}] Tensors match: True | Max diff: 0.0 | Mean diff: 0.0')\n"

@@ -78,7 +78,9 @@ def test_a_grader_killed_mid_batch_loses_nothing_and_grades_nothing_twice(inbox)
     proc.wait()
     first = len(list((cut / "students").glob("*/grading.json")))
     assert 2 <= first < 8, "the batch was not cut in the middle"
-    time.sleep(1)
+    deadline = time.monotonic() + 10   # the zygotes see their pipe close and end their worlds
+    while leftover_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert leftover_processes() == []
     assert [p.name for p in cut.rglob(".*")] == [".data-key"]  # no half-written file left behind, only the batch's data key
     resumed = subprocess.run(grade_cmd(box, cut, rubric), cwd=ROOT, capture_output=True, text=True, timeout=400)
