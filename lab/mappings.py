@@ -1,5 +1,5 @@
 """The regions of tensor and sequence parallelism, as Megatron-LM's `mpu/mappings.py` has them, in a
-group of ranks: the transformer's building blocks (lab/transformer.py, lab/vocab_parallel.py).
+group of ranks: the transformer's building blocks (lab/gpt_parallel.py, lab/vocab_parallel.py).
 
     python -c "import lab.mappings"        # lab/mappings.py is a library: lab/transformer.py runs it
 
