@@ -256,8 +256,13 @@ def test_the_whole_lab_runs_with_and_without_torchrun(tmp_path, ranks):
                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", script])
     proc = run_lab(command, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    parts = ["collectives", "data_parallel", "tensor_parallel", "pipeline_parallel", "all"]
+    parts = ["collectives", "data_parallel", "tensor_parallel", "pipeline_parallel", "vocab_parallel", "transformer",
+             "all"]
     assert parse_results(proc.stdout) == {(p, r): True for p in parts for r in range(ranks)}, proc.stdout
+    for run in ["tp", "tp+loss", "tp+loss+sp"]:      # the losses side by side, at every size of the world
+        for k in range(1, ranks + 1):
+            assert re.search(rf"^\[lab:transformer\] {re.escape(run)}, {k} ranks?\s+(\d+\.\d{{6}}\s+){{5}}\d\.\de[-+]\d\d$",
+                             proc.stdout, re.M), (run, k, proc.stdout)
     assert re.search(r"^\[lab:bandwidth\] all_reduce\s+4096\s", proc.stdout, re.M), proc.stdout
     assert (tmp_path / "out" / f"bandwidth-gloo-{ranks}ranks.csv").is_file()
     assert "FutureWarning" not in proc.stderr      # the collectives' current names
@@ -267,6 +272,10 @@ def test_the_lab_imports_as_its_package_docstring_says():
     may_import = {"common": set(), "collectives": {"lab.common"}, "bandwidth": {"lab.common"},
                   "mlp": {"lab.common"}, "data_parallel": {"lab.common", "lab.mlp"},
                   "tensor_parallel": {"lab.common", "lab.mlp"}, "pipeline_parallel": {"lab.common", "lab.mlp"},
+                  "gpt": {"lab.common"}, "mappings": {"lab.common"},
+                  "vocab_parallel": {"lab.common", "lab.gpt", "lab.mappings"},
+                  "gpt_parallel": {"lab", "lab.mappings", "lab.vocab_parallel"},
+                  "transformer": {"lab", "lab.common", "lab.mappings"},
                   "__init__": set(),
                   "run_all": {"lab", "lab.common"}}
     assert set(may_import) == {p.stem for p in LAB.glob("*.py")}
