@@ -95,7 +95,7 @@ def step_time(cfg: gpt.GPTConfig, mode: gpt_parallel.Mode, device) -> float:
     inputs, targets = gpt.make_batch(cfg, device)
     times = []
     for step in range(REPEATS + 1):                # the first one warms up
-        if torch.cuda.is_available() and device.type == "cuda":
+        if device.type == "cuda":
             torch.cuda.synchronize()
         begin = time.perf_counter()
         gpt_parallel.backward(gpt_parallel.loss_of(params, inputs, targets, cfg, mode, step), params, mode)

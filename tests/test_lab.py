@@ -388,7 +388,9 @@ def plant(mistake):
     elif mistake == "sequence parallel without its all-gather":
         target, name, value = mappings.GatherFromSequenceParallelRegion, "apply", staticmethod(lambda x: x)
     elif mistake == "LayerNorm gradients not all-reduced":
-        target, name, value = gpt_parallel, "sequence_parallel_weights", lambda params, mode: []
+        original = gpt_parallel.sequence_parallel_weights
+        target, name = gpt_parallel, "sequence_parallel_weights"
+        value = lambda params, mode: original({k: p for k, p in params.items() if "ln" not in k}, mode)  # noqa: E731
     else:
         raise ValueError(f"no such mistake: {mistake}")
     if name in vars(target):
@@ -521,7 +523,12 @@ def test_the_comparison_catches_the_mistakes_students_make():
             mode, step = got[mistake]
             assert matches(step, want_loss, want_grads, mode, rank, 2) is not None, (mistake, rank)
         # the LayerNorm gradients are the only thing wrong there: the loss alone would not show it
-        assert got["LayerNorm gradients not all-reduced"][1]["loss"] == pytest.approx(want_loss, rel=1e-12)
+        mode, step = got["LayerNorm gradients not all-reduced"]
+        assert step["loss"] == pytest.approx(want_loss, rel=1e-12)
+        assert matches(step, want_loss, want_grads, mode, rank, 2) == "gradient of h0.ln1_w"
+        # without the all-gather each rank's heads see only its s/n rows, and the reduce-scatter
+        # cuts those again: the residual's [s/n] rows meet [s/n^2], which no run gets past
+        assert "must match the size" in got["sequence parallel without its all-gather"][1]["error"]
 
 
 def test_sizes_that_do_not_split_are_refused_with_both_numbers():
