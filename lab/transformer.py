@@ -12,11 +12,12 @@ ranks: 1, 2 and 4). Every run starts from the same full model (one seed, lab/gpt
 batch, so its losses must equal the one-process run's: within TOLERANCE, checked on every rank, and
 the script exits 1 where they do not.
 
-Memory, per rank, after the first step's backward: the bytes of the parameters and gradients the rank
-holds, and of the activations autograd saved for backward (every tensor passed to a
-saved_tensors_hooks pack hook, counted once per storage, the parameters left out). Each beside its
-ratio to the same run on one rank. Time: the median of REPEATS steps (forward, backward, SGD), the
-ranks of one group only running, after a barrier; at 4 ranks on 2 CPU cores the ranks share cores.
+Memory, per rank, after the first step's backward (rank 0's printed, with whether every rank's is
+the same): the bytes of the parameters and gradients the rank holds, and of the activations
+autograd saved for backward (every tensor passed to a saved_tensors_hooks pack hook, counted once
+per storage, the parameters left out). Each beside its ratio to the same run on one rank. Time: the
+median of REPEATS steps (forward, backward, SGD), the ranks of one group only running, after a
+barrier; at 4 ranks on 2 CPU cores the ranks share cores.
 """
 
 import argparse
@@ -145,8 +146,9 @@ def run_all(cfg: gpt.GPTConfig, rank: int, world_size: int, device) -> tuple:
     return reference, runs, skipped
 
 
-def report(cfg: gpt.GPTConfig, reference: list, runs: list, skipped: dict) -> None:
-    """The three tables, on rank 0: losses side by side, memory per rank, time of a step."""
+def report(cfg: gpt.GPTConfig, reference: list, runs: list, skipped: dict, others: list) -> None:
+    """The three tables, on rank 0: losses side by side, memory per rank, time of a step. `others`:
+    every rank's memory figures, to say whether rank 0's stand for all of them."""
     pad = int((gpt.make_batch(cfg, "cpu")[1] == gpt.IGNORE).sum())
     say = lambda text: log(f"[lab:transformer] {text}")       # noqa: E731
     say(f"losses of {cfg.iters} SGD steps (lr {cfg.lr:g}), V={cfg.vocab_size} s={cfg.seq_len} b={cfg.batch_size} "
@@ -160,7 +162,9 @@ def report(cfg: gpt.GPTConfig, reference: list, runs: list, skipped: dict) -> No
     for name, why in skipped.items():
         say(f"{name:<21}not run: {why}")
     base = {run.label.split(",")[0]: run for run in runs if run.label.endswith(", 1 rank")}
-    say("memory of rank 0 after the first backward, bytes (x: of the same run on 1 rank):")
+    differ = [r for r, theirs in enumerate(others) if theirs != others[0]]
+    say(f"memory of rank 0 after the first backward, bytes (x: of the same run on 1 rank); "
+        + (f"ranks {differ} hold other amounts:" if differ else f"the same on all {len(others)} ranks:"))
     say(f"{'run':<21}{'parameters':>20}{'gradients':>20}{'activations':>20}")
     for run in runs:
         one = base[run.label.split(",")[0]]
@@ -183,8 +187,10 @@ def config(argv=None) -> gpt.GPTConfig:
 
 def show(rank: int, world_size: int, cfg: gpt.GPTConfig = gpt.GPTConfig()) -> bool:
     reference, runs, skipped = run_all(cfg, rank, world_size, get_device())
+    others = [None] * world_size
+    dist.all_gather_object(others, [(run.params, run.grads, run.activations) for run in runs])
     if rank == 0:
-        report(cfg, reference, runs, skipped)
+        report(cfg, reference, runs, skipped, others)
     dist.barrier()
     worst = max(abs(a - b) for run in runs for a, b in zip(run.losses, reference))
     ok = worst <= TOLERANCE and all(len(run.losses) == len(reference) for run in runs)
