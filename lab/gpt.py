@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lab.common import log  # noqa: E402
-from utils import get_device  # noqa: E402
+from utils import divide, get_device  # noqa: E402
 
 IGNORE = -100     # the target of a padding position: no loss, no gradient (cross_entropy's ignore_index)
 PAD = 0           # the token a padding position holds
@@ -53,6 +53,9 @@ class GPTConfig:
     lr: float = 0.5         # SGD's step size
     iters: int = 5          # training steps
     seed: int = 0           # one seed for the whole model and batch
+
+    def __post_init__(self):
+        divide(self.hidden, self.n_heads, "hidden", "n_heads")      # every head d = h/H columns
 
 
 def param_shapes(cfg: GPTConfig) -> dict:

@@ -535,9 +535,11 @@ def test_sizes_that_do_not_split_are_refused_with_both_numbers():
     from lab.gpt import GPTConfig
     from lab.gpt_parallel import MODES, check_sizes
     with pytest.raises(ValueError, match=r"^n_heads \(6\) is not divisible by world_size \(4\)$"):
-        check_sizes(GPTConfig(n_heads=6), 4, MODES[0])
+        check_sizes(GPTConfig(n_heads=6, hidden=48), 4, MODES[0])
     with pytest.raises(ValueError, match=r"^vocab_size \(50\) is not divisible by world_size \(4\)$"):
         check_sizes(GPTConfig(vocab_size=50), 4, MODES[1])
     check_sizes(GPTConfig(vocab_size=50), 4, MODES[0])          # the vocabulary is not split there
     with pytest.raises(ValueError, match=r"^seq_len \(10\) is not divisible by world_size \(4\)$"):
         check_sizes(GPTConfig(seq_len=10), 4, MODES[2])
+    with pytest.raises(ValueError, match=r"^hidden \(30\) is not divisible by n_heads \(4\)$"):
+        GPTConfig(hidden=30)
