@@ -12,7 +12,8 @@ Steps, each run on its own (one that fails hides no other's figures) with a wall
                 choose gloo on the CPU: NCCL wants a GPU per rank); gloo with CUDA tensors, two ranks
                 per GPU (benchmarks/_gpu_ranks.py: the all-reduce checked, its bus bandwidth); NCCL
                 with two ranks per GPU (its refusal)
-    lab         lab/run_all.py on NCCL, one rank per GPU: every check, and the bandwidth table
+    lab         lab/run_all.py on NCCL, one rank per GPU: every check, the bandwidth table, and the
+                transformer's losses side by side, memory per rank and time of a step (lab/transformer.py)
     demo        the demo with this build, as `make demo`: the reference on 4 ranks, doctor, check,
                 package, grade (the score), and grade again with --sandbox off (the GPUs in sight)
     throughput  benchmarks/grading_throughput.py at --jobs = the CPU cores (refuses to print a rate
@@ -178,7 +179,8 @@ def step_lab(host: Host, step: Step) -> None:
     table = [line.split("] ", 1)[1] for line in text.splitlines() if line.startswith("[lab:bandwidth]")]
     step.figures.append(f"{n} rank(s), exit {status}, every check matched on {verdicts.count('True')} of {n} rank(s)"
                         + ("" if table else f"; {tail(text)}"))
-    step.figures += table
+    transformer = [line.split("] ", 1)[1] for line in text.splitlines() if line.startswith("[lab:transformer] ")]
+    step.figures += table + transformer
     busiest = [line for line in table if line.startswith("all_reduce")][-1:]
     step.summary = step.figures[0] + (f"; largest all_reduce: {' '.join(busiest[0].split())}" if busiest else "")
     step.passed = status == 0 and verdicts.count("True") == n and "backend nccl" in text

@@ -49,16 +49,17 @@ def world() -> tuple:
     return 0, 1
 
 
-def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
-    """output = [input of rank 0, input of rank 1, ...] concatenated along dim 0, on every rank.
+def all_gather(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
+    """output = [input of rank 0, input of rank 1, ...] concatenated along dim 0, on every rank
+    (of `group`; None: the default group).
 
     Shapes: input [k, ...], output [n*k, ...]. (dist.all_gather_into_tensor, by its current name.)
     """
-    _ALL_GATHER(output, input.contiguous())
+    _ALL_GATHER(output, input.contiguous(), group=group)
 
 
-def reduce_scatter(output: torch.Tensor, input: torch.Tensor, force_fallback: bool = False) -> str:
-    """output = sum over ranks s of chunk r of input_s, on rank r.
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, force_fallback: bool = False, group=None) -> str:
+    """output = sum over ranks s of chunk r of input_s, on rank r (of `group`; None: the default group).
 
     Shapes: input [n*k, ...] (n chunks along dim 0), output [k, ...]. Returns "native" when the
     backend's reduce-scatter (dist.reduce_scatter_tensor) did it, "fallback" otherwise.
@@ -70,7 +71,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, force_fallback: bo
     backend = dist.get_backend()
     if not force_fallback and _NATIVE_REDUCE_SCATTER.get(backend, True):
         try:
-            _REDUCE_SCATTER(output, input.contiguous())
+            _REDUCE_SCATTER(output, input.contiguous(), group=group)
             _NATIVE_REDUCE_SCATTER[backend] = True
             return "native"
         except (RuntimeError, NotImplementedError) as e:
@@ -80,8 +81,8 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, force_fallback: bo
                 raise
             _NATIVE_REDUCE_SCATTER[backend] = False
     full = input.contiguous().clone()   # all_reduce works in place; the caller's input stays
-    dist.all_reduce(full)
-    rank, world_size = world()
+    dist.all_reduce(full, group=group)
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     output.copy_(full.chunk(world_size, dim=0)[rank])
     return "fallback"
 

@@ -1,5 +1,6 @@
 """The whole lab in one world, as the Slurm job (slurm/lab.sbatch) runs it: the collectives, data,
-tensor and pipeline parallelism on the MLP, then the bandwidth benchmark.
+tensor and pipeline parallelism on the MLP, loss parallel and the tiny transformer's runs, then the
+bandwidth benchmark.
 
     torchrun --standalone --nproc-per-node 4 lab/run_all.py
     python lab/run_all.py                                       # one rank
@@ -7,7 +8,7 @@ tensor and pipeline parallelism on the MLP, then the bandwidth benchmark.
 
 Each part logs its own lines (see the part's file); every rank ends with
 
-    [lab:all][Rank <r>] ok: True | collectives, data_parallel, tensor_parallel, pipeline_parallel
+    [lab:all][Rank <r>] ok: True | collectives, data_parallel, tensor_parallel, pipeline_parallel, vocab_parallel, transformer
 
 (a students' copy of the lab may lack the parts that answer the assignment: the line then names them)
 
@@ -33,7 +34,7 @@ from utils import init_distributed, leave  # noqa: E402
 # The checked parts, in the lecture's order; each show(rank, world_size) logs and returns whether it
 # matched. A students' copy of the lab may lack the parts that answer the assignment (the release
 # leaves them out): those it does not hold are named, not run.
-NAMES = ("collectives", "data_parallel", "tensor_parallel", "pipeline_parallel")
+NAMES = ("collectives", "data_parallel", "tensor_parallel", "pipeline_parallel", "vocab_parallel", "transformer")
 
 
 def parts() -> tuple:

@@ -256,8 +256,13 @@ def test_the_whole_lab_runs_with_and_without_torchrun(tmp_path, ranks):
                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", script])
     proc = run_lab(command, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    parts = ["collectives", "data_parallel", "tensor_parallel", "pipeline_parallel", "all"]
+    parts = ["collectives", "data_parallel", "tensor_parallel", "pipeline_parallel", "vocab_parallel", "transformer",
+             "all"]
     assert parse_results(proc.stdout) == {(p, r): True for p in parts for r in range(ranks)}, proc.stdout
+    for run in ["tp", "tp+loss", "tp+loss+sp"]:      # the losses side by side, at every size of the world
+        for k in range(1, ranks + 1):
+            assert re.search(rf"^\[lab:transformer\] {re.escape(run)}, {k} ranks?\s+(\d+\.\d{{6}}\s+){{5}}\d\.\de[-+]\d\d$",
+                             proc.stdout, re.M), (run, k, proc.stdout)
     assert re.search(r"^\[lab:bandwidth\] all_reduce\s+4096\s", proc.stdout, re.M), proc.stdout
     assert (tmp_path / "out" / f"bandwidth-gloo-{ranks}ranks.csv").is_file()
     assert "FutureWarning" not in proc.stderr      # the collectives' current names
@@ -267,6 +272,10 @@ def test_the_lab_imports_as_its_package_docstring_says():
     may_import = {"common": set(), "collectives": {"lab.common"}, "bandwidth": {"lab.common"},
                   "mlp": {"lab.common"}, "data_parallel": {"lab.common", "lab.mlp"},
                   "tensor_parallel": {"lab.common", "lab.mlp"}, "pipeline_parallel": {"lab.common", "lab.mlp"},
+                  "gpt": {"lab.common"}, "mappings": {"lab.common"},
+                  "vocab_parallel": {"lab.common", "lab.gpt", "lab.mappings"},
+                  "gpt_parallel": {"lab", "lab.mappings", "lab.vocab_parallel"},
+                  "transformer": {"lab", "lab.common", "lab.mappings"},
                   "__init__": set(),
                   "run_all": {"lab", "lab.common"}}
     assert set(may_import) == {p.stem for p in LAB.glob("*.py")}
@@ -324,3 +333,213 @@ def test_the_launcher_submits_the_lab_by_its_script_and_name():
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --job-name=lab\n" in proc.stdout and "#SBATCH --nodes=1\n" in proc.stdout
+
+
+# --- the transformer: tensor, loss and sequence parallel against the single-device GPT ---------------
+
+# Odd per-rank sizes so a transposed or misplaced slice shows: at 4 ranks 15 vocabulary ids, 3 rows of
+# the sequence, 1 head of 12 columns and 9 MLP columns each.
+GPT = dict(vocab_size=60, seq_len=12, hidden=48, n_heads=4, ffn=36, n_layers=2, batch_size=2, n_padding=2,
+           dropout=0.1, seed=3)
+GPT_TOL = dict(rtol=1e-7, atol=1e-10)       # float64 on both sides: only the summation order differs
+# How the single-device weights are cut, written from the layouts: (dimension, in which modes).
+CUTS = {"w_q": -1, "b_q": -1, "w_k": -1, "b_k": -1, "w_v": -1, "b_v": -1, "w_o": 0, "w_fc1": -1, "b_fc1": -1,
+        "w_fc2": 0}
+CUTS_LOSS_PARALLEL = {"wte": 0, "w_head": -1}
+
+
+def _gpt_step(rank, world_size, cfg, mode_name, planted=None):
+    """One step of the tensor-parallel GPT in float64 on this rank: the loss, every shard's gradient,
+    the collectives called, and the bytes held; or the error, where a planted mistake made one."""
+    from lab import gpt, gpt_parallel, mappings
+    from lab.transformer import saved_bytes
+    cfg = gpt.GPTConfig(**cfg)
+    mode = next(m for m in gpt_parallel.MODES if m.name == mode_name)
+    undo = plant(planted) if planted else (lambda: None)
+    try:
+        params = gpt_parallel.init_shards(cfg, mode, "cpu", torch.float64)
+        inputs, targets = gpt.make_batch(cfg, "cpu")
+        mappings.CALLS.clear()
+        loss, activations = saved_bytes(lambda: gpt_parallel.loss_of(params, inputs, targets, cfg, mode), params)
+        gpt_parallel.backward(loss, params, mode)
+    except Exception as e:                  # a planted mistake may break the shapes: that is caught too
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        undo()
+    return {"loss": loss.item(), "grads": {k: p.grad.tolist() for k, p in params.items()},
+            "calls": list(mappings.CALLS), "activations": activations,
+            "params": sum(p.numel() * p.element_size() for p in params.values())}
+
+
+def plant(mistake):
+    """Make one mistake a student makes; returns what undoes it."""
+    from lab import gpt_parallel, mappings, vocab_parallel
+    if mistake == "no max all-reduce":          # no max subtracted at all: exp(z) overflows at z near 1e4
+        target, name, value = vocab_parallel, "_max_over_vocab", lambda z: torch.zeros(z.shape[:-1], dtype=z.dtype)
+    elif mistake == "local max only":           # the local max, never all-reduced
+        target, name, value = vocab_parallel, "_max_over_vocab", lambda z: z.max(dim=-1).values
+    elif mistake == "target mask off by one slice":
+        original = vocab_parallel._target_in_slice
+        target, name, value = vocab_parallel, "_target_in_slice", lambda t, start, w: original(t, start + w, w)
+    elif mistake == "heads not divided":
+        target, name, value = gpt_parallel, "local_heads", lambda cfg: cfg.n_heads
+    elif mistake == "row-parallel output not reduced":
+        target, name, value = mappings.ReduceFromTensorParallelRegion, "apply", staticmethod(lambda x: x)
+    elif mistake == "sequence parallel without its all-gather":
+        target, name, value = mappings.GatherFromSequenceParallelRegion, "apply", staticmethod(lambda x: x)
+    elif mistake == "LayerNorm gradients not all-reduced":
+        original = gpt_parallel.sequence_parallel_weights
+        target, name = gpt_parallel, "sequence_parallel_weights"
+        value = lambda params, mode: original({k: p for k, p in params.items() if "ln" not in k}, mode)  # noqa: E731
+    else:
+        raise ValueError(f"no such mistake: {mistake}")
+    if name in vars(target):
+        before = vars(target)[name]
+        setattr(target, name, value)
+        return lambda: setattr(target, name, before)
+    setattr(target, name, value)                # a method the class inherits (Function.apply)
+    return lambda: delattr(target, name)
+
+
+def single_device_gpt(cfg):
+    """The first step's loss and gradients of the GPT on one process, in float64."""
+    from lab import gpt
+    c = gpt.GPTConfig(**cfg)
+    params = {k: v.double().requires_grad_() for k, v in gpt.init_params(c, "cpu").items()}
+    inputs, targets = gpt.make_batch(c, "cpu")
+    loss = torch.nn.functional.cross_entropy(gpt.forward(params, inputs, c).reshape(-1, c.vocab_size),
+                                             targets.reshape(-1), ignore_index=-100)
+    loss.backward()
+    return loss.item(), {k: p.grad for k, p in params.items()}
+
+
+def expected_shard(name, full, mode_name, rank, n):
+    cuts = dict(CUTS, **(CUTS_LOSS_PARALLEL if "loss" in mode_name else {}))
+    dim = cuts.get(name.split(".")[-1])
+    if dim is None:
+        return full
+    k = full.shape[dim] // n
+    return full[rank * k:(rank + 1) * k] if dim == 0 else full[..., rank * k:(rank + 1) * k]
+
+
+def matches(got, want_loss, want_grads, mode_name, rank, n):
+    """None where one rank's step equals the single-device one, else what differs."""
+    if "error" in got:
+        return got["error"]
+    if abs(got["loss"] - want_loss) > 1e-9 * abs(want_loss):
+        return f"loss {got['loss']} vs {want_loss}"
+    for name, g in got["grads"].items():
+        want = expected_shard(name, want_grads[name], mode_name, rank, n)
+        if not torch.allclose(torch.tensor(g, dtype=torch.float64), want, **GPT_TOL):
+            return f"gradient of {name}"
+    return None
+
+
+def _gpt_modes(rank, world_size, cfg):
+    return {mode: _gpt_step(rank, world_size, cfg, mode) for mode in ("tp", "tp+loss", "tp+loss+sp")}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_parallel_transformer_equals_the_single_device_one(world_size):
+    """Tensor parallel, with loss parallel, with sequence parallel (and seeded dropout on): the loss
+    and every shard's gradient equal the single-device model's slices; sequence parallel swaps the
+    all-reduces of activations for reduce-scatters and all-gathers; memory per rank shrinks."""
+    want_loss, want_grads = single_device_gpt(GPT)
+    results = run_world(world_size, _gpt_modes, GPT, timeout=80)
+    for rank, got in enumerate(results):
+        for mode, step in got.items():
+            assert matches(step, want_loss, want_grads, mode, rank, world_size) is None, (mode, rank)
+        activation_ops = lambda mode: {op for op, shape in got[mode]["calls"] if len(shape) == 3}   # noqa: E731
+        assert activation_ops("tp") == activation_ops("tp+loss") == {"all_reduce"}
+        assert activation_ops("tp+loss+sp") == {"all_gather", "reduce_scatter"}
+        assert got["tp+loss+sp"]["activations"] < got["tp+loss"]["activations"]
+        assert got["tp+loss"]["params"] < got["tp"]["params"]
+    single = sum(g.numel() for g in want_grads.values()) * 8
+    split = sum(g.numel() for k, g in want_grads.items() if k.split(".")[-1] in {**CUTS, **CUTS_LOSS_PARALLEL})
+    assert results[0]["tp+loss"]["params"] == single - split * 8 * (world_size - 1) // world_size
+
+
+def _vocab_cases(rank, world_size):
+    from lab.vocab_parallel import CASES, run_case
+    return [[x if isinstance(x, float) else x.tolist() for x in run_case(case)] for case in CASES]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_vocab_parallel_cross_entropy_equals_torchs_on_the_full_logits(world_size):
+    """Logits near 1e4, every target in one rank's slice, padding, a vocabulary of 52: the loss, the
+    logits' gradient and the embedding's gradient, each rank's slice, against F.cross_entropy."""
+    from lab.vocab_parallel import CASES, case_data
+    results = run_world(world_size, _vocab_cases, timeout=50)
+    for i, case in enumerate(CASES):
+        tokens, targets, E, W = case_data(case)
+        E.requires_grad_()
+        z = E[tokens] @ W + case.shift
+        z.retain_grad()
+        loss = torch.nn.functional.cross_entropy(z, targets, ignore_index=-100)
+        loss.backward()
+        k = case.vocab_size // world_size
+        if case.one_slice:
+            assert targets.min() >= (world_size - 1) * k       # all of them the last rank's
+        for rank, got in enumerate(results):
+            got_loss, dz, dE = got[i]
+            assert got_loss == pytest.approx(loss.item(), rel=1e-12), (case.name, rank)
+            torch.testing.assert_close(torch.tensor(dz, dtype=torch.float64), z.grad[:, rank * k:(rank + 1) * k])
+            torch.testing.assert_close(torch.tensor(dE, dtype=torch.float64), E.grad[rank * k:(rank + 1) * k])
+
+
+def _planted(rank, world_size, cfg):
+    from lab.vocab_parallel import CASES, run_case
+    out = {}
+    for mistake in ("no max all-reduce", "local max only", "target mask off by one slice"):
+        undo = plant(mistake)
+        try:
+            out[mistake] = {case.name: run_case(case)[0] for case in CASES[:2]}
+        finally:
+            undo()
+    for mistake, mode in (("heads not divided", "tp"), ("row-parallel output not reduced", "tp"),
+                          ("sequence parallel without its all-gather", "tp+loss+sp"),
+                          ("LayerNorm gradients not all-reduced", "tp+loss+sp")):
+        out[mistake] = (mode, _gpt_step(rank, world_size, cfg, mode, planted=mistake))
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_the_comparison_catches_the_mistakes_students_make():
+    """Each planted mistake fails the comparison with the single-device run; leaving out the max
+    passes on ordinary logits and is caught only near 1e4, which is why that check is there."""
+    from lab.vocab_parallel import CASES, reference
+    ordinary, near_1e4 = (reference(case)[0] for case in CASES[:2])
+    want_loss, want_grads = single_device_gpt(GPT)
+    for rank, got in enumerate(run_world(2, _planted, GPT, timeout=50)):
+        no_max = got["no max all-reduce"]
+        assert no_max["ordinary"] == pytest.approx(ordinary, rel=1e-12)
+        assert not no_max["logits near 1e4"] == pytest.approx(near_1e4)      # inf or nan
+        for mistake in ("local max only", "target mask off by one slice"):
+            assert not got[mistake]["ordinary"] == pytest.approx(ordinary, rel=1e-6), mistake
+        for mistake in ("heads not divided", "row-parallel output not reduced",
+                        "sequence parallel without its all-gather", "LayerNorm gradients not all-reduced"):
+            mode, step = got[mistake]
+            assert matches(step, want_loss, want_grads, mode, rank, 2) is not None, (mistake, rank)
+        # the LayerNorm gradients are the only thing wrong there: the loss alone would not show it
+        mode, step = got["LayerNorm gradients not all-reduced"]
+        assert step["loss"] == pytest.approx(want_loss, rel=1e-12)
+        assert matches(step, want_loss, want_grads, mode, rank, 2) == "gradient of h0.ln1_w"
+        # without the all-gather each rank's heads see only its s/n rows, and the reduce-scatter
+        # cuts those again: the residual's [s/n] rows meet [s/n^2], which no run gets past
+        assert "must match the size" in got["sequence parallel without its all-gather"][1]["error"]
+
+
+def test_sizes_that_do_not_split_are_refused_with_both_numbers():
+    from lab.gpt import GPTConfig
+    from lab.gpt_parallel import MODES, check_sizes
+    with pytest.raises(ValueError, match=r"^n_heads \(6\) is not divisible by world_size \(4\)$"):
+        check_sizes(GPTConfig(n_heads=6, hidden=48), 4, MODES[0])
+    with pytest.raises(ValueError, match=r"^vocab_size \(50\) is not divisible by world_size \(4\)$"):
+        check_sizes(GPTConfig(vocab_size=50), 4, MODES[1])
+    check_sizes(GPTConfig(vocab_size=50), 4, MODES[0])          # the vocabulary is not split there
+    with pytest.raises(ValueError, match=r"^seq_len \(10\) is not divisible by world_size \(4\)$"):
+        check_sizes(GPTConfig(seq_len=10), 4, MODES[2])
+    with pytest.raises(ValueError, match=r"^hidden \(30\) is not divisible by n_heads \(4\)$"):
+        GPTConfig(hidden=30)

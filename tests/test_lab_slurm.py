@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slurm
 
 SBATCH_LAB_CPU = ROOT / "slurm" / "lab-cpu.sbatch"
 RUN_ALL = ROOT / "lab" / "run_all.py"
-PARTS = ["collectives", "data_parallel", "tensor_parallel", "pipeline_parallel", "all"]
+PARTS = ["collectives", "data_parallel", "tensor_parallel", "pipeline_parallel", "vocab_parallel", "transformer", "all"]
 
 
 def job_header(text):

@@ -466,7 +466,7 @@ def test_the_shipped_lab_holds_no_answer_and_runs_what_it_holds(release, tmp_pat
                          timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ("[lab:all][Rank 0] ok: True | collectives | not in this copy of the lab: data_parallel, "
-            "tensor_parallel, pipeline_parallel") in ran.stdout
+            "tensor_parallel, pipeline_parallel, vocab_parallel, transformer") in ran.stdout
 
 
 def test_the_lab_map_names_every_lab_file_that_answers_a_todo():
@@ -474,7 +474,8 @@ def test_the_lab_map_names_every_lab_file_that_answers_a_todo():
     says (the ones whose answer code can be found, found), every other lab file answers nothing,
     and the lab's README tells the instructor the same files and parts."""
     traced = {p.relative_to(ROOT).as_posix() for p in (ROOT / "lab").glob("*.py") if answer_traces(p.read_text())}
-    assert traced == {"lab/data_parallel.py", "lab/tensor_parallel.py"} and traced <= set(ANSWERS)
+    assert traced == {"lab/data_parallel.py", "lab/tensor_parallel.py", "lab/mappings.py", "lab/vocab_parallel.py"}
+    assert traced <= set(ANSWERS)
     assert all((ROOT / rel).is_file() for rel in ANSWERS)
     section = (ROOT / "lab" / "README.md").read_text().split("## In a students' release")[1]
     for rel, parts in ANSWERS.items():

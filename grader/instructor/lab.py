@@ -6,6 +6,9 @@ The lab shows in working code what several of the assignment's TODOs ask for (AN
     lab/tensor_parallel.py    Part 4: f and the gather around a column-parallel layer;
                               Part 5: g as an autograd Function, and the columns-then-rows pair
     lab/pipeline_parallel.py  Part 2: each micro-batch's loss divided by the number of them
+    lab/mappings.py, vocab_parallel.py, gpt_parallel.py, transformer.py
+                              Parts 4 and 5: f and g as autograd Functions, around the transformer's
+                              heads, MLP and vocabulary (transformer.py runs the others)
 
 A students' release leaves out every file that answers a part the course grades, and the part of
 lab/README.md about them (between `<!-- BEGIN LAB ANSWERS -->` and `<!-- END LAB ANSWERS -->`);
@@ -29,6 +32,13 @@ ANSWERS = {   # lab file -> {part: what of that part's TODOs it shows}
                         "columns-then-rows pair"},
     "lab/pipeline_parallel.py": {"grad_accumulation": "each micro-batch's loss divided by the number of "
                                                       "micro-batches before backward()"},
+    "lab/mappings.py": {"tensor_parallel": "f (copy to the parallel region) as an autograd Function",
+                        "megatron_mlp": "g (all-reduce forward, identity backward) as an autograd Function"},
+    "lab/vocab_parallel.py": {"tensor_parallel": "f before a layer split by columns (the LM head's vocabulary)",
+                              "megatron_mlp": "g after the embedding split by vocabulary rows"},
+    "lab/gpt_parallel.py": {"tensor_parallel": "f before every column-parallel layer of a transformer",
+                            "megatron_mlp": "Megatron's columns-then-rows pair in the MLP and the attention"},
+    "lab/transformer.py": {"tensor_parallel": "runs lab/gpt_parallel.py's model, so it goes where that goes"},
 }
 BEGIN, END = "<!-- BEGIN LAB ANSWERS -->", "<!-- END LAB ANSWERS -->"
 ANSWERS_BLOCK = re.compile(rf"^{re.escape(BEGIN)}\n.*?^{re.escape(END)}\n", re.S | re.M)
