@@ -67,6 +67,20 @@ def _reap(pid: int) -> int:
         os.kill(pid, signal.SIGKILL)
 
 
+def _hide_command_line() -> None:
+    """Write over this process's command line where /proc/PID/cmdline reads it, in its own memory
+    (Python keeps a copy of argv): the Python's path, in a kit's own .venv the kit's folder, is then
+    not there for any process that sees this one (or a world forked from it) to read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])   # arg_start and arg_end, fields 48 and 49 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return   # no /proc: nothing shows it either
+    import ctypes
+    ctypes.memmove(start, b"python3\0-m\0grader.rerun.zygote\0"[:end - start].ljust(end - start, b"\0"), end - start)
+
+
 def _zygote(mode: str, sandbox_name: str) -> None:
     """The warm helper: for each world, fork a leader that reads the job, runs it and reports.
 
@@ -74,6 +88,7 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     the memory of the ranks forked after it.
     """
     import gc
+    _hide_command_line()
     from grader.rerun.world import SHIELDED
     for sig in SHIELDED:   # inherited by every leader; a rank's fork sets them back
         signal.signal(sig, signal.SIG_IGN)
