@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 import zipfile
 from pathlib import Path
@@ -24,7 +25,7 @@ from grader import kit
 from grader.intake.handin import HandinError, extract_zip
 from grader.rerun import bounds, channel, protocol
 from grader.rerun.executor import WarmExecutor
-from grader.rerun.protocol import RankStatus, Result, WorldReport
+from grader.rerun.protocol import RankStatus, Result, StopReason, WorldJob, WorldReport
 from grader.rubric import load_rubric
 from tests.corpus import FULL, REFERENCE, ROOT, Files, zip_bytes
 from tests.hostile import ATTACKS, build, returns_huge
@@ -99,6 +100,49 @@ def test_the_refusal_names_sizes_at_a_public_check_only():
     assert public == "the part returned a tensor of 1048576 values; it should return the weight, 64 x 32"
     hidden = bounds.refusal("baseline", 1 << 20, DEFAULT, hidden=True)
     assert not any(c.isdigit() for c in hidden) and "should return the weight" in hidden
+
+
+# A zygote whose every world's leader dies in the middle of its report (its ranks killed it): the
+# report's frame is cut short, then the zygote says it is ready again, as a real one does.
+TORN = textwrap.dedent("""
+    import os
+    from grader.rerun import channel, protocol
+    send = lambda world, message: channel.send_framed(1, world, protocol.encode(message))
+    send(0, protocol.Hello(isolation={"sandbox": "none"}))
+    channel.read_framed(0)   # Start: the kit's folder
+    world = None
+    while True:
+        frame = channel.read_framed(0, skip_world=world)   # the data key its leader left unread
+        if frame is None or frame[1]["type"] == "exit":
+            break
+        world, job = frame[0], channel.read_framed(0)[1]
+        os.write(1, channel.FRAME.pack(channel.MARK, world, 5000, 0) + b'{"type":"world_report","completed":')
+        send(world, protocol.Hello())
+""")
+
+
+class TearsEveryReport(WarmExecutor):
+    def _command(self):
+        return [sys.executable, "-c", TORN], [], None, []
+
+
+@pytest.mark.timeout(120)
+def test_a_report_its_world_tore_is_the_worlds_failure_at_once():
+    """Not a wait of the world's whole budget and the machine's infra_error: the zygote is ready
+    again, so the world's own bytes were torn; the next world runs on the same zygote."""
+    executor = TearsEveryReport(sandbox="off")
+    job = WorldJob(work_dir="/nonexistent", code={}, store="", world_size=1, parts=["baseline"], check={},
+                   pg_timeout=1.0, limits={})
+    try:
+        executor.start()
+        started, pid = time.monotonic(), executor._proc.pid
+        first, second = executor.run_world(job), executor.run_world(job)
+        elapsed, same = time.monotonic() - started, executor._proc.pid == pid
+    finally:
+        executor.close()
+    assert [first.abort.reason, second.abort.reason] == [StopReason.RANK_DIED] * 2
+    assert "without a whole report" in first.abort.detail
+    assert elapsed < 30 and same   # one zygote for both, no wait for a report that cannot come
 
 
 # ---- the smaller leaks --------------------------------------------------------------------------
