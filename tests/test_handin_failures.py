@@ -10,6 +10,7 @@ of a zip that cannot be unpacked, and the zygote's command line.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -143,6 +144,36 @@ def test_a_report_its_world_tore_is_the_worlds_failure_at_once():
     assert [first.abort.reason, second.abort.reason] == [StopReason.RANK_DIED] * 2
     assert "without a whole report" in first.abort.detail
     assert elapsed < 30 and same   # one zygote for both, no wait for a report that cannot come
+
+
+def test_a_leader_that_is_stopped_is_killed_and_its_world_lost_not_hung():
+    """Where a world has no PID namespace of its own (`--sandbox off` as an ordinary user) a rank can
+    stop its leader: the zygote reaps it killed, and says the world was lost, at once."""
+    from grader.rerun.zygote import _reap
+    pid = os.fork()
+    if pid == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(0)
+    started = time.monotonic()
+    assert _reap(pid) == -signal.SIGKILL and time.monotonic() - started < 10
+
+
+@pytest.mark.timeout(300)
+def test_the_zygote_and_so_every_leader_ignore_what_a_rank_could_send():
+    """The kernel's own view of the real zygote (every leader is forked from it): the signals a rank
+    of the same user could send to end or stop it are ignored (a PID namespace's init gets from
+    inside only those it has a handler for, as Python's SIGINT)."""
+    from grader.rerun.world import SHIELDED
+    assert {"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGTSTP"} <= \
+        {signal.Signals(s).name for s in SHIELDED}
+    executor = WarmExecutor("off")
+    try:
+        executor.start()
+        status = Path(f"/proc/{executor._proc.pid}/status").read_text()
+    finally:
+        executor.close()
+    ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+    assert [signal.Signals(s).name for s in SHIELDED if not ignored >> (s - 1) & 1] == []
 
 
 # ---- the smaller leaks --------------------------------------------------------------------------
