@@ -122,7 +122,7 @@ class WarmExecutor(Counted):
 
     def _command(self) -> tuple:
         """(argv, descriptors to pass, cgroup folders as the zygote sees them, problems) of the zygote's process."""
-        argv = [sys.executable, "-m", ENTRY, "--zygote", self.sandbox]   # the kit's folder follows in Start
+        argv = [sys.executable, "-m", ENTRY, "--zygote", self.sandbox]   # the kit's folder follows in Setup
         if self._cgroup is None:
             self._cgroup = cgroup.WorldCgroup.make()
         if self.sandbox == "off":
@@ -184,7 +184,7 @@ class WarmExecutor(Counted):
         self._inbox.clear()
         self._settling = None
         try:
-            channel.send_framed(self._proc.stdin.fileno(), 0, protocol.encode(protocol.Start(kit=str(kit.ROOT))))
+            channel.send_framed(self._proc.stdin.fileno(), 0, protocol.encode(protocol.Setup(kit=str(kit.ROOT))))
         except OSError:
             pass   # it has exited: no Hello comes, and its stderr says why
         hello = self._receive(time.monotonic() + 120, 0, protocol.Hello)

@@ -1,6 +1,6 @@
 """What crosses a process boundary while hand-in code is re-run: the messages, typed, and one codec.
 
-    grader (executor)  --Start, WorldRequest, WorldJob, DataKey, Exit-->  zygote / world leader
+    grader (executor)  --Setup, WorldRequest, WorldJob, DataKey, Exit-->  zygote / world leader
     grader (executor)  <--Hello, WorldReport--            zygote / world leader
     world supervisor   --Run (part, token, the part's data) / Finish-->  each rank (its data pipe)
     world supervisor   <--Joined, Loading, Ready, Result..., Done / LoadFailed / InfraError--  each rank
@@ -80,10 +80,10 @@ class WorldJob:
 
 
 @dataclass
-class Start:
+class Setup:
     """Executor to zygote, first: the kit's folder on the machine, which the zygote checks it cannot
     see (sent here, never on its command line, which any process that sees it can read)."""
-    TYPE: typing.ClassVar[str] = "start"
+    TYPE: typing.ClassVar[str] = "setup"
     kit: str = ""
 
 
@@ -216,7 +216,7 @@ class WorldReport:
     secrets: dict[str, PartSecret] = field(default_factory=dict)   # part -> the data its ranks were served
 
 
-Message = Union[Start, WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,
+Message = Union[Setup, WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,
                 LoadFailed, InfraError, WorldReport]
 TYPES = {cls.TYPE: cls for cls in typing.get_args(Message)}
 RANK_MESSAGES = (Joined, Loading, Ready, Result, Done, LoadFailed, InfraError)

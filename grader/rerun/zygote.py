@@ -1,5 +1,5 @@
 """The processes the executors start: `python -m grader.rerun.zygote --zygote MODE` (the warm
-executor's helper; the kit's folder comes as its first message, Start, never on its command line)
+executor's helper; the kit's folder comes as its first message, Setup, never on its command line)
 or `--torchrun-rank JOB_FILE` (one rank under torchrun).
 
 The zygote imports torch once, takes one tiny step so the lazy imports are paid, freezes its heap,
@@ -109,7 +109,7 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)
     import encodings.idna  # noqa: F401 - a hand-in's socket to "127.0.0.1" needs it; load it once here
     cgroups = [c for c in os.environ.get("A4_CGROUPS", "").split(os.pathsep) if c]
-    _, start = receive_framed((protocol.Start,))
+    _, start = receive_framed((protocol.Setup,))
     isolation = sandbox.probe(mode, start.kit if start else "", sandbox_name, cgroups)
     hello = protocol.Hello(isolation=isolation.summary())
     _reply(control_out, 0)(hello)
