@@ -232,18 +232,18 @@ def failing(request, reference_run, tmp_path_factory):
             tas.remove(ta)
 
 
-def _grade(config, ta, reference_run, tmp_path_factory) -> dict:
+def _grade(config, ta, reference_run, tmp_path_factory, names=("returns_huge",) + SIGNALS, sandbox="auto") -> dict:
     tmp = ta.home / "work" if ta else tmp_path_factory.mktemp("failing")
     inbox, out = tmp / "inbox", tmp / "out"
     inbox.mkdir(parents=True)
     (tmp / "rubric.yaml").write_text(yaml.safe_dump(RUBRIC))
-    handins = {"reference": Files(code=REFERENCE.read_text(), log=reference_run[0], err=reference_run[1]),
-               "returns_huge": returns_huge(*reference_run)}
-    handins.update({name: build(name, {}, *reference_run) for name in SIGNALS})
+    handins = {"reference": Files(code=REFERENCE.read_text(), log=reference_run[0], err=reference_run[1])}
+    handins.update({name: returns_huge(*reference_run) if name == "returns_huge" else build(name, {}, *reference_run)
+                    for name in names})
     for name, files in handins.items():
         (inbox / f"{name}.zip").write_bytes(zip_bytes(files))
     args = ["-m", "grader", "grade", str(inbox), "--out", str(out), "--jobs", "2", "--rubric",
-            str(tmp / "rubric.yaml"), "--quiet"]
+            str(tmp / "rubric.yaml"), "--quiet", "--sandbox", sandbox]
     started = time.monotonic()
     if ta:
         subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
@@ -291,3 +291,24 @@ def test_a_rank_that_signals_costs_only_its_own_part(failing, name):
     assert "infra" not in json.dumps(r) and "not your code" not in json.dumps(r)
     assert {p: r["parts"][p]["status"] for p in load_rubric().part_ids if p != "baseline"} == \
         dict.fromkeys([p for p in load_rubric().part_ids if p != "baseline"], "passed")
+
+
+@pytest.mark.configs
+@pytest.mark.timeout(900)
+def test_with_the_sandbox_off_a_rank_that_stops_its_leader_loses_only_its_own_world(reference_run, tmp_path_factory):
+    """An ordinary user's `--sandbox off`: no PID namespace, so a rank can signal its leader (its
+    parent, of the same user). The signals it ignores do nothing; SIGSTOP stops it, and the zygote
+    kills it: that hand-in's parts crash, graded, and the reference beside it keeps full marks.
+    (`kill(-1, ...)` there reaches every process of the user, the grader's own: what `--sandbox off`
+    accepts, docs/security.md.)"""
+    ta = _ta_or_skip("user")
+    try:
+        graded = _grade("user", ta, reference_run, tmp_path_factory, names=("signal_the_leader",), sandbox="off")
+    finally:
+        tas.remove(ta)
+    proc, results = graded["proc"], graded["results"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (results["reference"]["status"], results["reference"]["score"]) == ("graded", FULL)
+    r = results["signal_the_leader"]
+    assert r["status"] == "graded" and r["parts"]["baseline"]["status"] == "crashed", r["message"]
+    assert "infra" not in json.dumps(r) and "not your code" not in json.dumps(r)
