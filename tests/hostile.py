@@ -149,6 +149,18 @@ ATTACKS = {
     # user (the kill is refused): either way only its own part can suffer.
     "kill_parent": Attack("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", ("passed", "crashed")),
     "kill_everything_it_can": Attack("import os, signal\nos.kill(-1, signal.SIGKILL)\n", ("crashed",)),
+    # Signals to its leader (pid 1 of the world's PID namespace, its parent): ignored, or refused
+    # (root's ranks are of another user); SIGSTOP too (the kernel drops it for an init from inside).
+    "signal_the_leader": Attack(
+        "import os, signal\nfor target in (1, os.getppid()):\n"
+        "    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,\n"
+        "                signal.SIGUSR2, signal.SIGALRM, signal.SIGTSTP, signal.SIGSTOP):\n"
+        "        try:\n            os.kill(target, sig)\n        except OSError:\n            pass\n"),
+    # SIGINT to every process it may signal, then SIGTERM to its own group: its world's ranks end.
+    "interrupt_everyone": Attack("import os, signal\nos.kill(-1, signal.SIGINT)\nos.kill(0, signal.SIGTERM)\n",
+                                 ("crashed",)),
+    # Every process it may signal stopped: its world's other ranks hang, the part runs out of time.
+    "stop_everyone": Attack("import os, signal\nos.kill(-1, signal.SIGSTOP)\n", ("timeout",), "did not finish"),
     "close_stdout_and_stderr": Attack("import os\nos.close(1)\nos.close(2)\n"),
     "flood_output": Attack(   # 200 MB printed, then the rank dies: what it printed is its crash's evidence
         "import os, sys\ntry:\n    for _ in range(20000):\n        sys.stdout.write('x' * 10000 + '\\n')\n"
@@ -164,6 +176,15 @@ ATTACKS = {
         "'weight': {{'shape': [1], 'dtype': 'float32', 'data': 'AAAAAAAAAAA='}}}}).encode()\n"
         "os.write(3, struct.pack('>I', len(body)) + body)\n", ("crashed",), "out of order"),
 }
+
+# Every part returns a 1024 x 1024 tensor, the size of no part's weight: each part fails on its own
+# clock, in the grader's words ("returned a tensor of 1048576 values"), never the machine's.
+HUGE_EVERYWHERE = "return torch.ones(1024, 1024)\n"
+
+
+def returns_huge(log: str, err: str) -> Files:
+    return Files(code=inject(REFERENCE.read_text(), HUGE_EVERYWHERE, everywhere=True), log=log, err=err)
+
 
 TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
 

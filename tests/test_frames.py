@@ -89,6 +89,7 @@ TWICE = textwrap.dedent("""
     from grader.rerun import channel, protocol
     send = lambda world, message: channel.send_framed(1, world, protocol.encode(message))
     send(0, protocol.Hello(isolation={"sandbox": "none"}))
+    channel.read_framed(0)   # Setup: the kit's folder
     world = None
     while True:
         frame = channel.read_framed(0, skip_world=world)   # the data key its leader left unread

@@ -131,6 +131,12 @@ def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:
     return raw
 
 
+def _said(e: BaseException) -> str:
+    """What went wrong, without the grader's own paths (an OSError names the file it was writing,
+    in the grader's scratch folder): what the student may read."""
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
 def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
     """Extract a zip (bytes, or a seekable binary file) into `dest` within `limits` (rubric.files);
     return the notes on what was dropped."""
@@ -139,7 +145,7 @@ def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
     try:
         z = zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
-        raise HandinError(f"{zip_name}: not a readable zip file ({e}); ask for the hand-in again") from e
+        raise HandinError(f"{zip_name}: not a readable zip file ({_said(e)}); ask for the hand-in again") from e
     infos = z.infolist()
     if len(infos) > limits.max_members:
         raise HandinError(f"{zip_name}: {len(infos)} members, more than the {limits.max_members} allowed; "
@@ -174,7 +180,7 @@ def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
                         out.write(chunk)
             except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, RuntimeError,
                     NotImplementedError) as e:
-                raise HandinError(f"{zip_name}: {name} cannot be unpacked ({e})") from e
+                raise HandinError(f"{zip_name}: {name} cannot be unpacked ({_said(e)})") from e
     notes = []
     if dropped:
         shown = sorted({PurePosixPath(d).parts[0] if "__MACOSX" in d else PurePosixPath(d).name for d in dropped})

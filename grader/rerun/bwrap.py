@@ -42,7 +42,7 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # verdict or pipeline, none of the grader's side of rerun/ (executor, check, hidden, doctor, bwrap).
 # tests/test_layout.py holds this list to the zygote's imports.
 ENGINE = ("__init__.py", "limits.py", "parts.py", "typed.py", "rerun/__init__.py", "rerun/block.py",
-          "rerun/cgroup.py", "rerun/channel.py", "rerun/environment.py", "rerun/hooks.py", "rerun/layer.py",
+          "rerun/bounds.py", "rerun/cgroup.py", "rerun/channel.py", "rerun/environment.py", "rerun/hooks.py", "rerun/layer.py",
           "rerun/memory.py", "rerun/protocol.py", "rerun/readable.py", "rerun/sandbox.py", "rerun/scratch.py",
           "rerun/secret.py", "rerun/source.py", "rerun/supervise.py", "rerun/tasks.py", "rerun/worker.py",
           "rerun/world.py", "rerun/zygote.py")

@@ -47,8 +47,11 @@ FRAME = struct.Struct(">4sQII")   # mark, world, length of the body, CRC-32 of t
 
 
 def send_framed(fd: int, world: int, message: dict) -> None:
-    """Write one message of world `world` to `fd` as a frame (world 0: none in particular)."""
+    """Write one message of world `world` to `fd` as a frame (world 0: none in particular); one past
+    the size limit is refused whole (ChannelError), never written torn."""
     body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise ChannelError(f"message of {len(body)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
     _write_all(fd, FRAME.pack(MARK, world, len(body), zlib.crc32(body)) + body)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.parts import PART_IDS
-from grader.rerun import channel, protocol
+from grader.rerun import bounds, channel, protocol
 from grader.rerun.hidden import Words
 from grader.rerun.hooks import COLLECTIVES
 from grader.rerun.protocol import RankStatus, StopReason, WorldJob, WorldReport
@@ -40,6 +40,7 @@ class RankRun:
     comm: list = field(default_factory=list)   # the rank's own word: a hint, never a verdict
     devices: list = field(default_factory=list)  # GPU indices the part asked for
     extra: dict = field(default_factory=dict)   # name -> float64 tensor (a backward check's gradients)
+    oversize: int = 0            # the values of a tensor refused for its size (grader.rerun.bounds)
 
 
 @dataclass
@@ -76,7 +77,8 @@ def _call(call) -> dict:
 
 def _rank_run(rank: int, result: protocol.Result, words: Words) -> RankRun:
     run = RankRun(rank=rank, status=result.status.value, comm=[c for c in map(_call, result.comm[:1000]) if c],
-                  devices=[d for d in result.devices[:100] if isinstance(d, int) and not isinstance(d, bool)])
+                  devices=[d for d in result.devices[:100] if isinstance(d, int) and not isinstance(d, bool)],
+                  oversize=result.oversize)
     run.exception, run.traceback = words.error(result.error)
     if result.status == RankStatus.OK:
         try:
@@ -285,6 +287,7 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
     remaining = list(parts)
     runs = {}
     words = Words(code, check.hidden)
+    config = _world_job(code, scratch, check, rubric, []).check
     while remaining:
         work = Path(scratch_dir("world-", scratch))
         try:
@@ -307,4 +310,5 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
             continue
         runs.update(_unstarted_parts(left, report, words))
         break
+    bounds.explain(runs, config, check.hidden, Status.CRASHED)
     return runs

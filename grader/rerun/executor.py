@@ -31,7 +31,7 @@ from grader.limits import Limits
 from grader.rerun import bwrap, cgroup, channel, environment, protocol, secret, tasks
 from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
-from grader.rerun.world import infra_report
+from grader.rerun.world import infra_report, lost_report
 
 ENTRY = "grader.rerun.zygote"      # the module both executors start: the zygote, or a torchrun rank
 
@@ -122,7 +122,7 @@ class WarmExecutor(Counted):
 
     def _command(self) -> tuple:
         """(argv, descriptors to pass, cgroup folders as the zygote sees them, problems) of the zygote's process."""
-        argv = [sys.executable, "-m", ENTRY, "--zygote", self.sandbox, str(kit.ROOT)]
+        argv = [sys.executable, "-m", ENTRY, "--zygote", self.sandbox]   # the kit's folder follows in Setup
         if self._cgroup is None:
             self._cgroup = cgroup.WorldCgroup.make()
         if self.sandbox == "off":
@@ -183,6 +183,10 @@ class WarmExecutor(Counted):
         self._reader = channel.FramedReader()
         self._inbox.clear()
         self._settling = None
+        try:
+            channel.send_framed(self._proc.stdin.fileno(), 0, protocol.encode(protocol.Setup(kit=str(kit.ROOT))))
+        except OSError:
+            pass   # it has exited: no Hello comes, and its stderr says why
         hello = self._receive(time.monotonic() + 120, 0, protocol.Hello)
         if hello is None:
             self._kill()
@@ -221,17 +225,17 @@ class WarmExecutor(Counted):
                 f"{self.jobs} worlds of limits.memory_mb = {self.limits.memory_mb} MB could use more than the "
                 f"Slurm job's {job_mb} MB together: ask for more memory (--mem) or grade with fewer --jobs")
 
-    def _receive(self, deadline, world: int, kind):
-        """The next `kind` message of world `world` from the zygote; None if it exited or took too
-        long. Every frame is read; those of other worlds (a second report of a world already
-        answered) and other kinds are stepped over, never taken for this world's answer."""
+    def _receive(self, deadline, world: int, *kinds):
+        """The next message of one of `kinds` of world `world` from the zygote; None if it exited or
+        took too long. Every frame is read; those of other worlds (a second report of a world
+        already answered) and other kinds are stepped over, never taken for this world's answer."""
         out = self._proc.stdout.fileno()
         while True:
             while self._inbox:
                 number, data = self._inbox.popleft()
-                if number == world and data.get("type") == kind.TYPE:
+                if number == world and data.get("type") in [kind.TYPE for kind in kinds]:
                     try:
-                        return protocol.decode(data, (kind,))
+                        return protocol.decode(data, kinds)
                     except channel.ChannelError:
                         return None
                 self.stepped_over += 1
@@ -288,10 +292,12 @@ class WarmExecutor(Counted):
         except OSError as e:
             self._kill()
             return infra_report(job, f"the re-run helper process is gone ({e})")
-        report = self._receive(time.monotonic() + world_budget(job), number, WorldReport)
+        report = self._receive(time.monotonic() + world_budget(job), number, WorldReport, protocol.Hello)
         if report is None:
             self._kill()
             return infra_report(job, "the re-run helper process stopped answering")
+        if isinstance(report, protocol.Hello):   # the zygote is fine, the world's own frame torn: the hand-in's
+            return lost_report(job, "the world ended without a whole report (its leader was stopped or killed)")
         self._settling = number
         return report
 

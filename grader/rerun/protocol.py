@@ -1,6 +1,6 @@
 """What crosses a process boundary while hand-in code is re-run: the messages, typed, and one codec.
 
-    grader (executor)  --WorldRequest, WorldJob, DataKey, Exit-->  zygote / world leader
+    grader (executor)  --Setup, WorldRequest, WorldJob, DataKey, Exit-->  zygote / world leader
     grader (executor)  <--Hello, WorldReport--            zygote / world leader
     world supervisor   --Run (part, token, the part's data) / Finish-->  each rank (its data pipe)
     world supervisor   <--Joined, Loading, Ready, Result..., Done / LoadFailed / InfraError--  each rank
@@ -77,6 +77,14 @@ class WorldJob:
     limits: dict[str, int]             # grader.rubric.Limits, as a mapping
     timeouts: Timeouts = field(default_factory=Timeouts)
     code_dir: str = ""                 # where the world's leader wrote `code`
+
+
+@dataclass
+class Setup:
+    """Executor to zygote, first: the kit's folder on the machine, which the zygote checks it cannot
+    see (sent here, never on its command line, which any process that sees it can read)."""
+    TYPE: typing.ClassVar[str] = "setup"
+    kit: str = ""
 
 
 @dataclass
@@ -161,6 +169,8 @@ class Result:
     devices: list[int] = field(default_factory=list)   # GPU indices the part asked for (cuda:5, set_device(5))
     seconds: float = 0.0
     error: Optional[ErrorInfo] = None
+    oversize: int = 0                  # the values of a returned tensor refused for its size
+                                       # (grader.rerun.bounds; then no tensor, status crashed)
 
 
 @dataclass
@@ -206,7 +216,7 @@ class WorldReport:
     secrets: dict[str, PartSecret] = field(default_factory=dict)   # part -> the data its ranks were served
 
 
-Message = Union[WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,
+Message = Union[Setup, WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,
                 LoadFailed, InfraError, WorldReport]
 TYPES = {cls.TYPE: cls for cls in typing.get_args(Message)}
 RANK_MESSAGES = (Joined, Loading, Ready, Result, Done, LoadFailed, InfraError)

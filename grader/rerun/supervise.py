@@ -24,7 +24,7 @@ import selectors
 import signal
 import time
 
-from grader.rerun import channel, protocol, secret
+from grader.rerun import bounds, channel, protocol, secret
 from grader.rerun.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
 
 OUTPUT_HEAD = 4096
@@ -231,7 +231,7 @@ class _Watch:
             if message.token != want[2]:
                 return self.forged(rank, f"sent a result for {message.part!r} out of order, without the token "
                                          f"the part was started with")
-            self.results[message.part].setdefault(rank, message)
+            self.results[message.part].setdefault(rank, bounds.hold(message, self.job.check))
             if message.status == RankStatus.DIST_ERROR:
                 self.gave_up.add(rank)
                 self.expecting[rank] = "nothing"

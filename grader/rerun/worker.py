@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from grader.parts import BY_ID
-from grader.rerun import block, channel, environment, layer, protocol, secret
+from grader.rerun import block, bounds, environment, layer, protocol, secret
 from grader.rerun.source import compile_assignment, load_source, run_assignment
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.protocol import ErrorInfo, RankStatus
@@ -145,6 +145,10 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
     if part_id == "grad_accumulation":
         wanted["accumulation_steps"] = check["accumulation_steps"]
     calls, devices = [], []
+
+    def encode(tensor):   # refused past what the part may return
+        return bounds.encode(tensor, part_id, check)
+
     started = time.monotonic()
     result = protocol.Result(part=part_id, status=RankStatus.OK)
     try:
@@ -154,16 +158,18 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
                     tensors = block.forward_and_backward(module, check, data)
                 else:
                     tensors = layer.forward_and_backward(module, check, data)
-            result.weight = channel.encode_tensor(tensors.pop("output"))
-            result.extra = {name: channel.encode_tensor(t) for name, t in tensors.items()}
+            result.weight = encode(tensors.pop("output"))
+            result.extra = {name: encode(t) for name, t in tensors.items()}
         elif part_id == "megatron_mlp":   # two weights: W1 in weight, W2 in extra
             with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
                 w1, w2 = block.returned_weights(function(**_kwargs_for(function, wanted)))
-            result.weight, result.extra = channel.encode_tensor(w1), {"w2": channel.encode_tensor(w2)}
+            result.weight, result.extra = encode(w1), {"w2": encode(w2)}
         else:
             with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
                 returned = function(**_kwargs_for(function, wanted))
-            result.weight = channel.encode_tensor(_returned_weight(returned))
+            result.weight = encode(_returned_weight(returned))
+    except bounds.TooLarge as e:   # the grader says so, in its own words (grader.rerun.check)
+        result.status, result.weight, result.extra, result.oversize = RankStatus.CRASHED, None, {}, e.values
     except NotImplementedError as e:
         result.status, result.error = RankStatus.NOT_IMPLEMENTED, _error(e)
     except MemoryError as e:
@@ -176,8 +182,8 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
     except BaseException as e:  # noqa: BLE001 - a hand-in may raise anything, SystemExit included
         result.status = RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
         result.error = _error(e)
-    result.comm = calls
-    result.devices = devices
+    result.comm = calls[:bounds.COMM]
+    result.devices = devices[:bounds.DEVICES]
     result.seconds = round(time.monotonic() - started, 4)
     return result
 

@@ -23,6 +23,12 @@ from grader.rerun.protocol import StopReason, WorldJob, WorldReport
 from grader.rerun.supervise import draw_secrets, supervise
 from grader.limits import Limits
 
+# Signals a process of the same user may send that would end or stop a leader: the zygote ignores
+# them, and so every leader (the init of a world's PID namespace gets, from inside, only those it
+# has a handler for, as Python's SIGINT); each rank gets them back.
+SHIELDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+            signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+
 
 def _close_inherited(keep: int) -> None:
     """Close every descriptor above `keep` (listing them is far quicker than closing all possible)."""
@@ -44,7 +50,7 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
     if pid == 0:  # the rank
         try:
             os.setpgid(0, pgid)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGCHLD):
+            for sig in SHIELDED + (signal.SIGPIPE, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             out = os.open(os.path.join(job.work_dir, f"rank{rank}.out"),
                           os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -1,5 +1,6 @@
 """The processes the executors start: `python -m grader.rerun.zygote --zygote MODE` (the warm
-executor's helper) or `--torchrun-rank JOB_FILE` (one rank under torchrun).
+executor's helper; the kit's folder comes as its first message, Setup, never on its command line)
+or `--torchrun-rank JOB_FILE` (one rank under torchrun).
 
 The zygote imports torch once, takes one tiny step so the lazy imports are paid, freezes its heap,
 and then, for each world asked of it, forks a leader that alone reads the job (grader.rerun.world)
@@ -10,6 +11,12 @@ Everything it and the leaders send the executor is a frame marked with the world
 killed), then a Hello marked with the same world once the zygote has cleaned up after it and is
 ready for the next. Where a world's /tmp could not be emptied the zygote exits instead, and the
 executor starts a new sandbox.
+
+What a hand-in's ranks do to the processes above them is the hand-in's failure, never the
+machine's: the zygote and every leader ignore the signals a rank of the same user could send them
+(grader.rerun.world.SHIELDED; ranks get them back), a leader that is stopped anyway (SIGSTOP,
+where a world has no PID namespace of its own) is killed and its world reported lost, and a world's
+report always fits its frame (grader.rerun.bounds.fit).
 """
 
 import json
@@ -17,13 +24,13 @@ import os
 import signal
 import sys
 
-from grader.rerun import channel, protocol
+from grader.rerun import bounds, channel, protocol
 from grader.limits import Limits
 
 
 def _reply(fd: int, world: int):
     """A function that sends a message to the executor as world `world`'s."""
-    return lambda message: channel.send_framed(fd, world, protocol.encode(message))
+    return lambda message: channel.send_framed(fd, world, protocol.encode(bounds.fit(message)))
 
 
 def receive_framed(allowed, skip_world: int = None):
@@ -50,13 +57,41 @@ def read_key():
         return None
 
 
-def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
+def _reap(pid: int) -> int:
+    """The exit code of the world's leader `pid`; one that is stopped (a rank of the same user sent
+    it SIGSTOP) is killed: its world is lost, never hung."""
+    while True:
+        status = os.waitpid(pid, os.WUNTRACED)[1]
+        if not os.WIFSTOPPED(status):
+            return os.waitstatus_to_exitcode(status)
+        os.kill(pid, signal.SIGKILL)
+
+
+def _hide_command_line() -> None:
+    """Write over this process's command line where /proc/PID/cmdline reads it, in its own memory
+    (Python keeps a copy of argv): the Python's path, in a kit's own .venv the kit's folder, is then
+    not there for any process that sees this one (or a world forked from it) to read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])   # arg_start and arg_end, fields 48 and 49 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return   # no /proc: nothing shows it either
+    import ctypes
+    ctypes.memmove(start, b"python3\0-m\0grader.rerun.zygote\0"[:end - start].ljust(end - start, b"\0"), end - start)
+
+
+def _zygote(mode: str, sandbox_name: str) -> None:
     """The warm helper: for each world, fork a leader that reads the job, runs it and reports.
 
     The zygote itself never reads a job: no check's values are ever in its memory, and so none in
     the memory of the ranks forked after it.
     """
     import gc
+    _hide_command_line()
+    from grader.rerun.world import SHIELDED
+    for sig in SHIELDED:   # inherited by every leader; a rank's fork sets them back
+        signal.signal(sig, signal.SIG_IGN)
     # Sources only: the interpreter writes no bytecode, and only the engine's folder and the Python
     # installation are on the path (not the working folder, /tmp, which ranks write to).
     sys.dont_write_bytecode = True
@@ -74,7 +109,8 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)
     import encodings.idna  # noqa: F401 - a hand-in's socket to "127.0.0.1" needs it; load it once here
     cgroups = [c for c in os.environ.get("A4_CGROUPS", "").split(os.pathsep) if c]
-    isolation = sandbox.probe(mode, kit_root, sandbox_name, cgroups)
+    _, start = receive_framed((protocol.Setup,))
+    isolation = sandbox.probe(mode, start.kit if start else "", sandbox_name, cgroups)
     hello = protocol.Hello(isolation=isolation.summary())
     _reply(control_out, 0)(hello)
     last = None
@@ -90,7 +126,7 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
         if pid == 0:
             _, job = receive_framed((protocol.WorldJob,))
             world.lead_world(job, isolation, reply, read_key)
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        code = _reap(pid)
         if code != 0:
             # The leader was killed, perhaps before it could report: say so, so the grader need not
             # wait (a report it did send first wins; this one is then stepped over).
@@ -117,9 +153,9 @@ def _torchrun_rank(job_file: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--zygote"] and len(sys.argv) >= 4:
-        _zygote(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")
+    if sys.argv[1:2] == ["--zygote"] and len(sys.argv) >= 3:
+        _zygote(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
     elif sys.argv[1:2] == ["--torchrun-rank"]:
         _torchrun_rank(sys.argv[2])
     else:
-        sys.exit("usage: python -m grader.rerun.zygote --zygote MODE KIT [SANDBOX] | --torchrun-rank JOB_FILE (the grader runs it)")
+        sys.exit("usage: python -m grader.rerun.zygote --zygote MODE [SANDBOX] | --torchrun-rank JOB_FILE (the grader runs it)")

@@ -1,0 +1,165 @@
+"""How much a rank may send back: a part's tensors are bounded by the part's own sizes, at the rank
+before they are framed and again where the supervisor reads them, and a world's report is made to
+fit the channel's frame (grader.rerun.channel.MAX_MESSAGE_BYTES), part by part.
+
+What a part returns at a check (d_in, d_out, h: its input, output and hidden widths; B: its
+global batch; p: its world size):
+
+    step, Parts 1-4        W [d_in, d_out]
+    step, Part 5           W1 [d_in, h], W2 [h, d_in]
+    backward, Part 4       output [B, d_out], input_grad [B, d_in], weight_grad [d_in, d_out / p]
+    backward, Part 5       output [B, d_in], input_grad [B, d_in], w1_grad [d_in, h / p], w2_grad [h / p, d_in]
+
+`room` is the most values one of them holds. A tensor of more than twice that (and more than
+FLOOR) is refused: a wrong shape of about the right size still reaches the verdict, which names
+it, while a part of a 64 x 32 weight that returns 1024 x 1024 values fails at once, on its own
+clock, with the grader's own words (`refusal`: the sizes at a public check, none at a hidden one),
+never as a report too large to carry. Whatever is the hand-in's doing costs that part only.
+"""
+
+import json
+
+from grader.rerun import channel, protocol
+from grader.rerun.protocol import ErrorInfo, RankStatus, Result, WorldReport
+
+FLOOR = 4096          # values any tensor may have, however small the check
+EXTRAS = 4            # tensors a part returns beside its first (Part 5's backward: 3)
+COMM, DEVICES, SKIPPED = 1000, 100, 2000   # records kept of a rank's word
+EXCEPTION, TRACEBACK, DETAIL = 2000, 6000, 4000   # characters kept of a text
+REPORT_BYTES = channel.MAX_MESSAGE_BYTES - (1 << 20)   # a report's bytes, with room to spare
+
+
+class TooLarge(ValueError):
+    """A returned tensor of more values than its part may return (`values`)."""
+
+    def __init__(self, values: int):
+        super().__init__(f"a returned tensor of {values} values")
+        self.values = values
+
+
+def _dims(check: dict) -> tuple:
+    return tuple(int(check.get(k) or 0) for k in ("input_dim", "output_dim", "hidden_dim", "global_batch_size"))
+
+
+def room(part: str, check: dict) -> int:
+    """The most values one tensor that `part` returns at `check` (the job's check mapping) holds."""
+    d_in, d_out, h, b = _dims(check)
+    h = h or 128
+    if part == "megatron_mlp":
+        return max(d_in * h, b * d_in if check.get("backward") else 0)
+    return max(d_in * d_out, b * max(d_in, d_out) if check.get("backward") else 0)
+
+
+def allowed(part: str, check: dict) -> int:
+    return min(channel.MAX_TENSOR_NUMEL, max(2 * room(part, check), FLOOR))
+
+
+def encode(tensor, part: str, check: dict) -> dict:
+    """channel.encode_tensor's form of a tensor `part` returned; TooLarge (before a byte is copied)
+    when it holds more than the part may return."""
+    if tensor.numel() > allowed(part, check):
+        raise TooLarge(tensor.numel())
+    return channel.encode_tensor(tensor)
+
+
+def _values(encoded) -> int:
+    """The values an encoded tensor claims (its shape) or carries (its data: base64 of float64,
+    32 characters for 3 values), whichever is more; anything that is not a tensor counts as past
+    every limit."""
+    if encoded is None:
+        return 0
+    if not isinstance(encoded, dict) or not isinstance(encoded.get("data", ""), str):
+        return channel.MAX_TENSOR_NUMEL + 1
+    shape, claimed = encoded.get("shape"), 1
+    if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(d, int) for d in shape):
+        return channel.MAX_TENSOR_NUMEL + 1
+    for d in shape:
+        claimed = min(claimed * max(d, 0), 1 << 62)
+    return max(claimed, len(encoded.get("data", "")) * 3 // 32)
+
+
+def _tensor(encoded):
+    return None if encoded is None else {"shape": encoded["shape"], "dtype": str(encoded.get("dtype", ""))[:20],
+                                         "data": encoded.get("data", "")}
+
+
+def _error(error):
+    return None if error is None else ErrorInfo(error.exception[:EXCEPTION], error.traceback[-TRACEBACK:])
+
+
+def _call(call) -> dict:
+    numel = call.get("numel")
+    return {"op": str(call.get("op"))[:40], "numel": numel if isinstance(numel, int) else 0,
+            "reduce_op": None if call.get("reduce_op") is None else str(call.get("reduce_op"))[:20]}
+
+
+def hold(result: Result, check: dict) -> Result:
+    """A rank's Result, as the supervisor keeps it: its tensors within what its part may return (a
+    larger one: the part crashed on that rank, `oversize` its values), its words within bounds."""
+    extra = dict(list(result.extra.items())[:EXTRAS])
+    over = max([_values(result.weight)] + [_values(t) for t in extra.values()])
+    if over > allowed(result.part, check) or result.oversize:
+        result.status, result.weight, extra = RankStatus.CRASHED, None, {}
+        result.oversize = min(max(over, result.oversize, 1), 1 << 62)
+    result.weight = _tensor(result.weight)
+    result.extra = {str(name)[:40]: _tensor(t) for name, t in extra.items()}
+    result.error = _error(result.error)
+    result.comm = [_call(c) for c in result.comm[:COMM] if isinstance(c, dict)]
+    result.devices = [d for d in result.devices[:DEVICES] if isinstance(d, int)]
+    return result
+
+
+def _size(value) -> int:
+    return len(json.dumps(protocol.encode(value) if hasattr(value, "TYPE") else value, separators=(",", ":")))
+
+
+def fit(message):
+    """A world's report (anything else as it is) that fits one frame: its texts cut to their
+    bounds, then, while it is still too large, the part whose results take the most refused on
+    every rank (as `hold` refuses a tensor), one part at a time: never the whole report."""
+    if not isinstance(message, WorldReport):
+        return message
+    report = message
+    report.skipped_lines = report.skipped_lines[:SKIPPED]
+    if report.abort is not None:
+        report.abort.detail = report.abort.detail[:DETAIL]
+        report.abort.error = _error(report.abort.error)
+    sizes = {part: _size({str(r): protocol.encode(m) for r, m in ranks.items()})
+             for part, ranks in report.results.items()}
+    total = _size(report)
+    for part in sorted(sizes, key=sizes.get, reverse=True):
+        if total <= REPORT_BYTES:
+            break
+        for result in report.results[part].values():
+            values = max([_values(result.weight)] + [_values(t) for t in result.extra.values()])
+            result.status, result.weight, result.extra = RankStatus.CRASHED, None, {}
+            result.oversize = values or result.oversize
+        total = _size(report)
+    return report
+
+
+def refusal(part: str, values: int, check: dict, hidden: bool) -> str:
+    """What a student reads of a part that returned a tensor larger than it may: its size and the
+    size it should have at a public check, no size at a hidden one."""
+    d_in, d_out, h, b = _dims(check)
+    h = h or 128
+    if check.get("backward"):
+        should = "the layer's output and gradients" + ("" if hidden else f", at most {room(part, check)} values each")
+    elif part == "megatron_mlp":
+        should = "the weights W1 and W2" + ("" if hidden else f", {d_in} x {h} and {h} x {d_in}")
+    else:
+        should = "the weight" + ("" if hidden else f", {d_in} x {d_out}")
+    size = "a tensor larger than any it may return" if hidden else f"a tensor of {values} values"
+    return f"the part returned {size}; it should return {should}"
+
+
+def explain(runs: dict, check: dict, hidden: bool, crashed) -> None:
+    """Part id -> grader.rerun.check.PartRun: a part a rank returned too large a tensor from has
+    crashed (`crashed`: grader.results.Status's, which no module a rank imports loads), and says so
+    in the grader's words (`refusal`), whatever the ranks said."""
+    for part, run in runs.items():
+        over = max([r.oversize for r in run.ranks.values()], default=0)
+        if over:
+            run.status, run.detail = crashed, refusal(part, over, check, hidden)
+            for r in run.ranks.values():
+                r.exception, r.traceback = (run.detail, "") if r.oversize else (r.exception, r.traceback)
