@@ -268,7 +268,9 @@ def all_handins(values: dict, log: str, err: str) -> dict:
 # other ranks of its world look (the world's folder, its /tmp, its /dev/shm), reads theirs, and
 # computes the whole step, layer or block alone, as one device would. Its values are right wherever
 # the ranks can see each other's files; where they cannot, each rank is left with its own share
-# (and a wrong value) after a short wait. Every part of 3-5 must score 0 either way.
+# (and a wrong value) after a short wait. Every part of 3-5 must score 0 either way. `via="store"`
+# swaps through the process group's own key-value store instead, which torch.distributed needs
+# and no sandbox closes: the values are always right, and only the missing collectives fail it.
 FILE_SWAP = '''
 
 # ---- the file swap: no collective anywhere in Parts 3-5 -------------------------------------------
@@ -276,6 +278,7 @@ import os as _os
 import time as _time
 
 _SWAP_WAIT = 2.0   # seconds a rank looks for the others' files before it goes on with its own
+_VIA = "{via}"
 
 
 def _dummies():
@@ -285,6 +288,12 @@ def _dummies():
 def _swap(tag, mine):
     """Every rank's `mine` (a dict of tensors), in rank order, by files in the world's shared folders."""
     rank, size = dist.get_rank(), dist.get_world_size()
+    if _VIA == "store":
+        import io
+        store, buffer = dist.distributed_c10d._get_default_store(), io.BytesIO()
+        torch.save({{k: v.detach().cpu().clone() for k, v in mine.items()}}, buffer)
+        store.set(f"swap-{{tag}}-{{rank}}", buffer.getvalue())
+        return [mine if r == rank else torch.load(io.BytesIO(store.get(f"swap-{{tag}}-{{r}}"))) for r in range(size)]
     folders = [_os.getcwd(), "/tmp", "/dev/shm"]
     for folder in folders:
         try:
@@ -389,8 +398,10 @@ DUMMY_COLLECTIVES = '''Collectives for show, on one value each.\n    """
     """'''
 
 
-def file_swap(dummies: bool = False) -> str:
-    """The reference with Parts 3-5 replaced by the file swap (above); with `dummies`, each part
-    also calls an all-reduce and an all-gather of one value and a barrier."""
+def file_swap(dummies: bool = False, via: str = "files") -> str:
+    """The reference with Parts 3-5 replaced by the file swap (above), through files or the store
+    (`via`); with `dummies`, each part also calls an all-reduce and an all-gather of one value and a
+    barrier."""
+    assert via in ("files", "store"), via
     said = DUMMY_COLLECTIVES if dummies else "No collective."
-    return REFERENCE.read_text() + FILE_SWAP.format(dummies=said)
+    return REFERENCE.read_text() + FILE_SWAP.format(dummies=said, via=via)
