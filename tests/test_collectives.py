@@ -163,7 +163,7 @@ def test_the_feedback_names_the_missing_collective_wherever_the_values_were_righ
                 assert "matches" not in o["message"], (part, o["message"])
                 continue
             right += 1
-            said = "too few values" if o["hidden"] else "only 1 value" if "dummies" in name else "called no"
+            said = "no rank called" if "dummies" not in name else "too few values" if o["hidden"] else "only 1 value"
             assert NAMED[part] in o["comm_message"] and said in o["comm_message"], o["comm_message"]
             assert o["comm_message"] in o["message"] and o["diagnosis"] == o["comm_message"]
             if not o["hidden"]:
