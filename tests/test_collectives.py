@@ -18,16 +18,18 @@ import pytest
 import yaml
 
 from grader.names import student_dir
-from grader.parts import PARALLEL_PART_IDS
-from grader.rerun.check import prepare_code, run_check
+from grader.parts import BY_ID, PARALLEL_PART_IDS
+from grader.rerun.check import RankRun, prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
 from grader.rubric import load_rubric
 from grader.verdict import comm
+from grader.results import CheckOutcome, Status
+from grader.verdict.say import Say
+from tests import tas
 from tests.corpus import PART5, REFERENCE, ROOT, Files, fast_rubric, refingerprint, with_part5, write_zip
 from tests.hostile import file_swap
 from tests.test_feedback import leaked, student_facing
 from tests.test_sandbox import _ta_or_skip
-from tests import tas
 
 STOCK = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
 ON = {k: v for k, v in with_part5(STOCK).items() if k in ("parts", "checks")}   # the course with Part 5 on
@@ -84,11 +86,46 @@ def test_the_reference_moves_exactly_what_each_part_says_at_every_check_of_sever
 
 
 def test_each_part_states_its_collectives_once_for_every_kind_it_runs():
-    from grader.parts import BY_ID
     for part in PARALLEL_PART_IDS:
         info = BY_ID[part]
         assert {m.kind for m in info.moves} == set(info.kinds), part
         assert {m.collective for m in info.moves} <= set(comm.SAID)
+
+
+def _held(calls_of: dict, check) -> CheckOutcome:
+    """A passed Part 3 outcome at `check`, held against ranks that recorded `calls_of` (rank -> calls)."""
+    ranks = {r: RankRun(rank=r, status="ok", comm=calls) for r, calls in calls_of.items()}
+    run = type("PartRun", (), {"ranks": ranks})()
+    outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size,
+                           status=Status.PASSED, message="matches the reference")
+    return comm.hold(outcome, run, "data_parallel", check, Say(check))
+
+
+def test_one_rank_short_of_its_all_reduce_is_named_and_a_hidden_checks_sizes_by_name():
+    rubric = load_rubric()
+    public = next(c for c in rubric.checks if c.name == "default")
+    hidden = next(c for c in rubric.checks if c.hidden and c.world_size == 4 and c.kind == "step")
+    for check in (public, hidden):
+        volume = check.input_dim * check.output_dim
+        right = {"op": "all_reduce", "numel": volume, "reduce_op": "SUM"}
+        halves = [dict(right, numel=volume // 2), dict(right, numel=volume - volume // 2, reduce_op=None)]
+        assert _held({0: [right], 1: halves, 2: [dict(right, reduce_op="AVG")], 3: [right]}, check).status == "passed"
+        maximum = dict(right, reduce_op="MAX")   # not a sum: none of the gradient's all-reduce
+        outcome = _held({0: [right], 1: [right], 2: [maximum, {"op": "barrier", "numel": 0, "reduce_op": None}],
+                         3: [right]}, check)
+        assert outcome.status == "failed" and not outcome.comm_ok and outcome.failing_ranks == [2]
+        if check.hidden:
+            assert outcome.comm_message.startswith("one rank called no all-reduce: Part 3 must all-reduce the "
+                                                   "weight's gradient (input_dim x output_dim values per rank)")
+            assert str(volume) not in outcome.message and str(check.input_dim) not in outcome.message
+        else:
+            assert outcome.comm_message.startswith(f"rank 2 called no all-reduce: Part 3 must all-reduce the weight's "
+                                                   f"gradient (64 x 32 = {volume} values per rank)")
+        short = _held({r: [dict(right, numel=volume - 1)] for r in range(4)}, check)
+        said = "too few values" if check.hidden else f"only {volume - 1} values in all"
+        assert short.status == "failed" and f"every rank all-reduced {said}" in short.comm_message
+    one = next(c for c in rubric.checks if c.world_size == 1)
+    assert _held({0: []}, one).status == "passed"   # one rank has no one to talk to
 
 
 HANDINS = {"reference": REFERENCE.read_text, "communicates_otherwise": communicates_otherwise,
