@@ -8,8 +8,8 @@ A part is `parallel` when its work is communication (Parts 3-5): at one rank it 
 one-rank check shows its math and nothing of its parallel work (grader.worth says what such a
 check is worth). A parallel part names the collectives its algorithm calls on every rank at each
 kind of check, with the values each moves (`moves`: grader.verdict.comm holds the ranks' calls to
-them at every check of more than one rank). Each part names the sizes it splits (`splits`): the rubric refuses a check that
-runs the part where one does not divide (grader.feasible).
+them at every check of more than one rank). Each part names the sizes it splits (`splits`): the
+rubric refuses a check that runs the part where one does not divide (grader.feasible).
 """
 
 from dataclasses import dataclass
