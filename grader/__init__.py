@@ -36,7 +36,8 @@ room (tests/test_layout.py holds the map to that):
                  say), logtext (the patterns and reports both share)
     verdict/     the re-run judged in the grader's own process: compare and diagnose (the weights),
                  backward (the tensor-parallel layer's gradients), megatron (the optional Part 5's
-                 block), say (what a student may see of hidden checks), score (the points)
+                 block), comm (a parallel part's collectives: right values count only with them),
+                 say (what a student may see of hidden checks), score (the points)
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its
                  page from templates/)

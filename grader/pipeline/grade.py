@@ -22,7 +22,7 @@ from grader.parts import PART_IDS
 from grader.rerun import check as rerun
 from grader.rerun.sandbox import scratch_dir
 from grader.results import CheckOutcome, HandinResult, Status, grading_crashed, new_result, ungraded
-from grader.verdict import backward, compare, megatron
+from grader.verdict import backward, comm, compare, megatron
 from grader.verdict.say import Say
 from grader.verdict.score import log_validity, score_handin
 
@@ -67,7 +67,8 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
                 exp = backward.expected_layer(check, run.data) if check.kind == "backward" else \
                     compare.expected(check, rubric.learning_rate, run.data, p)
             judge = backward.judge if check.kind == "backward" else compare.judge
-        return judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ()))
+        # Right values count only with the part's collectives behind them (grader.verdict.comm).
+        return comm.hold(judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ())), run, p, check, say)
 
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
     judged = {p: verdict(p, runs[p]) for p in parts}

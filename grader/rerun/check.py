@@ -37,7 +37,7 @@ class RankRun:
     dtype: str = ""
     exception: str = ""
     traceback: str = ""
-    comm: list = field(default_factory=list)   # the rank's own word: a hint, never a verdict
+    comm: list = field(default_factory=list)   # the rank's own word: it can fail a part, never pass one
     devices: list = field(default_factory=list)  # GPU indices the part asked for
     extra: dict = field(default_factory=dict)   # name -> float64 tensor (a backward check's gradients)
     oversize: int = 0            # the values of a tensor refused for its size (grader.rerun.bounds)

@@ -2,11 +2,12 @@
 on every collective a part calls.
 
 The spy's record names a hang (which collective each rank waited in, written before each call so
-that it survives the kill) and is a hint in the feedback; it decides no score. What tells apart a
-step that skips its communication (the whole batch computed on every rank, an all-reduce of zeros)
-is the data: in a parallel part each rank holds real values only in its own share
-(grader.rerun.secret), so only the part's real communication gives the right weight. The rank's
-code could patch this spy anyway."""
+that it survives the kill), and grader.verdict.comm fails a parallel part whose ranks did not call
+its collectives with the values they move. What tells apart a step that skips its communication
+(the whole batch computed on every rank, an all-reduce of zeros) is first the data: in a parallel
+part each rank holds real values only in its own share (grader.rerun.secret), so only an exchange
+gives the right weight. The rank's code could patch this spy anyway: its record can fail a part,
+never pass one."""
 
 import contextlib
 import json

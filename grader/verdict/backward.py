@@ -13,7 +13,7 @@ parallel layer must give, on rank r of p, with W = [W_0 | ... | W_{p-1}] and G =
 computed here in float64 from the part's data (grader.rerun.secret): X, and the real W0, of which
 rank r's layer was handed only its own columns (the others were its own noise). So the output is
 right only if the ranks gathered it, and the gradient of X only if they summed it: no collective
-the rank reports is needed, and none is believed. A layer without f (`X = X`) gives each rank only
+the rank reports passes it (grader.verdict.comm can only fail it where one is missing). A layer without f (`X = X`) gives each rank only
 its own share G_r W_r^T of the input's gradient; a gather whose backward keeps another rank's
 columns gives the wrong weight gradient.
 """

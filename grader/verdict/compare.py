@@ -7,9 +7,10 @@ the initial weight seeded exactly as the handout seeds it:
 
     W1 = W0 - lr * dL/dW,   dL/dW = 2/(B*O) * X^T (X W0 - Y)
 
-Nothing a rank says about itself decides a verdict (the collectives it reports are a hint for the
-feedback, never required): only the weight, which is right only when the part's parallel work was
-done, since no rank alone holds the data a right weight needs (Parts 3 and 4).
+Nothing a rank says about itself passes a check: only the weight, which is right only when the
+ranks exchanged their data, since no rank alone holds the data a right weight needs (Parts 3 and
+4). The collectives a rank reports can fail a right weight, where the part's are missing
+(grader.verdict.comm: data exchanged another way is not the part's algorithm).
 
 When a weight differs, grader.verdict.diagnose tests the usual mistakes in turn, each by computing
 the weight that mistake would produce on the data each rank was handed, and comparing. Messages are

@@ -13,7 +13,8 @@ check (each rank's seed draws its own full W1 and W2, real in its own shards onl
 backward check (each rank's own shards real, noise elsewhere), so only a block whose ranks really
 all-reduce and gather passes either; a step taken whole on one rank, from its own full copy, is
 named as such. (`seeded` draws the block as the handout does, for the tests of the reference.)
-No collective a rank reports decides anything. Each usual mistake is a `Mistake`,
+No collective a rank reports passes anything (grader.verdict.comm fails the block's right values
+without g's and f's all-reduces and the gathers). Each usual mistake is a `Mistake`,
 the block computed the way that mistake computes it; a wrong result is held against each in turn,
 and the one it equals is named. Gradients come from autograd on the float64 block, the mistake's
 graph and all: rank r's loss is the one its own output gives, and it steps its own shards only.

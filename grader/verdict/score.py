@@ -2,8 +2,8 @@
 
 Per part:
 - re-run points: the part's `rerun` points, split over the checks by weight, for each check the
-  re-run passed (a weight no rank can get right without the part's parallel work: nothing a rank
-  says about its own communication counts), but a parallel part's one-rank checks, which count only
+  re-run passed (a weight no rank can get right without the part's parallel work, and for a
+  parallel part, its collectives called: what a rank says of them can only fail it), but a parallel part's one-rank checks, which count only
   once it passed a check of more ranks (grader.worth, which also rounds: once, to the rubric's
   score_decimals; each check's outcome carries the points it earned);
 - log points: the part's `log` points when the .log shows it matching on every rank of a run the
