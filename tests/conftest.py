@@ -26,7 +26,7 @@ from tests.corpus import REFERENCE, ROOT
 
 # Rubric.digest() of the stock course's grader/rubric.yaml (comments and layout do not count). A
 # deliberate change of the stock course changes it here too, and the stock_rubric tests with it.
-STOCK_RUBRIC = "8264dbd72ab45e56fefd0b14c489559b3047092477caf30401147163c1674bae"
+STOCK_RUBRIC = "e4eca506891f23b78839887251281eb3ecd387178c1e67952e1b20888d4faaf1"
 NOT_STOCK = ("grader/rubric.yaml is not the stock course's rubric: this test checks the stock course's "
              "own checks and numbers")
 

@@ -290,4 +290,21 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
         names = sorted(p.name for p in dest.rglob("*") if p.is_file())[:8]
         raise HandinError(f"{handin.name}: no assignment4.py in the hand-in (found: {', '.join(names) or 'nothing'}); "
                           f"hand in a zip with assignment4.py, utils.py and the run's log files")
+    check_code_size(files["assignment"], handin.name, limits)
     return Unpacked(root=dest, files=files, notes=notes, run=run)
+
+
+def check_code_size(path: Path, name: str, limits) -> None:
+    """Refuse an assignment4.py above the rubric's caps (`files.max_code_kb`, `files.max_code_lines`;
+    grader.limits says why) before anything parses it, its lines counted as Python counts them."""
+    size = path.stat().st_size
+    what = (f"; hand in the assignment4.py you wrote, without generated code or pasted data (a solution "
+            f"is a few hundred lines), or ask the course staff")
+    if size > limits.max_code_kb * 1024:
+        raise HandinError(f"{name}: {path.name} is {size / 1024:,.0f} KB, over the {limits.max_code_kb:g} KB "
+                          f"a hand-in's code may have (files.max_code_kb){what}")
+    with open(path, "rb") as f:
+        lines = len(f.read().splitlines())   # \n, \r\n and a lone \r, as Python's own tokenizer
+    if lines > limits.max_code_lines:
+        raise HandinError(f"{name}: {path.name} has {lines:,} lines, over the {limits.max_code_lines} a "
+                          f"hand-in's code may have (files.max_code_lines){what}")
