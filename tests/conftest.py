@@ -52,7 +52,7 @@ def pytest_configure(config):
 # (--dist loadfile --no-loadscope-reorder), so the long ones start at once and the short ones fill
 # in around them: both processes finish together instead of one running a long file handed out last.
 LONGEST_FIRST = ("test_sandbox.py", "test_grader.py", "test_machines.py", "test_scale.py", "test_release.py",
-                 "test_reliability.py", "test_forgery.py", "test_reference.py", "test_megatron.py")
+                 "test_reliability.py", "test_forgery.py", "test_parse_bomb.py", "test_reference.py", "test_megatron.py")
 
 
 def pytest_collection_modifyitems(config, items):

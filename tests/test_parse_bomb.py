@@ -166,7 +166,7 @@ def test_a_grader_killed_mid_batch_goes_on_from_what_it_graded(reference_run, tm
     inbox, out = tmp_path / "inbox", tmp_path / "out"
     inbox.mkdir()
     correct = zip_bytes(Files(code=REFERENCE.read_text(), log=reference_run[0], err=reference_run[1]))
-    for name in ("ann", "ben", "cat"):
+    for name in ("ann", "ben"):
         (inbox / f"{name}.zip").write_bytes(correct)
     rubric = tmp_path / "rubric.yaml"
     rubric.write_text(yaml.safe_dump({**RUBRIC, "checks": RUBRIC["checks"][:1]}))
@@ -179,7 +179,7 @@ def test_a_grader_killed_mid_batch_goes_on_from_what_it_graded(reference_run, tm
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     graded = {p.parent.name: p.read_bytes() for p in out.glob("students/*/grading.json")}
-    assert 1 <= len(graded) < 3 and not (out / "grades.csv").exists(), sorted(graded)
+    assert len(graded) == 1 and not (out / "grades.csv").exists(), sorted(graded)
     for data in graded.values():
         assert json.loads(data)["score"] == FULL
     for _ in range(100):   # the sandbox's helpers die with the grader
@@ -189,9 +189,9 @@ def test_a_grader_killed_mid_batch_goes_on_from_what_it_graded(reference_run, tm
     assert not own_processes(b"grader.rerun.zygote")
     again = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"graded {3 - len(graded)} hand-in(s) and reused {len(graded)} earlier result(s)" in again.stdout
+    assert "graded 1 hand-in(s) and reused 1 earlier result(s)" in again.stdout
     assert {name: (out / "students" / name / "grading.json").read_bytes() for name in graded} == graded
     rows = (out / "grades.csv").read_text()
-    assert all(name in rows for name in ("ann", "ben", "cat"))
+    assert "ann" in rows and "ben" in rows
     results = [json.loads(p.read_text()) for p in out.glob("students/*/grading.json")]
-    assert sorted(r["score"] for r in results) == [FULL] * 3
+    assert [r["score"] for r in results] == [FULL] * 2
