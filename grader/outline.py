@@ -27,8 +27,7 @@ import threading
 
 from grader.limits import CODE_KB, PARSE_MB, PARSE_SECONDS
 
-DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-STACK_MB = 64        # the parsing thread's stack: 8 times what Python 3.10 needs at the caps (touched only as deep as the code nests)
+STACK_MB = 64   # the parsing thread's stack: 8 times what Python 3.10 needs at the caps, used as deep as code nests
 NAME_CHARS = 100     # a definition's name kept at most this long (grader.rerun.hidden's frames match no longer)
 MAX_DEFINITIONS = 20000   # more than 10,000 lines can define
 
