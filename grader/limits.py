@@ -21,7 +21,7 @@ HELPER_MB = 1024              # a grader's, or a re-run helper's, own memory bes
 # the caps keep any parse of a hand-in's code under about 0.25 GB.
 CODE_KB = 256
 CODE_LINES = 10000
-# The grader parses a hand-in's code only in a child process of its own (grader.outline) held to
+# Grading parses a hand-in's code only in a child process of its own (grader.outline) held to
 # PARSE_MB of address space and PARSE_SECONDS of CPU time: a parser's crash or blow-up on crafted
 # code (Python 3.10 overflows its stack on a long `a+a+...+a`) costs that parse, never the grader.
 PARSE_MB = 1024
