@@ -8,6 +8,8 @@ room (tests/test_layout.py holds the map to that):
                  worth: what a check is worth, the one rounding of scores, what the hidden checks
                  hold) and limits (what a world may use, each timeout's default, and what a Slurm
                  grading task asks for: all that the re-run's processes read of the rubric),
+                 outline (a hand-in's code parsed where a limit holds: a child process's, or a
+                 deep stack under the size caps),
                  results (statuses and result dataclasses, where a batch keeps them, and whether a
                  batch could be graded at all: its canary, OUT/canary.json), names (where a hand-in's results live in OUT; names
                  from a download made inert), typed (dataclasses from plain data and back: the one

@@ -15,6 +15,18 @@ WORLD_START_SECONDS = 60.0    # from starting a world to every rank having loade
 HANDIN_SECONDS = 600.0        # all re-runs of one hand-in
 HELPER_MB = 1024              # a grader's, or a re-run helper's, own memory beside its worlds (CUDA build: 0.6 GB)
 
+# A hand-in's assignment4.py: refused as invalid above either cap, before anything parses it (the
+# rubric's `files.max_code_kb` and `files.max_code_lines`; the reference is 28 KB and 641 lines).
+# Parsing Python takes up to 0.9 GB of memory per MB of source (one-letter lines, 2 bytes a node):
+# the caps keep any parse of a hand-in's code under about 0.25 GB.
+CODE_KB = 256
+CODE_LINES = 10000
+# Grading parses a hand-in's code only in a child process of its own (grader.outline) held to
+# PARSE_MB of address space and PARSE_SECONDS of CPU time: a parser's crash or blow-up on crafted
+# code (Python 3.10 overflows its stack on a long `a+a+...+a`) costs that parse, never the grader.
+PARSE_MB = 1024
+PARSE_SECONDS = 10
+
 
 @dataclass
 class Limits:

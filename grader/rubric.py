@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader import feasible, kit, typed
-from grader.limits import HANDIN_SECONDS, PART_SECONDS, PROCESS_GROUP_SECONDS, WORLD_START_SECONDS, Limits
+from grader.limits import (CODE_KB, CODE_LINES, HANDIN_SECONDS, PART_SECONDS, PROCESS_GROUP_SECONDS,
+                           WORLD_START_SECONDS, Limits)
 from grader.parts import BY_ID, CORE_PART_IDS, PART_IDS, PARTS
 from grader.worth import HiddenGroup, hidden_summary
 
@@ -120,6 +121,8 @@ class Files:
     max_member_mb: float = 20.0          # largest single file in a zip
     max_total_mb: float = 100.0          # largest total unpacked size
     max_members: int = 500               # most files in a zip
+    max_code_kb: float = CODE_KB         # largest assignment4.py (grader.limits: what parsing costs)
+    max_code_lines: int = CODE_LINES     # most lines of it
 
 
 @dataclass

@@ -26,7 +26,7 @@ from tests.corpus import REFERENCE, ROOT
 
 # Rubric.digest() of the stock course's grader/rubric.yaml (comments and layout do not count). A
 # deliberate change of the stock course changes it here too, and the stock_rubric tests with it.
-STOCK_RUBRIC = "8264dbd72ab45e56fefd0b14c489559b3047092477caf30401147163c1674bae"
+STOCK_RUBRIC = "e4eca506891f23b78839887251281eb3ecd387178c1e67952e1b20888d4faaf1"
 NOT_STOCK = ("grader/rubric.yaml is not the stock course's rubric: this test checks the stock course's "
              "own checks and numbers")
 
@@ -52,7 +52,7 @@ def pytest_configure(config):
 # (--dist loadfile --no-loadscope-reorder), so the long ones start at once and the short ones fill
 # in around them: both processes finish together instead of one running a long file handed out last.
 LONGEST_FIRST = ("test_sandbox.py", "test_grader.py", "test_machines.py", "test_scale.py", "test_release.py",
-                 "test_reliability.py", "test_forgery.py", "test_reference.py", "test_megatron.py")
+                 "test_reliability.py", "test_forgery.py", "test_parse_bomb.py", "test_reference.py", "test_megatron.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -426,3 +426,22 @@ def file_swap(dummies: bool = False, via: str = "files") -> str:
     assert via in ("files", "store"), via
     said = DUMMY_COLLECTIVES if dummies else "No collective."
     return REFERENCE.read_text() + FILE_SWAP.format(dummies=said, via=via)
+
+
+# The grader's own parsing: code that costs a parser far more than its size. Each must cost only its
+# own hand-in's grade, and never the grader's process: name -> (zip bytes, the words its result says).
+BOMB_LINES = 10_000_000   # one-letter lines: 19 MB, under files.max_member_mb, 32 KB zipped; ast.parse: 17 GB
+BOMB_DEPTH = 95_000       # `a+` repeated: an expression that deep, under files.max_code_kb beside the reference
+
+
+def parse_bombs(log: str, err: str) -> dict:
+    """The line bomb is refused at unpacking (files.max_code_kb); the deep one is under the caps, so
+    the grader's parse of it (a hidden check's spans) must hold in its child, and the ranks' in the
+    world: it fails to load, and every part costs its points."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        z.writestr("assignment4.py", "a\n" * BOMB_LINES)
+        z.writestr("utils.py", UTILS.read_text())
+    deep = REFERENCE.read_text() + "\n_ = (" + "a+" * BOMB_DEPTH + "a)\n"
+    return {"parse_bomb_lines": (buffer.getvalue(), "files.max_code_kb"),
+            "parse_bomb_deep": (zip_bytes(Files(code=deep, log=log, err=err)), "could not be loaded")}

@@ -6,9 +6,10 @@ are not valid UTF-8, too many members and too many bytes (checked while extracti
 declared), and writes nothing outside the hand-in's own folder. Junk is dropped (`__MACOSX/`,
 `.DS_Store`, `__pycache__/`, `._*`), a single leading folder is stripped, and one zip nested in the
 hand-in is opened (never a zip in that one; a hand-in of several zips and no code is refused,
-naming the file). The code is found by name (`assignment4.py`, `utils.py`); the run's stdout and
+naming the file). The code is found by name (`assignment4.py`, `utils.py`), the run's stdout and
 stderr by what they hold, whatever their names (grader.evidence.runs: of several runs, the best of
-the code handed in).
+the code handed in). An assignment4.py over the rubric's `files.max_code_kb` or
+`files.max_code_lines` is refused before anything parses it (`check_code_size`).
 """
 
 import hashlib
@@ -296,4 +297,21 @@ def unpack(handin: Handin, dest: Path, limits, rule=None) -> Unpacked:
         names = sorted(p.name for p in dest.rglob("*") if p.is_file())[:8]
         raise HandinError(f"{handin.name}: no assignment4.py in the hand-in (found: {', '.join(names) or 'nothing'}); "
                           f"hand in a zip with assignment4.py, utils.py and the run's log files")
+    check_code_size(files["assignment"], handin.name, limits)
     return Unpacked(root=dest, files=files, notes=notes, run=run)
+
+
+def check_code_size(path: Path, name: str, limits) -> None:
+    """Refuse an assignment4.py above the rubric's caps (`files.max_code_kb`, `files.max_code_lines`;
+    grader.limits says why) before anything parses it, its lines counted as Python counts them."""
+    size = path.stat().st_size
+    what = ("; hand in the assignment4.py you wrote, without generated code or pasted data (a solution "
+            "is a few hundred lines), or ask the course staff")
+    if size > limits.max_code_kb * 1024:
+        raise HandinError(f"{name}: {path.name} is {size / 1024:,.0f} KB, over the {limits.max_code_kb:g} KB "
+                          f"a hand-in's code may have (files.max_code_kb){what}")
+    with open(path, "rb") as f:
+        lines = len(f.read().splitlines())   # \n, \r\n and a lone \r, as Python's own tokenizer
+    if lines > limits.max_code_lines:
+        raise HandinError(f"{name}: {path.name} has {lines:,} lines, over the {limits.max_code_lines} a "
+                          f"hand-in's code may have (files.max_code_lines){what}")

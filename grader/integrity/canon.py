@@ -33,6 +33,7 @@ import io
 import tokenize
 from dataclasses import dataclass, field
 
+from grader import outline
 from grader.integrity.tokens import normalise, split
 
 MAX_BLOCK = 300    # statements: a longer block keeps its order (ordering it costs its square)
@@ -43,11 +44,9 @@ DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def parse(text: str):
-    """The syntax tree of `text`, or None when it does not parse."""
-    try:
-        return ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+    """The syntax tree of `text`, or None when it does not parse (grader.outline.tree: parsed on a
+    deep stack, so that no code, held to the size caps, can end the process by nesting)."""
+    return outline.tree(text)
 
 
 def _fstring(node):

@@ -29,10 +29,12 @@ from grader.verdict.score import log_validity, score_handin
 RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
 DIFF_LINE_CHARS = 200   # characters shown of a line of the utils.py diff
 DIFF_READ = 5000        # lines of a handed-in utils.py compared (its first lines are what differ)
+DIFF_BYTES = 1 << 20    # bytes of it read (the provided one is a few KB; any longer differs anyway)
 
 
 def _utils_notes(student_utils: Path) -> list:
-    theirs = student_utils.read_text(errors="replace").splitlines()
+    with open(student_utils, "rb") as f:
+        theirs = f.read(DIFF_BYTES).decode("utf-8", "replace").splitlines()
     ours = kit.UTILS.read_text().splitlines()
     if theirs == ours:
         return []

@@ -15,11 +15,11 @@ say of a hidden check holds no text of the rank's. What remains is a bounded cha
 chooses by its own layout (which line raised): the line numbers the handout asks students to see.
 """
 
-import ast
 import builtins
 import functools
 import re
 
+from grader import outline
 from grader.rerun.protocol import ErrorInfo, StopReason
 
 OWN_FILES = ("assignment4.py", "utils.py")
@@ -50,16 +50,9 @@ def _builtin_exception(name: str) -> bool:
 @functools.lru_cache(maxsize=16)
 def spans(source: str) -> dict:
     """Function or class name -> the (first, last) lines of each definition of it in `source`;
-    "<module>" spans the file. Code that does not parse has no spans but the module's."""
-    found = {"<module>": [(1, source.count("\n") + 1)]}
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return found
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found.setdefault(node.name, []).append((node.lineno, node.end_lineno or node.lineno))
-    return found
+    "<module>" spans the file. Parsed once per text, in a child process held to limits
+    (grader.outline): code that does not parse there has no spans but the module's."""
+    return outline.spans(source)
 
 
 class Words:
