@@ -46,7 +46,7 @@ def _fresh(out: Path, h, since: str):
     return data if data.get("sha256") == h.sha256 and data.get("graded_at", "") >= since else None
 
 
-def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = kit.JOBS,
+def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = kit.TASK_JOBS,
                    progress: bool = True, partition: str = None, array_parallelism: int = kit.ARRAY_PARALLELISM,
                    chunk: int = kit.ARRAY_CHUNK, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
     """Grade `todo` through a job array; return {student: result dict} for every hand-in in it."""

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from grader import kit
+from grader.limits import Jobs, default_jobs, read_machine
 from grader.pipeline import report
 from grader.pipeline.grade import grade_handin, judge_check
 from grader.rerun import machine, secret
@@ -108,6 +109,14 @@ class Progress:
             sys.stderr.flush()
 
 
+def batch_jobs(jobs, rubric) -> Jobs:
+    """`jobs` as given, else as many as this machine holds for the rubric's largest world at its
+    limits.memory_mb (grader.limits.default_jobs), with the line that says why."""
+    if jobs is not None:
+        return Jobs(jobs, f"--jobs {jobs}, as given")
+    return default_jobs(read_machine(), max(c.world_size for c in rubric.checks), rubric.limits.memory_mb)
+
+
 def infra_result(h, rubric, message: str, again: bool = True):
     """The result of a hand-in the machinery could not grade: no score; `again`: a second try may
     help (else the message says what to fix first)."""
@@ -120,12 +129,13 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
     """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
     it is graded, every world on the data of OUT's data key (`data_key`). Returns ({student: its
     gradebook view}, worlds run, their seconds). `first`: an executor already started (the batch's
-    probe of the sandbox), used and closed here."""
+    probe of the sandbox), used and closed here. `jobs`: None, as many as the machine holds (`batch_jobs`)."""
     results, worlds, world_seconds = {}, 0, 0.0
     if not todo:
         if first is not None:
             first.close()
         return results, worlds, world_seconds
+    jobs = batch_jobs(jobs, rubric).jobs
     key = data_key(out)
     if first is not None:
         first.key = key   # it has run no world yet
