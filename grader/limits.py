@@ -15,6 +15,22 @@ PROCESS_GROUP_SECONDS = 10.0  # how long a collective waits for a missing rank
 WORLD_START_SECONDS = 60.0    # from starting a world to every rank having loaded the code
 HANDIN_SECONDS = 600.0        # all re-runs of one hand-in
 HELPER_MB = 1024              # a grader's, or a re-run helper's, own memory beside its worlds (CUDA build: 0.6 GB)
+# A batch's part clock at each check, from the reference solution's time there (`part_clock`).
+PART_FLOOR_SECONDS = 2.0      # never shorter: what a correct part needs on a loaded machine (tests/test_hangs.py)
+PART_FACTOR = 6.0             # times the reference's whole check: its world, every part, their judging
+
+
+def part_clock(reference_s: float, ceiling: float = PART_SECONDS) -> float:
+    """A part's wall clock at one check of a batch, from what the reference solution needed at that
+    check on this machine (the canary times it, grader.batch.local):
+
+        clock = min(ceiling, max(PART_FLOOR_SECONDS, PART_FACTOR x reference_s))
+
+    `reference_s` is the whole check (its world's start, every part, their judging): a part of a
+    correct hand-in needs a fraction of it, so the clock is a generous multiple of the part's own
+    time; `ceiling`, the rubric's timeouts.part, is never exceeded. A hang so costs about the
+    reference's time at a few checks, not the rubric's clock at every one."""
+    return round(min(ceiling, max(PART_FLOOR_SECONDS, PART_FACTOR * reference_s)), 2)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from grader import kit
-from grader.limits import Jobs, default_jobs, read_machine
+from grader.limits import Jobs, default_jobs, part_clock, read_machine
 from grader.pipeline import report
 from grader.pipeline.grade import grade_handin, judge_check
 from grader.rerun import machine, secret
@@ -63,15 +63,20 @@ def data_key(out: Path) -> bytes:
 
 
 def canary(executor, rubric, scratch: Path) -> Canary:
-    """Re-run the reference at every check: passed, or infra_error with what failed first and why
-    this machine cannot grade (grader.rerun.machine.explain: the cause and its fix)."""
+    """Re-run the reference at every check: passed, with each check's part clock for the batch
+    (grader.limits.part_clock: from the reference's time at that check, on this machine, now), or
+    infra_error with what failed first and why this machine cannot grade (grader.rerun.machine.explain:
+    the cause and its fix)."""
     said = Canary(status=Status.NOT_RUN, cause="no reference solution in this tree", grader_digest=grader_digest(),
                   rubric_sha256=rubric.digest(), ran_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     if not kit.REFERENCE.exists():
         return said
     code = prepare_code(kit.REFERENCE)
     for check in rubric.checks:
-        for part, outcome in judge_check(executor, code, check, rubric, scratch).items():
+        started = time.monotonic()
+        judged = judge_check(executor, code, check, rubric, scratch)
+        said.clocks[check.name] = part_clock(time.monotonic() - started, rubric.timeouts.part)
+        for part, outcome in judged.items():
             if outcome.status != Status.PASSED:
                 why = machine.explain(outcome.status.value, outcome.message, rubric.limits)
                 said.status = Status.INFRA_ERROR
@@ -159,7 +164,7 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
             else:
                 ex = idle.get()
                 try:
-                    result = grade_handin(h, rubric, ex, scratch)
+                    result = grade_handin(h, rubric, ex, scratch, clocks=tried.clocks)
                 finally:
                     idle.put(ex)
             report.write_handin(result, out, {c.name: c.weight for c in rubric.checks})
