@@ -41,7 +41,7 @@ room (tests/test_layout.py holds the map to that):
                  page from templates/)
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (outputs);
-                 commands (the `grade` command)
+                 commands (the `grade` command); the progress line and its ETA (progress)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
                  extensions, overrides), submission times, roster (book, policy, sources), the grade
                  each student is told and why (statement), each LMS's import (lms/: canvas, moodle,

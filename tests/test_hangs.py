@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from grader.batch import progress
+from grader.batch.progress import Progress, eta
 from grader.batch.run import grade_batch
 from grader.intake.handin import Handin
 from grader.limits import PART_FACTOR, PART_FLOOR_SECONDS, part_clock
@@ -99,3 +101,34 @@ def test_a_hang_costs_one_clock_run_twice_not_one_per_check(tmp_path):
     # The first check's clock, twice, and a world to start again for the parts after the hung one.
     assert loops["seconds"] < correct["seconds"] * 2 + 2 * clocks[steps[0].name] + 5, (loops["seconds"], correct)
     assert batch < 300
+
+
+def test_the_eta_grows_while_a_handin_is_slow_and_the_line_names_it():
+    assert eta([2, 2, 2], [], 10, 1) == 20 and eta([2, 2, 2], [], 10, 2) == 10
+    assert eta([2, 2, 2], [1], 9, 1) == 1 + 9 * 2   # a hand-in half done: its other half, then the rest
+    naive = eta([2, 2, 2], [], 10, 1)
+    said = [eta([2, 2, 2], [e], 9, 1) for e in (5, 20, 40, 80)]
+    assert said == sorted(said) and said[0] > naive and said[-1] > 80 / 4 * 10 / 2   # it grows with the slow one
+    bar = Progress(total=5, enabled=False)
+    now = time.monotonic()
+    bar.done, bar.durations, bar.last = 2, [2.0, 2.0], "b: graded, 100/100"
+    bar.running = {"ana": now - 40, "zed": now - 1}
+    line = bar.line(now)
+    assert "2/5" in line and "ana still grading, 40 s so far" in line and "zed" not in line, line
+
+
+def test_the_line_is_written_again_while_a_handin_is_slow(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "TICK", {True: 0.05, False: 0.05})
+    monkeypatch.setattr(progress, "SLOW_SECONDS", 0.1)
+    bar = Progress(total=3, enabled=True)
+    try:
+        bar.begin("fast")
+        bar.step("fast", "graded, 100/100")
+        bar.begin("hangs")
+        time.sleep(1.0)
+    finally:
+        bar.close()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "hangs still grading" in line]
+    assert len(lines) >= 3, lines
+    lefts = [float(line.split("about ")[1].split(" s left")[0]) for line in lines]
+    assert lefts == sorted(lefts) and lefts[-1] > lefts[0], lines

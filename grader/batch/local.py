@@ -11,7 +11,6 @@ weight in every hand-in and every regrade into OUT.
 import os
 import queue
 import shutil
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -19,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from grader import kit
+from grader.batch.progress import Progress
 from grader.limits import Jobs, default_jobs, part_clock, read_machine
 from grader.pipeline import report
 from grader.pipeline.grade import grade_handin, judge_check
@@ -89,31 +89,6 @@ def canary(executor, rubric, scratch: Path) -> Canary:
     return said
 
 
-class Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.started = time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self.lock = threading.Lock()
-
-    def step(self, student: str, text: str) -> None:
-        with self.lock:
-            self.done += 1
-            if not self.enabled:
-                return
-            elapsed = time.monotonic() - self.started
-            eta = elapsed / self.done * (self.total - self.done)
-            width = 24
-            bar = "#" * int(width * self.done / max(self.total, 1))
-            line = (f"[{bar:<{width}}] {self.done}/{self.total}  {student}: {text}  "
-                    f"({elapsed:.0f} s, about {eta:.0f} s left)")
-            if self.tty:
-                sys.stderr.write("\r\033[K" + line[:160] + ("\n" if self.done == self.total else ""))
-            else:
-                sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-
-
 def batch_jobs(jobs, rubric) -> Jobs:
     """`jobs` as given, else as many as this machine holds for the rubric's largest world at its
     limits.memory_mb (grader.limits.default_jobs), with the line that says why."""
@@ -145,10 +120,10 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
     if first is not None:
         first.key = key   # it has run no world yet
     scratch = Path(scratch_dir("a4-grade-"))
-    bar = Progress(len(todo), progress)
     executors = ([first] if first is not None else []) + [
         make_executor(executor, sandbox, rubric.limits, key, jobs)
         for _ in range(max(1, min(jobs, len(todo))) - (first is not None))]
+    bar = Progress(len(todo), progress, len(executors))
     idle = queue.Queue()
     for ex in executors:
         idle.put(ex)
@@ -163,6 +138,7 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
                 result = infra_result(h, rubric, broken, again=False)   # the canary's cause says when
             else:
                 ex = idle.get()
+                bar.begin(h.student)
                 try:
                     result = grade_handin(h, rubric, ex, scratch, clocks=tried.clocks)
                 finally:
@@ -177,6 +153,7 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
                 student, view = future.result()
                 results[student] = view
     finally:
+        bar.close()
         for ex in executors:
             ex.close()
             worlds += ex.worlds
