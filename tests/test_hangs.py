@@ -94,6 +94,8 @@ def test_a_hang_costs_one_clock_run_twice_not_one_per_check(tmp_path):
     steps = [c for c in rubric.checks if "grad_accumulation" in rubric.parts_at(c)]
     assert [o["check"] for o in acc] == [c.name for c in steps] and all(o["status"] == "timeout" for o in acc)
     assert f"still running after {clocks[steps[0].name]:g} s" in acc[0]["error"] + acc[0]["message"], acc[0]
+    if clocks[steps[0].name] < rubric.timeouts.part:   # a clock the canary measured says so
+        assert f"the part's clock here was {clocks[steps[0].name]:g} s" in acc[0]["message"], acc[0]
     assert all(o["message"].startswith("not run: this part hung at check") for o in acc[1:]), acc[1:]
     assert all(o["status"] == "passed" for p, part in loops["parts"].items() if p != "grad_accumulation"
                for o in part["checks"])

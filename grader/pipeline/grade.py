@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 
 from grader import kit
+from grader.limits import PART_FACTOR, PART_FLOOR_SECONDS
 from grader.evidence.errfile import parse_err
 from grader.evidence.logtext import read_log
 from grader.evidence.runs import rule_of
@@ -28,6 +29,9 @@ from grader.verdict.say import Say
 from grader.verdict.score import log_validity, score_handin
 
 RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
+# What a timeout on a batch's clock (grader.limits.part_clock) adds to its message.
+CLOCK_SAID = (f"the part's clock here was {{clock:g}} s: {PART_FACTOR:g} times what the reference solution "
+              f"took at this check on the grading machine, and at least {PART_FLOOR_SECONDS:g} s")
 DIFF_LINE_CHARS = 200   # characters shown of a line of the utils.py diff
 DIFF_READ = 5000        # lines of a handed-in utils.py compared (its first lines are what differ)
 
@@ -53,6 +57,7 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     part's wall clock here, in seconds (a batch's, grader.limits.part_clock), else the rubric's
     timeouts.part."""
     parts = [p for p in parts if p in rubric.parts_at(check)]
+    measured = clock is not None and clock < rubric.timeouts.part   # else the rubric's own clock
     if clock is not None:
         rubric = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock))
     say = Say(check, [c for c in rubric.checks if not c.hidden])
@@ -74,6 +79,9 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
 
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
     judged = {p: verdict(p, runs[p]) for p in parts}
+    if measured:
+        for outcome in (o for o in judged.values() if o.status == Status.TIMEOUT):
+            outcome.message += f" ({CLOCK_SAID.format(clock=clock)})"
     again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)]
     if again:
         reruns = rerun.run_check(executor, code, check, rubric, scratch, again)
@@ -146,8 +154,9 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
     [CheckOutcome]. `clocks`: check name -> each part's clock there (a batch's canary measured them).
 
     A part that timed out at a check and again when run once more (judge_check) hung: it is not run
-    at the later checks of that kind (a step, or a layer's backward: other code), whose outcomes say so; each would cost its whole clock, twice, for a
-    failure that stands either way, and a hang so costs one clock and its second run, not one per check."""
+    at the later checks of that kind (a step, or a layer's backward: other code), whose outcomes say
+    so. Each would cost its whole clock, twice, for a failure that stands either way: a hang so
+    costs one clock and its second run, not one per check."""
     code = rerun.prepare_code(assignment)
     outcomes = {p: [] for p in rubric.part_ids}
     passed = {p: [] for p in rubric.part_ids}
