@@ -1,4 +1,6 @@
-"""What one world of a re-run may use: the rubric's `limits`, which the sandbox enforces, and how long.
+"""What one world of a re-run may use: the rubric's `limits`, which the sandbox enforces, and how long
+(a batch's part clock from the reference's time, `part_clock`); and how many worlds a machine or a
+Slurm task holds at once (`default_jobs`, `slurm_task`).
 
 Its own module so that the processes that run hand-in code import this and nothing else of the
 rubric (no loader, no YAML, nothing a hand-in could find in its own memory).
@@ -95,8 +97,8 @@ class Jobs:
 
 
 def _tightest(*pairs) -> tuple:
-    """The smallest of (value, source) pairs whose value bounds (> 0)."""
-    return min(((v, s) for v, s in pairs if v and v > 0), key=lambda p: p[0])
+    """The smallest of (value, source) pairs whose value bounds (> 0); (0, "unknown") when none does."""
+    return min(((v, s) for v, s in pairs if v and v > 0), key=lambda p: p[0], default=(0, "unknown"))
 
 
 JOBS_RULE = (f"max(1, min(CPUs // the largest check's world_size, (memory - {HELPER_MB} MB) // (limits.memory_mb + "
@@ -119,11 +121,12 @@ def default_jobs(machine: Machine, world_size: int, memory_mb: int = Limits.memo
     mem, mem_from = _tightest((machine.available_mb, "MemAvailable"), (machine.cgroup_mb, "the cgroup's limit"),
                               (machine.slurm_mb, "the Slurm task's memory"))
     by_cpus = int(cpus) // max(1, world_size)
-    by_mem = (int(mem) - HELPER_MB) // (memory_mb + HELPER_MB)
+    by_mem = (int(mem) - HELPER_MB) // (memory_mb + HELPER_MB) if mem else by_cpus   # unknown: the CPUs decide
     jobs = max(1, min(by_cpus, by_mem))
+    memory = (f"{mem / 1024:.1f} GB ({mem_from}) hold {max(0, by_mem)} of {memory_mb} MB (limits.memory_mb) and a "
+              f"helper each") if mem else "the memory is unknown"
     return Jobs(jobs, f"--jobs {jobs}, from the machine: {cpus:g} CPUs ({cpu_from}) hold {max(0, by_cpus)} "
-                      f"world(s) of {world_size} ranks; {mem / 1024:.1f} GB ({mem_from}) hold {max(0, by_mem)} "
-                      f"of {memory_mb} MB (limits.memory_mb) and a helper each"
+                      f"world(s) of {world_size} ranks; {memory}"
                       + ("; at least one" if jobs > min(by_cpus, by_mem) else ""))
 
 
