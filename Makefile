@@ -63,40 +63,44 @@ demo: $(STAMP)
 	@echo; cat $(DEMO)/final.csv
 	@echo; echo "staff report (open it in a browser): $(DEMO)/grades/report.html"
 
+# Every suite ends with one line, "suite TARGET took N s (M min)", whether it passed or not (its exit
+# status stays the suite's): make runs a recipe line in one shell, whose EXIT trap prints it.
+TIMED = t0=$$(date +%s); trap 'echo "suite $@ took $$(( $$(date +%s) - t0 )) s ($$(( ($$(date +%s) - t0) / 60 )) min)"' EXIT;
+
 # Two processes, each taking whole test files (a file's module fixtures, the graded corpora, are
 # made once), the longest files first (tests/conftest.py: LONGEST_FIRST): the waits on hangs and
 # timeouts of one overlap the other's work, and both finish together.
 TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not slurm and not course and not configs" -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	@$(TIMED) $(PY) -m pytest -m "not slurm and not course and not configs" -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 # Where the course runs beyond this checkout and root (marker configs; run as root, as useradd is):
 # the sandbox's attacks as an ordinary user made with useradd (the system's Python, and a Python in
 # that user's home), the machines' configurations of tests/test_machines.py, the kit installed into
 # a venv elsewhere (tests/test_install.py), and a student following the release from a fresh folder.
 test-configs: $(STAMP)
-	$(PY) -m pytest -m configs -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	@$(TIMED) $(PY) -m pytest -m configs -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 # The kit's suite run again in an instructor's changed copy of the kit, Part 5 off and on
 # (tests/test_course_rubric.py, marker course): one copy per process.
 test-course: $(STAMP)
-	$(PY) -m pytest -m course -n $(TEST_PROCESSES) --dist load
+	@$(TIMED) $(PY) -m pytest -m course -n $(TEST_PROCESSES) --dist load
 
 # Starts a local 4-node Slurm (installing Debian's packages if needed; root), runs the tests marked
 # slurm against it, and stops it again, also when a test fails.
 test-slurm: $(STAMP)
-	PYTHON=$(PY) tests/slurm_cluster/test-slurm.sh
+	@$(TIMED) PYTHON=$(PY) tests/slurm_cluster/test-slurm.sh
 
 # No venv of its own needed: each Python gets one under build/pythons/.
 test-pythons:
-	tests/pythons/test-pythons.sh
+	@$(TIMED) tests/pythons/test-pythons.sh
 
 # torch's CUDA build (PyPI's torch for Linux, what clusters bring) in a venv of its own, .venv-cuda,
 # from the default index whatever this machine's pip configuration says: the demo's check and grade,
 # the grading, sandbox, self-check and machines' configurations tests (tests/cuda/test-cuda.sh). Fails, never skips, where the
 # CUDA build cannot be had. No GPU needed.
 test-cuda:
-	PYTHON=$(PYTHON) TEST_PROCESSES=$(TEST_PROCESSES) tests/cuda/test-cuda.sh
+	@$(TIMED) PYTHON=$(PYTHON) TEST_PROCESSES=$(TEST_PROCESSES) tests/cuda/test-cuda.sh
 
 # Every benchmark of benchmarks/ (grading throughput against torchrun, the integrity report over 500
 # hand-ins, the staff report's size and time, intake's memory on a 1 GB download), its figures written

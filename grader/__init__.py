@@ -6,8 +6,9 @@ room (tests/test_layout.py holds the map to that):
     shared       kit (paths, atomic writes, the source digest), parts, rubric (the loader, and
                  the public rubric derived from it; feasible: whether the kit can run its checks;
                  worth: what a check is worth, the one rounding of scores, what the hidden checks
-                 hold) and limits (what a world may use, each timeout's default, and what a Slurm
-                 grading task asks for: all that the re-run's processes read of the rubric),
+                 hold) and limits (what a world may use, each timeout's default, a batch's part
+                 clock, --jobs from the machine, and what a Slurm grading task asks for: all that
+                 the re-run's processes read of the rubric),
                  outline (a hand-in's code parsed where a limit holds: a child process's, or a
                  deep stack under the size caps),
                  results (statuses and result dataclasses, where a batch keeps them, and whether a
@@ -45,7 +46,7 @@ room (tests/test_layout.py holds the map to that):
                  page from templates/)
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (outputs);
-                 commands (the `grade` command)
+                 commands (the `grade` command); the progress line and its ETA (progress)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
                  extensions, overrides), submission times, roster (book, policy, sources), the grade
                  each student is told and why (statement), each LMS's import (lms/: canvas, moodle,

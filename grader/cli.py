@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 
 from grader import kit
-from grader.limits import slurm_task
+from grader.limits import JOBS_RULE, slurm_task
 
 HERE = Path(__file__).resolve().parent
 DESCRIPTION = "Assignment 4's grader and student tools: the commands this copy of the kit holds, and who runs them, are below."
@@ -78,7 +78,9 @@ def _grade_arguments(p) -> None:
                    help="the LMS the download comes from (default: recognised from its file names)")
     p.add_argument("--out", required=True, metavar="DIR", help="where grades.csv, summary.md and per-student folders go")
     p.add_argument("--jobs", type=int, default=kit.JOBS, metavar="N",
-                   help="hand-ins graded at once: here, or in each array task (default %(default)s)")
+                   help=f"hand-ins graded at once: here (default: as many as the machine holds, "
+                        f"grader.limits.default_jobs: {JOBS_RULE}; the choice and why are printed at the start), "
+                        f"or in each array task (default {kit.TASK_JOBS})")
     p.add_argument("--rubric", metavar="FILE", help="rubric YAML (default grader/rubric.yaml)")
     p.add_argument("--force", action="store_true", help="grade again even hand-ins already graded in DIR")
     p.add_argument("--only", nargs="+", metavar="ID", help="grade only these student ids")
@@ -91,7 +93,7 @@ def _grade_arguments(p) -> None:
     slurm.add_argument("--array-parallelism", type=int, default=kit.ARRAY_PARALLELISM, metavar="K",
                        help="tasks running at once (default %(default)s)")
     slurm.add_argument("--chunk", type=int, default=kit.ARRAY_CHUNK, metavar="N", help="hand-ins per task (default %(default)s)")
-    task = slurm_task(kit.ARRAY_CHUNK, kit.JOBS)
+    task = slurm_task(kit.ARRAY_CHUNK, kit.TASK_JOBS)
     slurm.add_argument("--slurm-time", type=int, metavar="MIN",
                        help=f"time limit of a task (default: every hand-in of its chunk may run out the rubric's "
                             f"timeouts.handin, --jobs at once, after the canary; a task asks for {task} with the "

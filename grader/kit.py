@@ -40,7 +40,8 @@ GRADESCOPE_RESULTS = "/autograder/results/results.json"
 GRADESCOPE_METADATA = "/autograder/submission_metadata.json"
 # The batch's shape (grader.batch.run.grade_batch's defaults, grader.batch.array.grade_on_slurm's, and
 # the command line's).
-JOBS = 1                 # hand-ins graded at once: on this machine, or in each array task
+JOBS = None              # hand-ins graded at once on this machine: None, as many as it holds (grader.limits.default_jobs)
+TASK_JOBS = 1            # in each array task, unless --jobs says (what a task asks Slurm for depends on it)
 ARRAY_PARALLELISM = 16   # tasks running at once
 ARRAY_CHUNK = 10         # hand-ins per task
 # The kit's own folders under ROOT: what a sandbox hides when ROOT is a site-packages it binds.

@@ -165,6 +165,7 @@ class Canary(ToDict):
     ran_at: str = ""
     grader_digest: str = ""
     rubric_sha256: str = ""
+    clocks: dict = field(default_factory=dict)   # check -> the part clock the batch grades it with (grader.limits.part_clock)
 
 
 def write_canary(out, canary: Canary) -> None:
@@ -176,7 +177,8 @@ def read_canary(out):
     try:
         data = json.loads((Path(out) / CANARY).read_text())
         return Canary(status=Status(data["status"]), cause=str(data.get("cause", "")), ran_at=str(data.get("ran_at", "")),
-                      grader_digest=str(data.get("grader_digest", "")), rubric_sha256=str(data.get("rubric_sha256", "")))
+                      grader_digest=str(data.get("grader_digest", "")), rubric_sha256=str(data.get("rubric_sha256", "")),
+                      clocks={str(k): float(v) for k, v in (data.get("clocks") or {}).items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

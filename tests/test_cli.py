@@ -77,13 +77,13 @@ def test_the_command_line_defaults_are_the_functions_defaults():
 
 def test_a_slurm_tasks_time_cpus_and_memory_follow_the_rubric_and_jobs_and_the_help_quotes_them(capsys):
     from grader.limits import HANDIN_SECONDS, Limits, slurm_task
-    stock = slurm_task(kit.ARRAY_CHUNK, kit.JOBS)
+    stock = slurm_task(kit.ARRAY_CHUNK, kit.TASK_JOBS)
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["grade", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert str(stock) in text and f"{stock.mem_gb} GB" in text
     # Every hand-in of the chunk may run out its timeout, --jobs at once, after the canary.
-    assert stock.minutes * 60 >= (kit.ARRAY_CHUNK / kit.JOBS + 1) * HANDIN_SECONDS
+    assert stock.minutes * 60 >= (kit.ARRAY_CHUNK / kit.TASK_JOBS + 1) * HANDIN_SECONDS
     assert slurm_task(10, 1, handin_s=1200).minutes > slurm_task(10, 1).minutes > slurm_task(10, 2).minutes
     assert slurm_task(10, 2, memory_mb=8192).mem_gb > slurm_task(10, 2).mem_gb > slurm_task(10, 1).mem_gb
     assert slurm_task(10, 4).cpus == 4 and slurm_task(10, 1, memory_mb=Limits.memory_mb).cpus == 2

@@ -66,8 +66,9 @@ def test_a_task_that_dies_leaves_infra_error_and_the_next_run_grades_only_that(r
     hang = mutate("hang")
     write_zip(box / "hang.zip", Files(code=hang, log=refingerprint(log, hang), err=err))
     # One world per hand-in (the default check at 4 ranks only): the hang waits out its part's
-    # timeout and the retry's once, not once per public world size; 2 x 12 s keeps its task grading
-    # well after the reference's task is done, when the test kills it.
+    # clock and the retry's once, not once per public world size; two clocks (each at least
+    # grader.limits.PART_FLOOR_SECONDS, at most 12 s) keep its task grading after the reference's
+    # task is done, when the test kills it.
     rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], public_world_sizes=[4],
                          timeouts={"part": 12, "process_group": 2, "world_start": 30})
     out = tmp_path / "out"

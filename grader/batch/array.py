@@ -131,7 +131,7 @@ def _collect(array: list, chunks: list, out: Path, rubric, marks: dict) -> dict:
     return results
 
 
-def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = kit.JOBS,
+def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = kit.TASK_JOBS,
                    progress: bool = True, partition: str = None, array_parallelism: int = kit.ARRAY_PARALLELISM,
                    chunk: int = kit.ARRAY_CHUNK, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
     """Grade `todo` through a job array (submit, wait, collect); return {student: result dict} for

@@ -11,7 +11,6 @@ weight in every hand-in and every regrade into OUT.
 import os
 import queue
 import shutil
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -19,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from grader import kit
+from grader.batch.progress import Progress
+from grader.limits import Jobs, default_jobs, part_clock, read_machine
 from grader.pipeline import report
 from grader.pipeline.grade import grade_handin, judge_check
 from grader.rerun import machine, secret
@@ -62,15 +63,20 @@ def data_key(out: Path) -> bytes:
 
 
 def canary(executor, rubric, scratch: Path) -> Canary:
-    """Re-run the reference at every check: passed, or infra_error with what failed first and why
-    this machine cannot grade (grader.rerun.machine.explain: the cause and its fix)."""
+    """Re-run the reference at every check: passed, with each check's part clock for the batch
+    (grader.limits.part_clock: from the reference's time at that check, on this machine, now), or
+    infra_error with what failed first and why this machine cannot grade (grader.rerun.machine.explain:
+    the cause and its fix)."""
     said = Canary(status=Status.NOT_RUN, cause="no reference solution in this tree", grader_digest=grader_digest(),
                   rubric_sha256=rubric.digest(), ran_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     if not kit.REFERENCE.exists():
         return said
     code = prepare_code(kit.REFERENCE)
     for check in rubric.checks:
-        for part, outcome in judge_check(executor, code, check, rubric, scratch).items():
+        started = time.monotonic()
+        judged = judge_check(executor, code, check, rubric, scratch)
+        said.clocks[check.name] = part_clock(time.monotonic() - started, rubric.timeouts.part)
+        for part, outcome in judged.items():
             if outcome.status != Status.PASSED:
                 why = machine.explain(outcome.status.value, outcome.message, rubric.limits)
                 said.status = Status.INFRA_ERROR
@@ -83,29 +89,12 @@ def canary(executor, rubric, scratch: Path) -> Canary:
     return said
 
 
-class Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.started = time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self.lock = threading.Lock()
-
-    def step(self, student: str, text: str) -> None:
-        with self.lock:
-            self.done += 1
-            if not self.enabled:
-                return
-            elapsed = time.monotonic() - self.started
-            eta = elapsed / self.done * (self.total - self.done)
-            width = 24
-            bar = "#" * int(width * self.done / max(self.total, 1))
-            line = (f"[{bar:<{width}}] {self.done}/{self.total}  {student}: {text}  "
-                    f"({elapsed:.0f} s, about {eta:.0f} s left)")
-            if self.tty:
-                sys.stderr.write("\r\033[K" + line[:160] + ("\n" if self.done == self.total else ""))
-            else:
-                sys.stderr.write(line + "\n")
-            sys.stderr.flush()
+def batch_jobs(jobs, rubric) -> Jobs:
+    """`jobs` as given, else as many as this machine holds for the rubric's largest world at its
+    limits.memory_mb (grader.limits.default_jobs), with the line that says why."""
+    if jobs is not None:
+        return Jobs(jobs, f"--jobs {jobs}, as given")
+    return default_jobs(read_machine(), max(c.world_size for c in rubric.checks), rubric.limits.memory_mb)
 
 
 def infra_result(h, rubric, message: str, again: bool = True):
@@ -120,20 +109,21 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
     """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
     it is graded, every world on the data of OUT's data key (`data_key`). Returns ({student: its
     gradebook view}, worlds run, their seconds). `first`: an executor already started (the batch's
-    probe of the sandbox), used and closed here."""
+    probe of the sandbox), used and closed here. `jobs`: None, as many as the machine holds (`batch_jobs`)."""
     results, worlds, world_seconds = {}, 0, 0.0
     if not todo:
         if first is not None:
             first.close()
         return results, worlds, world_seconds
+    jobs = batch_jobs(jobs, rubric).jobs
     key = data_key(out)
     if first is not None:
         first.key = key   # it has run no world yet
     scratch = Path(scratch_dir("a4-grade-"))
-    bar = Progress(len(todo), progress)
     executors = ([first] if first is not None else []) + [
         make_executor(executor, sandbox, rubric.limits, key, jobs)
         for _ in range(max(1, min(jobs, len(todo))) - (first is not None))]
+    bar = Progress(len(todo), progress, len(executors))
     idle = queue.Queue()
     for ex in executors:
         idle.put(ex)
@@ -148,8 +138,9 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
                 result = infra_result(h, rubric, broken, again=False)   # the canary's cause says when
             else:
                 ex = idle.get()
+                bar.begin(h.student)
                 try:
-                    result = grade_handin(h, rubric, ex, scratch)
+                    result = grade_handin(h, rubric, ex, scratch, clocks=tried.clocks)
                 finally:
                     idle.put(ex)
             report.write_handin(result, out, {c.name: c.weight for c in rubric.checks})
@@ -162,6 +153,7 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
                 student, view = future.result()
                 results[student] = view
     finally:
+        bar.close()
         for ex in executors:
             ex.close()
             worlds += ex.worlds

@@ -33,13 +33,14 @@
 import difflib
 import hashlib
 import json
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.batch import outputs
-from grader.batch.local import data_key, grade_handins
+from grader.batch.local import batch_jobs, data_key, grade_handins
 from grader.intake import handin as handins
 from grader.intake.find import Unreadable, find_handins
 from grader import kit
@@ -66,6 +67,7 @@ class BatchSummary:
     ungradable: str = ""          # why `out` holds no score at all (grader.results.ungradable), else ''
 
     out: str = ""
+    jobs: str = ""                # how many hand-ins were graded at once, and why (grader.limits.default_jobs)
     seconds: float = 0.0
     worlds: int = 0               # re-run worlds started, the canary's included
     world_seconds: float = 0.0    # their time, summed over the executors
@@ -227,6 +229,13 @@ def grade_batch(paths, out, jobs: int = kit.JOBS, rubric_path=None, force: bool 
     out = Path(out)
     items, replaces, summary = _found(paths, out, rubric, only, lms)
     todo = _todo(items, out, rubric, sandbox, force, summary)
+    if executor == "slurm":
+        jobs = kit.TASK_JOBS if jobs is None else jobs
+    elif todo:
+        chosen = batch_jobs(jobs, rubric)
+        jobs, summary.jobs = chosen.jobs, chosen.why
+        if progress:
+            print(f"grading {len(todo)} hand-in(s): {chosen.why}", file=sys.stderr, flush=True)
     # The sandbox and the machine are probed before OUT is touched: a refusal (CannotGrade) leaves it as it was.
     first = make_executor(executor, sandbox, rubric.limits, jobs=max(1, min(jobs, len(todo)))) \
         if todo and executor != "slurm" else None

@@ -6,6 +6,7 @@ the grader itself is `error` (no score; its traceback in grading.json's `grader_
 (no score).
 """
 
+import dataclasses
 import difflib
 import hashlib
 import shutil
@@ -14,6 +15,7 @@ import traceback
 from pathlib import Path
 
 from grader import kit
+from grader.limits import PART_FACTOR, PART_FLOOR_SECONDS
 from grader.evidence.errfile import parse_err
 from grader.evidence.logtext import read_log
 from grader.evidence.runs import rule_of
@@ -27,6 +29,9 @@ from grader.verdict.say import Say
 from grader.verdict.score import log_validity, score_handin
 
 RETRIED = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.OOM)
+# What a timeout on a batch's clock (grader.limits.part_clock) adds to its message.
+CLOCK_SAID = (f"the part's clock here was {{clock:g}} s: {PART_FACTOR:g} times what the reference solution "
+              f"took at this check on the grading machine, and at least {PART_FLOOR_SECONDS:g} s")
 DIFF_LINE_CHARS = 200   # characters shown of a line of the utils.py diff
 DIFF_READ = 5000        # lines of a handed-in utils.py compared (its first lines are what differ)
 DIFF_BYTES = 1 << 20    # bytes of it read (the provided one is a few KB; any longer differs anyway)
@@ -46,14 +51,17 @@ def _utils_notes(student_utils: Path) -> list:
             f"```diff\n{shown}\n```"]
 
 
-def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None, hung=()) -> dict:
+def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None, clock=None) -> dict:
     """Re-run `parts` (those of the rubric the check runs) at `check` and judge them. A failure is
     run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at);
     when the machinery failed, the second run decides, since the first said nothing about the code.
-    `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them). `hung`: the
-    parts whose timeout at an earlier check timed out again when run once more; a timeout of theirs
-    is not run again (each costs the part's whole clock, and the failure stands either way)."""
+    `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them). `clock`: each
+    part's wall clock here, in seconds (a batch's, grader.limits.part_clock), else the rubric's
+    timeouts.part."""
     parts = [p for p in parts if p in rubric.parts_at(check)]
+    measured = clock is not None and clock < rubric.timeouts.part   # else the rubric's own clock
+    if clock is not None:
+        rubric = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock))
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
 
@@ -74,8 +82,10 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
 
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
     judged = {p: verdict(p, runs[p]) for p in parts}
-    again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)
-             and not (o.status == Status.TIMEOUT and p in hung)]
+    if measured:
+        for outcome in (o for o in judged.values() if o.status == Status.TIMEOUT):
+            outcome.message += f" ({CLOCK_SAID.format(clock=clock)})"
+    again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)]
     if again:
         reruns = rerun.run_check(executor, code, check, rubric, scratch, again)
         for p in again:
@@ -131,32 +141,54 @@ def _log_evidence(result: HandinResult, unpacked, code_sha256: str, rubric) -> t
     return log_report, log_usable
 
 
-def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: Path, deadline: float) -> dict:
-    """Every part at every check of the rubric that runs it, within the hand-in's time: part -> [CheckOutcome]."""
+def _not_run(check, message: str) -> CheckOutcome:
+    return CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size, status=Status.TIMEOUT,
+                        message=message)
+
+
+def _hung_at(check) -> str:
+    """Where a part hung, as a later check's outcome says it: a hidden check's name is not said."""
+    return "an earlier hidden check" if check.hidden else f"check '{check.name}'"
+
+
+def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: Path, deadline: float,
+               clocks: dict = None) -> dict:
+    """Every part at every check of the rubric that runs it, within the hand-in's time: part ->
+    [CheckOutcome]. `clocks`: check name -> each part's clock there (a batch's canary measured them).
+
+    A part that timed out at a check and again when run once more (judge_check) hung: it is not run
+    at the later checks of that kind (a step, or a layer's backward: other code), whose outcomes say
+    so. Each would cost its whole clock, twice, for a failure that stands either way: a hang so
+    costs one clock and its second run, not one per check."""
     code = rerun.prepare_code(assignment)
     outcomes = {p: [] for p in rubric.part_ids}
     passed = {p: [] for p in rubric.part_ids}
-    hung = set()   # parts whose timeout was run once more and timed out again (judge_check)
+    hung = {}   # (part, check kind) -> the check at which it hung
     for check in rubric.checks:
         if time.monotonic() > deadline:
             for p in rubric.parts_at(check):
-                outcomes[p].append(CheckOutcome(check=check.name, hidden=check.hidden,
-                                                world_size=check.world_size, status=Status.TIMEOUT,
-                                                message=f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))
+                outcomes[p].append(_not_run(check, f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))
             continue
-        for p, outcome in judge_check(executor, code, check, rubric, work, passed=passed, hung=hung).items():
+        for p in (p for p in rubric.parts_at(check) if (p, check.kind) in hung):
+            outcomes[p].append(_not_run(check, f"not run: this part hung at {_hung_at(hung[p, check.kind])} (it "
+                                               f"timed out there twice), so it is not run again at later checks"))
+        runnable = [p for p in rubric.parts_at(check) if (p, check.kind) not in hung]
+        judged = judge_check(executor, code, check, rubric, work, parts=runnable, passed=passed,
+                             clock=(clocks or {}).get(check.name)) if runnable else {}
+        for p, outcome in judged.items():
             outcomes[p].append(outcome)
             if outcome.status == Status.PASSED:
                 passed[p].append(check)
             if outcome.status == Status.TIMEOUT and not outcome.flaky:
-                hung.add(p)
+                hung[p, check.kind] = check
             if outcome.flaky and "flaky" not in result.flags:
                 result.flags.append("flaky")
     return outcomes
 
 
-def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
-    """Grade `handin` (a grader.intake.handin.Handin) with `executor`; see the module docstring."""
+def grade_handin(handin, rubric, executor, scratch: Path, clocks: dict = None) -> HandinResult:
+    """Grade `handin` (a grader.intake.handin.Handin) with `executor`; see the module docstring.
+    `clocks`: check name -> each part's clock there (a batch's, from its canary); else the rubric's."""
     started = time.monotonic()
     result = new_result(handin.student, handin.name, handin.sha256, rubric)
     work = Path(scratch_dir("handin-", scratch))
@@ -172,7 +204,8 @@ def grade_handin(handin, rubric, executor, scratch: Path) -> HandinResult:
         code_sha256 = hashlib.sha256(files["assignment"].read_bytes()).hexdigest()
         _file_notes(result, files, rubric)
         log_report, log_usable = _log_evidence(result, unpacked, code_sha256, rubric)
-        outcomes = _rerun_all(result, files["assignment"], rubric, executor, work, started + rubric.timeouts.handin)
+        outcomes = _rerun_all(result, files["assignment"], rubric, executor, work, started + rubric.timeouts.handin,
+                              clocks)
         result.isolation = dict(getattr(executor, "isolation", {}))   # as it was for these re-runs
         score_handin(result, outcomes, rubric, log_report, log_usable)
         result.notes = list(dict.fromkeys(result.notes))   # one note, said once

@@ -1,0 +1,136 @@
+"""A hang costs about one clock, and a correct hand-in is never called hung, even on a loaded machine.
+
+The part clock of a batch comes from the reference's time at each check (grader.limits.part_clock,
+measured by the canary), never below PART_FLOOR_SECONDS; a part that hung at a check is not run at
+the later ones (grader.pipeline.grade)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grader.batch import progress
+from grader.batch.progress import Progress, eta
+from grader.batch.run import grade_batch
+from grader.intake.handin import Handin
+from grader.limits import PART_FACTOR, PART_FLOOR_SECONDS, part_clock
+from grader.pipeline.grade import grade_handin
+from grader.rerun.executor import WarmExecutor
+from grader.results import Status, read_canary
+from grader.rubric import load_rubric
+from tests.corpus import REFERENCE, Files, write_zip
+
+# Part 2's loop over micro-batches, made one that never ends (the issue's Canvas batch had one).
+ACC_FOREVER = ("    for i in range(accumulation_steps):\n", "    for i in iter(int, 1):   # never ends\n")
+
+
+def acc_forever() -> str:
+    text = REFERENCE.read_text()
+    assert text.count(ACC_FOREVER[0]) == 1
+    return text.replace(*ACC_FOREVER)
+
+
+def test_the_part_clock_is_a_multiple_of_the_reference_between_the_floor_and_the_rubric():
+    assert part_clock(0.01, 20) == PART_FLOOR_SECONDS            # a fast machine: the floor
+    assert part_clock(1.0, 20) == PART_FACTOR * 1.0              # a slow one: the factor
+    assert part_clock(100.0, 20) == 20                           # never past the rubric's timeouts.part
+    assert part_clock(0.01, 1) == 1                              # nor when the rubric's is below the floor
+
+
+def busy_loops(per_core: int = 2) -> list:
+    """`per_core` processes spinning on every core this process may use: a machine whose cores are all busy."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(per_core * len(os.sched_getaffinity(0)))]
+
+
+@pytest.mark.timeout(600)
+def test_a_correct_handin_is_never_called_hung_while_every_core_is_busy(tmp_path):
+    """The reference at every check of the stock rubric, each part on the floor's clock (as if the
+    canary had timed an idle machine), while two busy loops per core run beside it: every part passes."""
+    rubric = load_rubric()
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "assignment4.py").write_text(REFERENCE.read_text())
+    handin = Handin(name="ref", student="ref", sha256="", folder=tmp_path / "files")
+    executor = WarmExecutor("auto", rubric.limits)
+    executor.start()   # the zygote imports torch before the load starts: the load is the parts'
+    spinning = busy_loops()
+    try:
+        result = grade_handin(handin, rubric, executor, tmp_path, clocks={c.name: PART_FLOOR_SECONDS
+                                                                          for c in rubric.checks})
+    finally:
+        for p in spinning:
+            p.kill()
+            p.wait()
+        executor.close()
+    outcomes = [(p, o.check, o.status, o.flaky) for p, part in result.parts.items() for o in part.checks]
+    assert len(outcomes) >= len(rubric.checks)
+    assert [o for o in outcomes if o[2] != Status.PASSED or o[3]] == [], outcomes
+
+
+@pytest.mark.timeout(600)
+def test_a_hang_costs_one_clock_run_twice_not_one_per_check(tmp_path):
+    """A batch of the reference and a hand-in whose Part 2 loops forever, on the stock rubric: the
+    canary's clocks lie between the floor and the rubric's; the loop times out at the first check,
+    twice, and is not run at the later ones; its other parts pass everywhere; and it costs the
+    correct hand-in's time and about two clocks, not one clock per check."""
+    box = tmp_path / "inbox"
+    box.mkdir()
+    write_zip(box / "correct.zip", Files(code=REFERENCE.read_text()))
+    write_zip(box / "loops.zip", Files(code=acc_forever()))
+    rubric = load_rubric()
+    started = time.monotonic()
+    grade_batch([box], tmp_path / "out", jobs=1, progress=False)
+    batch = time.monotonic() - started
+    clocks = read_canary(tmp_path / "out").clocks
+    assert set(clocks) == {c.name for c in rubric.checks}
+    assert all(PART_FLOOR_SECONDS <= s <= rubric.timeouts.part for s in clocks.values()), clocks
+    result = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("students/*/grading.json")}
+    correct, loops = result["correct"], result["loops"]
+    acc = loops["parts"]["grad_accumulation"]["checks"]
+    steps = [c for c in rubric.checks if "grad_accumulation" in rubric.parts_at(c)]
+    assert [o["check"] for o in acc] == [c.name for c in steps] and all(o["status"] == "timeout" for o in acc)
+    assert f"still running after {clocks[steps[0].name]:g} s" in acc[0]["error"] + acc[0]["message"], acc[0]
+    if clocks[steps[0].name] < rubric.timeouts.part:   # a clock the canary measured says so
+        assert f"the part's clock here was {clocks[steps[0].name]:g} s" in acc[0]["message"], acc[0]
+    assert all(o["message"].startswith("not run: this part hung at check") for o in acc[1:]), acc[1:]
+    assert all(o["status"] == "passed" for p, part in loops["parts"].items() if p != "grad_accumulation"
+               for o in part["checks"])
+    assert all(part["status"] == "passed" for part in correct["parts"].values())
+    # The first check's clock, twice, and a world to start again for the parts after the hung one.
+    assert loops["seconds"] < correct["seconds"] * 2 + 2 * clocks[steps[0].name] + 5, (loops["seconds"], correct)
+    assert batch < 300
+
+
+def test_the_eta_grows_while_a_handin_is_slow_and_the_line_names_it():
+    assert eta([2, 2, 2], [], 10, 1) == 20 and eta([2, 2, 2], [], 10, 2) == 10
+    assert eta([2, 2, 2], [1], 9, 1) == 1 + 9 * 2   # a hand-in half done: its other half, then the rest
+    naive = eta([2, 2, 2], [], 10, 1)
+    said = [eta([2, 2, 2], [e], 9, 1) for e in (5, 20, 40, 80)]
+    assert said == sorted(said) and said[0] > naive and said[-1] > 80 / 4 * 10 / 2   # it grows with the slow one
+    bar = Progress(total=5, enabled=False)
+    now = time.monotonic()
+    bar.done, bar.durations, bar.last = 2, [2.0, 2.0], "b: graded, 100/100"
+    bar.running = {"ana": now - 40, "zed": now - 1}
+    line = bar.line(now)
+    assert "2/5" in line and "ana still grading, 40 s so far" in line and "zed" not in line, line
+
+
+def test_the_line_is_written_again_while_a_handin_is_slow(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "TICK", {True: 0.05, False: 0.05})
+    monkeypatch.setattr(progress, "SLOW_SECONDS", 0.1)
+    bar = Progress(total=3, enabled=True)
+    try:
+        bar.begin("fast")
+        bar.step("fast", "graded, 100/100")
+        bar.begin("hangs")
+        time.sleep(1.0)
+    finally:
+        bar.close()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "hangs still grading" in line]
+    assert len(lines) >= 3, lines
+    lefts = [float(line.split("about ")[1].split(" s left")[0]) for line in lines]
+    assert lefts == sorted(lefts) and lefts[-1] > lefts[0], lines
