@@ -7,7 +7,8 @@ room (tests/test_layout.py holds the map to that):
                  the public rubric derived from it; feasible: what no rubric can have and whether
                  the kit can run its checks, every problem refused at once; worth: what a check
                  is worth, the one rounding of scores, what the hidden checks hold) and limits (what
-                 a world may use, each timeout's default, and what a Slurm grading task asks for: all that the re-run's processes read of the rubric),
+                 a world may use, each timeout's default, and what a Slurm grading task asks for:
+                 all that the re-run's processes read of the rubric),
                  results (statuses and result dataclasses, where a batch keeps them, and whether a
                  batch could be graded at all: its canary, OUT/canary.json), names (where a hand-in's results live in OUT; names
                  from a download made inert), typed (dataclasses from plain data and back: the one
