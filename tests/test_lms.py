@@ -198,20 +198,22 @@ def test_feedback_html_and_markdown_are_inert_whatever_a_message_holds(tmp_path)
 def test_an_infra_error_batch_writes_no_lms_file_unless_told_and_says_why_in_one_line(tmp_path, capsys):
     broken = result("50002", status="infra_error")
     broken.message = ("not graded: the reference solution fails baseline at check 'default': the world could "
-                      "not be started; the grading machine is not working; grade it again")
+                      "not be started (" + "gloo said so at length; " * 12 + "); the grading machine cannot grade: "
+                      "a world of the reference could not run; grade it again")
     out = out_with(tmp_path, result("50001"), broken)
     (tmp_path / "export.csv").write_text(CANVAS)
     command = ["gradebook", str(out), "--policy", str(policy_file(tmp_path)),
                "--lms", f"canvas:{tmp_path / 'export.csv'}", "--feedback"]
     assert main(command) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no LMS file written: 1 of 2 hand-in(s) were not graded: the grading machine " \
-                                   "failed, not the students (the reference solution fails baseline" in err
+    assert err.count("\n") == 1 and "no LMS file written: 1 of 2 hand-in(s) were not graded, through no fault of the " \
+                                   "students: the reference solution fails baseline" in err
+    assert "the grading machine cannot grade: a world of the reference could not run." in err   # whole, not cut
     assert "--allow-infra-error" in err
     assert not (out / "final.csv").exists() and not (out / "final-canvas-import.csv").exists()
     assert not (out / "feedback-upload").exists()
     assert main(command[:4]) == 1                       # the final gradebook alone: written, and said
-    assert (out / "final.csv").exists() and "grading machine failed" in capsys.readouterr().err
+    assert (out / "final.csv").exists() and "through no fault of the students" in capsys.readouterr().err
     assert main(command + ["--allow-infra-error"]) == 1
     cells = {r[1]: r[-1] for r in csv.reader(io.StringIO((out / "final-canvas-import.csv").read_text("utf-8-sig")))}
     assert (cells["50001"], cells["50002"]) == ("25.00", "")      # its cell left as it was
@@ -459,6 +461,7 @@ def test_a_batch_where_no_world_could_start_gets_no_lms_file(tmp_path, monkeypat
     """gloo cannot start anywhere (no such network interface): the canary fails, every hand-in is
     infra_error, and gradebook refuses the LMS files, saying why."""
     from grader.batch.run import grade_batch
+    from grader.results import read_canary
     from tests.corpus import REFERENCE, Files, fast_rubric, write_zip
     download = tmp_path / "submissions"
     download.mkdir()
@@ -472,6 +475,8 @@ def test_a_batch_where_no_world_could_start_gets_no_lms_file(tmp_path, monkeypat
     assert main(["gradebook", str(tmp_path / "out"), "--policy", str(policy_file(tmp_path)),
                  "--lms", f"canvas:{tmp_path / 'export.csv'}"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gradebook: no LMS file written: 1 of 1 hand-in(s) were not graded: the grading machine "
-                          "failed, not the students (the reference solution fails") and err.count("\n") == 1
+    assert err.startswith("gradebook: no LMS file written: 1 of 1 hand-in(s) were not graded, through no fault of "
+                          "the students: the reference solution fails") and err.count("\n") == 1
+    canary = read_canary(tmp_path / "out")
+    assert canary.kind == "machine" and canary.cause.removesuffix("; grade it again") in err   # whole, not cut
     assert not list((tmp_path / "out").glob("*-import.csv"))

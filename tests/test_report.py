@@ -333,9 +333,10 @@ def test_a_batch_the_machine_cannot_grade_says_so_first_and_grade_fails(tmp_path
                      str(rubric), "--quiet"])
     assert code == 3
     said = [line for line in stderr.getvalue().splitlines() if "Not graded" in line]
-    assert len(said) == 1 and "the reference solution fails" in said[0] and "What to do: run `python -m grader doctor`" in said[0]
-    canary = read_canary(out)
-    assert canary.status == Status.INFRA_ERROR and canary.cause in said[0] and (out / CANARY).is_file()
+    assert len(said) == 1 and "the reference solution fails" in said[0] and "What to do: raise limits.memory_mb" in said[0]
+    canary = read_canary(out)   # the rubric's limit, named, not the machine
+    assert canary.status == Status.INFRA_ERROR and canary.kind == "limits" and (out / CANARY).is_file()
+    assert canary.cause in said[0] and "limits.memory_mb (100 MB, default 4096) is less than it needs" in canary.cause
     page = (out / "report.html").read_text()
     assert page.index('id="ungradable"') < page.index("<h1>")
     assert canary.cause in html.unescape(page)

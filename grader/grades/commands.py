@@ -55,16 +55,22 @@ class Refused(GradebookError):
     """LMS files asked of a batch the grading machine could not grade; the message says the cause."""
 
 
+CAUSE_CHARS = 1200   # the most of a cause a refusal quotes (grader.results.ungradable quotes as much)
+
+
 def infra_cause(results: list) -> str:
-    """The infra_error results' cause, in one line ("" when there are none)."""
+    """The infra_error results' cause, in one line ("" when there are none): the canary's (the
+    reference is wrong, the rubric's limits are too small for it, or the machine cannot run a world)
+    with its fix, or the machinery's."""
     broken = [r for r in results if r.get("status") == "infra_error"]
     if not broken:
         return ""
     messages = Counter(" ".join(plain(r.get("message") or "").split()) for r in broken)
     cause, _ = messages.most_common(1)[0]
-    cause = cause.removeprefix("not graded: ").removesuffix("; grade it again")
-    return (f"{len(broken)} of {len(results)} hand-in(s) were not graded: the grading machine failed, not the "
-            f"students ({cause[:240] or 'no message'})")
+    cause = cause.removeprefix("not graded: ").removesuffix("; grade it again") or "no message"
+    if len(cause) > CAUSE_CHARS:   # cut between words, never inside one
+        cause = cause[:CAUSE_CHARS].rsplit(" ", 1)[0] + " ..."
+    return f"{len(broken)} of {len(results)} hand-in(s) were not graded, through no fault of the students: {cause}"
 
 
 def _times(policy, lms, canvas, token) -> list:

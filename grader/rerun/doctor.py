@@ -6,7 +6,9 @@ is measured against (the world's cgroup, the watchdog, the user's `ulimit -u` an
 runs now, a Slurm job's cgroup), and then runs one real world of the reference at the rubric's
 largest check, measuring its memory and its tasks from outside. It exits 1 when no world can run
 (the sandbox refused, the machine unfit, a part of the reference that did not come back), with the
-cause; 0 when the world ran (the layers that do not hold are listed either way).
+cause. Where it ran, the CLI's doctor (grader.pipeline.canary) re-runs the reference at every check
+as a batch's canary does and checks its answers: 1 when they are wrong or the rubric's limits are
+too small for it, naming which; 0 when all is right (the layers that do not hold are listed either way).
 """
 
 import dataclasses
@@ -95,7 +97,9 @@ def _world(executor, rubric) -> tuple:
     return check, runs, peak, time.monotonic() - started
 
 
-def doctor_command(args) -> int:
+def doctor_command(args, answers=None) -> int:
+    """`answers(executor, rubric)`: where a world ran, whether the reference's answers are right
+    (grader.pipeline.canary: the command as the CLI runs it); its exit code is doctor's."""
     try:
         rubric = load_rubric(getattr(args, "rubric", None))
     except RubricError as e:
@@ -119,6 +123,9 @@ def doctor_command(args) -> int:
         for line in _limits_text(rubric.limits, isolation, executor._cgroup):
             print(f"  {line}")
         check, runs, peak, seconds = _world(executor, rubric)
+        said = _verdict(check, runs, peak, seconds, rubric.limits, isolation)
+        if said == 0 and answers is not None:
+            said = answers(executor, rubric)
     except CannotGrade as e:
         print(f"\ngrade would refuse to run hand-ins here:\n  {e}")
         return 1
@@ -127,7 +134,7 @@ def doctor_command(args) -> int:
         return 1
     finally:
         executor.close()
-    return _verdict(check, runs, peak, seconds, rubric.limits, isolation)
+    return said
 
 
 def _verdict(check, runs: dict, peak: Peak, seconds: float, limits, isolation: dict) -> int:
