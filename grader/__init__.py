@@ -25,8 +25,7 @@ room (tests/test_layout.py holds the map to that):
                  check's results free of a rank's words. What holds a world: memory (its watchdog),
                  tasks (its count of processes and threads), cgroup, environment (the variables a
                  rank and the helper get), readable (code and Python the ranks' user can read);
-                 machine says why a machine cannot grade, and doctor runs a world of the reference
-                 there and says what holds
+                 machine says why a machine cannot grade
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
                  hand-ins), download (whose each file of an LMS download is), listing (a folder's or
                  a zip's files, each read from disk only when used), handin (unpack safely, locate
@@ -39,7 +38,9 @@ room (tests/test_layout.py holds the map to that):
                  block), say (what a student may see of hidden checks), score (the points)
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its
-                 page from templates/)
+                 page from templates/); the reference re-run and judged at every check before a batch,
+                 and when it fails, why: its code, the rubric's limits, the machine (canary); doctor
+                 runs a world of the reference here, says what holds, and checks its answers
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (outputs);
                  commands (the `grade` command)

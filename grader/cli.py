@@ -225,7 +225,7 @@ COMMANDS = {
                   "re-running code), and write the final gradebook and, with --lms, the file to import."),
     "diff": ("grades", "grader.grades.commands:diff_command", _diff_arguments,
              "what a regrade moved: scores and part statuses, old and new; exit 1 when a score went down", None),
-    "doctor": ("pipeline", "grader.pipeline.canary:doctor_command", _doctor_arguments,
+    "doctor": ("pipeline", "grader.pipeline.doctor:doctor_command", _doctor_arguments,
                "run the reference here as grade would: which layers hold, what bounds a world, why not, and "
                "whether its answers are right", None),
     "gradescope": ("gradescope", "grader.gradescope.run:run", _gradescope_arguments,
@@ -264,7 +264,7 @@ COMMANDS = {
 
 
 # Who runs each room's commands: `--help` lists the commands in these groups, in this order.
-READERS = {"batch": "TAs", "grades": "TAs", "integrity": "TAs", "rerun": "TAs", "pipeline": "TAs",
+READERS = {"batch": "TAs", "grades": "TAs", "integrity": "TAs", "pipeline": "TAs",
            "instructor": "instructors", "gradescope": "Gradescope's autograder", "student": "students"}
 
 

@@ -12,10 +12,8 @@
 """
 
 import dataclasses
-import shutil
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
@@ -23,7 +21,7 @@ from grader.parts import BY_ID
 from grader.pipeline.grade import judge_check
 from grader.rerun import machine
 from grader.rerun.check import prepare_code
-from grader.rerun.doctor import Peak
+from grader.rerun.memory import Peak
 from grader.results import UNGRADABLE_TODO, Canary, Cause, Status, grader_digest
 from grader.rubric import Timeouts
 
@@ -160,26 +158,3 @@ def canary(executor, rubric, scratch, fresh=None) -> Canary:
     said.status, said.cause = Status.PASSED, ""
     return said
 
-
-def doctor_command(args) -> int:
-    """`doctor`: the machine's layers and one world of the reference (grader.rerun.doctor), then the
-    reference's answers at every check, as a batch's canary judges them."""
-    from grader.rerun import doctor
-    from grader.rerun.executors import make_executor
-    from grader.rerun.sandbox import scratch_dir
-
-    def answers(executor, rubric) -> int:
-        scratch = Path(scratch_dir("a4-doctor-"))
-        try:
-            said = canary(executor, rubric, scratch, lambda limits: make_executor("warm", args.sandbox, limits))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        if said.status == Status.PASSED:
-            print(f"the reference's answers: right at every check ({len(rubric.checks)}), as grade's canary judges them")
-            return 0
-        if said.status == Status.NOT_RUN:
-            print(f"the reference's answers: not checked: {said.cause}")
-            return 0
-        print(f"the reference's answers: {said.kind}: {said.cause}\nfix: {said.fix}")
-        return 1
-    return doctor.doctor_command(args, answers)

@@ -6,56 +6,30 @@ is measured against (the world's cgroup, the watchdog, the user's `ulimit -u` an
 runs now, a Slurm job's cgroup), and then runs one real world of the reference at the rubric's
 largest check, measuring its memory and its tasks from outside. It exits 1 when no world can run
 (the sandbox refused, the machine unfit, a part of the reference that did not come back), with the
-cause. Where it ran, the CLI's doctor (grader.pipeline.canary) re-runs the reference at every check
-as a batch's canary does and checks its answers: 1 when they are wrong or the rubric's limits are
+cause. Where it ran, it re-runs the reference at every check as a batch's canary does
+(grader.pipeline.canary) and checks its answers: 1 when they are wrong or the rubric's limits are
 too small for it, naming which; 0 when all is right (the layers that do not hold are listed either way).
 """
 
 import dataclasses
 import getpass
 import os
+import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
 from grader import kit
-from grader.rerun import bwrap, cgroup, machine, memory, tasks
+from grader.pipeline.canary import canary
+from grader.rerun import bwrap, cgroup, machine, tasks
 from grader.rerun.executor import CannotGrade, WarmExecutor
+from grader.rerun.executors import make_executor
+from grader.rerun.memory import Peak
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status
 from grader.rubric import RubricError, load_rubric
 
 LAYERS = ("sandbox", "files", "network", "processes", "user", "limits", "memory", "tasks", "scratch")
-
-
-class Peak:
-    """The most memory (sum of Pss, MB) and tasks the processes below this one that were not there
-    at the start used together, polled every 20 ms while a world runs."""
-
-    def __init__(self):
-        self.before = set(memory.descendants(os.getpid())) if memory.HAS_PROC else set()
-        self.memory_mb = self.tasks = 0
-        self._running = True
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self):
-        if memory.HAS_PROC:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self._running = False
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _poll(self):
-        while self._running:
-            children, threads = memory.tree()
-            new = [p for p in memory.descendants(os.getpid(), children) if p not in self.before]
-            self.memory_mb = max(self.memory_mb, memory.used(new) >> 20)
-            self.tasks = max(self.tasks, sum(threads.get(p, 1) for p in new))
-            time.sleep(0.02)
 
 
 def _limits_text(limits, isolation: dict, world_cgroup) -> list:
@@ -92,14 +66,11 @@ def _world(executor, rubric) -> tuple:
             runs = run_check(executor, prepare_code(kit.REFERENCE), dataclasses.replace(check, hidden=False),
                              rubric, scratch)
     finally:
-        import shutil
         shutil.rmtree(scratch, ignore_errors=True)
     return check, runs, peak, time.monotonic() - started
 
 
-def doctor_command(args, answers=None) -> int:
-    """`answers(executor, rubric)`: where a world ran, whether the reference's answers are right
-    (grader.pipeline.canary: the command as the CLI runs it); its exit code is doctor's."""
+def doctor_command(args) -> int:
     try:
         rubric = load_rubric(getattr(args, "rubric", None))
     except RubricError as e:
@@ -124,8 +95,8 @@ def doctor_command(args, answers=None) -> int:
             print(f"  {line}")
         check, runs, peak, seconds = _world(executor, rubric)
         said = _verdict(check, runs, peak, seconds, rubric.limits, isolation)
-        if said == 0 and answers is not None:
-            said = answers(executor, rubric)
+        if said == 0:
+            said = _answers(executor, rubric, args.sandbox)
     except CannotGrade as e:
         print(f"\ngrade would refuse to run hand-ins here:\n  {e}")
         return 1
@@ -153,4 +124,22 @@ def _verdict(check, runs: dict, peak: Peak, seconds: float, limits, isolation: d
     sandboxed = isolation.get("sandbox", "none") != "none"
     print("every layer holds: hand-in code is isolated" if sandboxed and not isolation.get("problems") else
           "worlds run, but not every layer holds (see above)")
+    return 0
+
+
+def _answers(executor, rubric, sandbox: str) -> int:
+    """Whether the reference's answers are right at every check, as a batch's canary judges them:
+    0, or 1 with the cause (its code, or the rubric's limits too small for it) and the fix."""
+    scratch = Path(scratch_dir("a4-doctor-"))
+    try:
+        said = canary(executor, rubric, scratch, lambda limits: make_executor("warm", sandbox, limits))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if said.status == Status.PASSED:
+        print(f"the reference's answers: right at every check ({len(rubric.checks)}), as grade's canary judges them")
+    elif said.status == Status.NOT_RUN:
+        print(f"the reference's answers: not checked: {said.cause}")
+    else:
+        print(f"the reference's answers: {said.kind}: {said.cause}\nfix: {said.fix}")
+        return 1
     return 0
