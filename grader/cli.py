@@ -194,6 +194,9 @@ def _gradebook_arguments(p) -> None:
     p.add_argument("--allow-infra-error", action="store_true",
                    help="write the LMS files even though some hand-ins are infra_error (their cells left as "
                         "they were); without it such a batch gets none")
+    p.add_argument("--allow-no-time", action="store_true",
+                   help="write the LMS files even though some graded students have no submission time (their "
+                        "grades without a late penalty); without it, give the times first")
 
 
 def _diff_arguments(p) -> None:

@@ -105,7 +105,8 @@ def test_a_canvas_export_without_sis_columns_still_gives_the_five_canvas_imports
     out = out_with(tmp_path, result("50001"))
     (tmp_path / "export.csv").write_text("Student,ID,Section,Assignment 4 (7)\n    Points Possible,,,10\n"
                                          "\"Late, Ann\",50001,A,\n")
-    book, final, filled, _ = make_gradebook(out, policy_file(tmp_path), lms=[f"canvas:{tmp_path / 'export.csv'}"])
+    book, final, filled, _ = make_gradebook(out, policy_file(tmp_path), lms=[f"canvas:{tmp_path / 'export.csv'}"],
+                                            allow_no_time=True)
     rows = list(csv.reader(io.StringIO(Path(filled[0].written).read_text(encoding="utf-8"))))
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Assignment 4 (7)"]
     assert rows[2] == ["Late, Ann", "50001", "", "", "A", "10.00"]
@@ -114,7 +115,8 @@ def test_a_canvas_export_without_sis_columns_still_gives_the_five_canvas_imports
 def test_moodle_worksheet_keeps_every_column_and_its_comment_says_the_grade(tmp_path):
     out, policy = three(tmp_path, ("1001", "1002", "1003"), "moodle")
     (tmp_path / "worksheet.csv").write_text(MOODLE)
-    _, _, filled, _ = make_gradebook(out, policy, lms=[f"moodle:{tmp_path / 'worksheet.csv'}"], feedback=True)
+    _, _, filled, _ = make_gradebook(out, policy, lms=[f"moodle:{tmp_path / 'worksheet.csv'}"], feedback=True,
+                                     allow_no_time=True)
     rows = list(csv.DictReader(io.StringIO(Path(filled[0].written).read_text())))
     assert list(rows[0]) == next(csv.reader(io.StringIO(MOODLE)))
     assert [(r["Identifier"], r["Grade"]) for r in rows] == [("Participant 1001", "40.00"),
@@ -135,7 +137,7 @@ def test_blackboard_upload_is_keyed_by_username_with_the_columns_id_and_feedback
               ["Ext <b>", "Eve", "eext", "0044", "", "Yes", "", ""],
               ["Gone", "Guy", "gguy", "0045", "", "No", "", ""]]
     (tmp_path / f"gc{suffix}").write_bytes(bb_export(people, tab))
-    _, _, filled, _ = make_gradebook(out, policy, lms=[f"blackboard:{tmp_path / f'gc{suffix}'}"], feedback=True,
+    _, _, filled, _ = make_gradebook(out, policy, lms=[f"blackboard:{tmp_path / f'gc{suffix}'}"], feedback=True, allow_no_time=True,
                                      output=tmp_path / "final.csv")
     written = Path(filled[0].written)
     assert written.name == f"final-blackboard-import{suffix}"
@@ -165,17 +167,18 @@ def test_blackboard_fills_no_calculated_column_nor_a_text_one(tmp_path):
     gc.write_text('"Username","Total [Total Pts: up to 100 Score] |1","Weighted Total [Total Pts: 100 Percentage] |3"\n'
                   '"alate","",""\n')
     with pytest.raises(LmsError, match="no grade columns in it; name the one to fill with --assignment"):
-        make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"])
+        make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"], allow_no_time=True)
     gc.write_text('"Username","Notes [Total Pts: 0 Text] |2"\n"alate",""\n')
     with pytest.raises(LmsError, match="shows Text; a grade upload needs a Score or Percentage column"):
-        make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"])
+        make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"], allow_no_time=True)
     assert not list(tmp_path.glob("*-import*"))
 
 
 def test_gradescope_grade_export_is_filled_in_place_and_gives_the_times(tmp_path):
     out = out_with(tmp_path, result("s1"), result("s2"), result("e@uni.example"))
     (tmp_path / "grades.csv").write_text(GRADESCOPE)
-    _, _, filled, _ = make_gradebook(out, policy_file(tmp_path), lms=[f"gradescope:{tmp_path / 'grades.csv'}"])
+    _, _, filled, _ = make_gradebook(out, policy_file(tmp_path), lms=[f"gradescope:{tmp_path / 'grades.csv'}"],
+                                     allow_no_time=True)
     rows = list(csv.DictReader(io.StringIO(Path(filled[0].written).read_text())))
     assert list(rows[0]) == next(csv.reader(io.StringIO(GRADESCOPE)))
     # Ann 2 days late (the export's Submission Time); Eve matched by email.
@@ -203,7 +206,7 @@ def test_an_infra_error_batch_writes_no_lms_file_unless_told_and_says_why_in_one
     out = out_with(tmp_path, result("50001"), broken)
     (tmp_path / "export.csv").write_text(CANVAS)
     command = ["gradebook", str(out), "--policy", str(policy_file(tmp_path)),
-               "--lms", f"canvas:{tmp_path / 'export.csv'}", "--feedback"]
+               "--lms", f"canvas:{tmp_path / 'export.csv'}", "--feedback", "--allow-no-time"]
     assert main(command) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no LMS file written: 1 of 2 hand-in(s) were not graded, through no fault of the " \
@@ -223,7 +226,8 @@ def test_an_infra_error_batch_writes_no_lms_file_unless_told_and_says_why_in_one
 def test_an_earlier_import_file_is_never_overwritten_silently(tmp_path, capsys):
     out = out_with(tmp_path, result("50001"))
     (tmp_path / "export.csv").write_text(CANVAS)
-    command = ["gradebook", str(out), "--lms", f"canvas:{tmp_path / 'export.csv'}", "-o", str(tmp_path / "final.csv")]
+    command = ["gradebook", str(out), "--lms", f"canvas:{tmp_path / 'export.csv'}", "-o", str(tmp_path / "final.csv"),
+               "--allow-no-time"]
     assert main(command + ["--policy", str(policy_file(tmp_path))]) == 0
     first = (tmp_path / "final-canvas-import.csv").read_bytes()
     assert main(command + ["--policy", str(policy_file(tmp_path))]) == 0          # the same grades: the same file
@@ -304,7 +308,7 @@ def test_canvas_times_come_from_its_api_page_by_page_with_the_token(tmp_path, ca
     (tmp_path / "export.csv").write_text(CANVAS)
     monkeypatch.setenv("CANVAS_API_TOKEN", FakeCanvas.token)
     url = f"{canvas_api}/courses/7/assignments/42"
-    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--canvas", url,
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--canvas", url, "--allow-no-time",
                  "--lms", f"canvas:{tmp_path / 'export.csv'}"]) == 0
     rows = {r["student"]: r for r in csv.DictReader((out / "final.csv").open())}
     assert (rows["50001"]["late_days"], rows["50001"]["final"]) == ("2", "80")     # 10:00 +02:00 on the 16th

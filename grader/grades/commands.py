@@ -43,6 +43,7 @@ from grader.names import plain
 
 ROUTINE = ("late", "extension", "no_time")   # flags that need no one's attention by themselves
 ALLOW = "--allow-infra-error"
+ALLOW_NO_TIME = "--allow-no-time"
 
 NO_TIME = ("a submission time: the policy's `submissions:` (a CSV student,submitted_at[,source], Gradescope's "
            "submission_metadata.json, or Canvas's submissions page saved from the browser), `--lms "
@@ -78,12 +79,26 @@ def _times(policy, lms, canvas, token) -> list:
     return submissions + (api_times(canvas, token or os.environ.get(TOKEN_ENV, "")) if canvas else [])
 
 
+def untimed(book) -> list:
+    """The students with a grade but no submission time: the deadline could not be held against them."""
+    return [r.student for r in book.rows if "no_time" in r.flags and r.final is not None]
+
+
+def _no_time_refusal(students: list) -> str:
+    shown = ", ".join(students[:20]) + (" ..." if len(students) > 20 else "")
+    return (f"no LMS file written: {len(students)} student(s) with a grade have no submission time, so the "
+            f"deadline could not be held against them and their grades would go out without a late penalty "
+            f"({shown}). Give {NO_TIME}; or give {ALLOW_NO_TIME} to write the LMS files with those grades unpenalised")
+
+
 def make_gradebook(out, policy_path, output=None, keep_stale: bool = False, lms=(), assignment: str = None,
-                   feedback: bool = False, canvas: str = None, canvas_token: str = None, allow_infra: bool = False):
+                   feedback: bool = False, canvas: str = None, canvas_token: str = None, allow_infra: bool = False,
+                   allow_no_time: bool = False):
     """Compute the final gradebook of `out` under the policy and write it (and the LMS files, and
     with `feedback` the feedback uploads); return (Book, the path written, [grader.grades.lms.sheet.Filled],
     grader.grades.feedback.Uploads or None). Refused (nothing written) when LMS files are asked of
-    a batch with infra_error results, unless `allow_infra`."""
+    a batch with infra_error results, unless `allow_infra`, or with graded students whose submission
+    time is unknown (the policy always has a deadline), unless `allow_no_time`."""
     policy = load_policy(policy_path)
     results = load_results(out)
     specs = imports.parse(lms)
@@ -93,6 +108,8 @@ def make_gradebook(out, policy_path, output=None, keep_stale: bool = False, lms=
                       f"or give {ALLOW} to write the LMS files with their cells left as they are")
     roster = read_roster(policy.roster) if policy.roster else None
     book = final_gradebook(results, policy, _times(policy, lms, canvas, canvas_token), roster, keep_stale)
+    if untimed(book) and (specs or feedback) and not allow_no_time:
+        raise Refused(_no_time_refusal(untimed(book)))
     output = Path(output) if output else Path(out) / "final.csv"
     atomic_write(output, book_csv(book))
     write_report(out, book.rows)   # report.html again, with the final grades and late days
@@ -144,7 +161,7 @@ def gradebook_command(args) -> int:
     try:
         book, output, filled, uploads = make_gradebook(
             args.out, args.policy, args.output, args.keep_stale_overrides, args.lms, args.assignment, args.feedback,
-            args.canvas, args.canvas_token, args.allow_infra_error)
+            args.canvas, args.canvas_token, args.allow_infra_error, args.allow_no_time)
     except (PolicyError, GradebookError, LmsError) as e:
         print(f"gradebook: {e}", file=sys.stderr)
         return 2
