@@ -99,6 +99,7 @@ class HandinResult(ToDict):
     log: dict = field(default_factory=dict)      # the log report
     err: dict = field(default_factory=dict)      # the .err report
     isolation: dict = field(default_factory=dict)
+    torch: str = ""                    # the torch that graded: "2.13.0+cpu (CPU build)", "2.13.0 (CUDA 13.0 build)"
     grader_version: str = ""
     grader_digest: str = ""            # grader.kit.source_digest(): the code that graded it
     rubric_sha256: str = ""

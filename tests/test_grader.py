@@ -601,3 +601,15 @@ def test_a_wrong_reference_is_named_with_its_part_and_diagnosis_and_doctor_fails
     said = capsys.readouterr().out
     assert "every part ran" in said and "the reference's answers: reference: the reference solution is wrong" in said
     assert "summed over" in said and "fix: fix the reference" in said
+
+
+def test_grading_json_and_the_report_name_the_torch_build_that_graded(tmp_path):
+    """torch's version alone does not tell its CUDA wheel ("2.13.0") from its CPU one: the build is named."""
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], public_world_sizes=[])
+    handin = write_zip(tmp_path / "ann.zip", Files(code=REFERENCE.read_text()))
+    assert grade_batch([handin], tmp_path / "out", rubric_path=rubric, progress=False).graded == 1
+    said = json.loads((tmp_path / "out" / "students" / "ann" / "grading.json").read_text())["torch"]
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    assert said == f"{torch.__version__} ({build})"
+    assert json.loads((tmp_path / "out" / "analytics.json").read_text())["run"]["torch"] == said
+    assert said in (tmp_path / "out" / "report.html").read_text()
