@@ -78,6 +78,12 @@ def test_the_gradebook_writes_it_again_with_final_grades_and_late_days(tmp_path)
     assert len(numbers["final"]) == 3 and numbers["late_days"] and "0" in numbers["late_days"]
     page = (out / "report.html").read_text()
     assert "with the final grades" in page and "final: median" in page and "days late" in page
+    # Each row shows what the gradebook made of its hand-in: the final grade, the penalty, the overrides.
+    rows = {row["key"]: row["final"] for row in numbers["students"]}
+    assert rows["s1"] == {"grade": "80", "penalty": "20", "late_days": 2, "overrides": ""}, rows["s1"]
+    assert rows["s0"]["grade"] == "93" and rows["s0"]["penalty"] == "", rows["s0"]
+    triage = html.unescape(page[page.index('id="students"'):page.index("</table>", page.index('id="students"'))])
+    assert "<th>final grade</th>" in triage and "late 2 day(s): \u221220" in triage
 
 
 def test_it_renders_in_headless_chromium(tmp_path):

@@ -286,4 +286,5 @@ def analyse(out, final_rows=None) -> Analytics:
         a.final = sorted(r["final"] for r in rows if r.get("final") is not None)
         a.late_days = {str(d): n for d, n in sorted(Counter(r["late_days"] for r in rows
                                                            if r.get("late_days") is not None).items())}
+        triage.with_final(a.students, rows)
     return a
