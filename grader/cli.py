@@ -181,7 +181,7 @@ def _gradebook_arguments(p) -> None:
     p.add_argument("--assignment", metavar="NAME",
                    help="Canvas and Blackboard: the assignment column to fill (part of its name)")
     p.add_argument("--feedback", action="store_true",
-                   help="also write OUT/feedback-upload/: each LMS's feedback for its bulk upload, headed by the "
+                   help="also write OUT/feedback-upload/: each LMS's feedback files, headed by the "
                         "grade that LMS shows (Moodle's feedback files, Canvas's submission re-upload); with --lms "
                         "moodle:FILE or blackboard:FILE the worksheet's Feedback comments or the Grade Center's "
                         "Feedback to Learner too")

@@ -590,7 +590,7 @@ def test_feedback_goes_back_as_each_lms_bulk_upload_wants_it(tmp_path, capsys):
     with zipfile.ZipFile(out / "feedback-upload" / "canvas-feedback.zip") as z:
         assert z.namelist() == ["martineve_LATE_50001_99901_assignment4-feedback.md"]
     assert "Blackboard takes no feedback files: 1 student(s)' feedback goes in the Feedback to Learner column" in printed
-    assert "2 feedback file(s) for Moodle's bulk upload" in printed
+    assert "2 feedback file(s); upload it in Moodle: Grading action > Upload multiple feedback files" in printed
     sheet = list(csv.DictReader(io.StringIO((tmp_path / "final-moodle-import.csv").read_text())))
     assert sheet[0]["Feedback comments"] == "Grade: 90.00 / 100 (as Moodle shows it). Autograde 90."
     assert sheet[2]["Feedback comments"] == ""   # 1003 handed in nothing graded here

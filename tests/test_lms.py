@@ -21,6 +21,7 @@ import pytest
 from grader.cli import main
 from grader.grades.commands import make_gradebook
 from grader.grades.lms.sheet import LmsError
+from tests.corpus import ROOT
 from tests.test_gradebook import downloaded, out_with, policy_file, result
 
 LATE = "2026-04-16T10:00:00+02:00"      # 2 started days after the tests' deadline: 20 % off
@@ -172,6 +173,27 @@ def test_blackboard_fills_no_calculated_column_nor_a_text_one(tmp_path):
     with pytest.raises(LmsError, match="shows Text; a grade upload needs a Score or Percentage column"):
         make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"], allow_no_time=True)
     assert not list(tmp_path.glob("*-import*"))
+
+
+def test_each_lms_gets_one_sentence_of_what_to_do_with_each_file_as_the_tas_guide_says(tmp_path, capsys):
+    """What gradebook prints beside each file it wrote is the guide's table (docs/tas.md), one
+    sentence per LMS and file: Gradescope's grade file and feedback zip are never said to be imported
+    or bulk-uploaded, and a student with no hand-in is said to be one."""
+    from grader.grades.commands import FEEDBACK_GOES, GRADES_GO
+    table = {row.split("|")[1].strip().lower(): row for row in
+             (ROOT / "docs" / "tas.md").read_text().splitlines() if row.startswith("| ") and "FINAL-" in row}
+    for lms, said in GRADES_GO.items():
+        where = said.split(": ", 1)[1].split(" (")[0]
+        assert where in table[lms] or lms == "gradescope" and "Gradescope imports no grade file" in table[lms], lms
+    for lms, said in FEEDBACK_GOES.items():
+        assert said.split(": ", 1)[1].split(" (")[0].split(":")[0] in table[lms] or lms == "gradescope", lms
+    out = out_with(tmp_path, result("s1"), result("s2"), result("e@uni.example"))
+    (tmp_path / "grades.csv").write_text(GRADESCOPE)
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--allow-no-time", "--feedback",
+                 "--lms", f"gradescope:{tmp_path / 'grades.csv'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "Gradescope imports no grade file" in printed and "import it into the LMS" not in printed
+    assert "bulk upload" not in printed and printed.count("Gradescope takes no feedback upload") <= 1
 
 
 def test_gradescope_grade_export_is_filled_in_place_and_gives_the_times(tmp_path):

@@ -139,12 +139,25 @@ def _report(book, output, out) -> None:
               f"them: {', '.join(r.student for r in untimed[:20])}{' ...' if len(untimed) > 20 else ''}")
         print(f"    give {NO_TIME}")
     for r in untimed + look:
-        print(f"  {r.student}: {';'.join(r.flags) or '-'}" + "".join(f"\n    {n}" for n in r.notes))
+        said = ";".join(r.flags) or (f"final grade {r.final:g}" if r.final is not None else "no final grade")
+        print(f"  {r.student}: {said}" + "".join(f"\n    {n}" for n in r.notes))
+
+
+# One true sentence per LMS of what to do with each file gradebook wrote for it (docs/tas.md's table).
+GRADES_GO = {"moodle": "upload it in Moodle: Grading action > Upload grading worksheet",
+             "canvas": "import it in Canvas: Grades > Import",
+             "blackboard": "upload it in Blackboard: Grade Center > Work Offline > Upload (its Feedback to "
+                           "Learner column carries the feedback)",
+             "gradescope": "Gradescope imports no grade file: keep it wherever the course keeps its grades"}
+FEEDBACK_GOES = {"moodle": "upload it in Moodle: Grading action > Upload multiple feedback files in a zip",
+                 "canvas": "upload it in Canvas: Assignments > Re-Upload Submissions (each file becomes a comment)",
+                 "gradescope": "Gradescope takes no feedback upload: hand it out yourselves, a folder per "
+                               "submission (Gradescope's own page shows the autograder's results)"}
 
 
 def _report_files(filled, uploads) -> None:
     for f in filled:
-        print(f"wrote {f.written}: {f.filled} grade(s) in '{f.column}' ({f.lms}); import it into the LMS")
+        print(f"wrote {f.written}: {f.filled} grade(s) in '{f.column}' ({f.lms}); {GRADES_GO[f.lms]}")
         if f.earlier:
             print(f"  kept the earlier file of that name as {f.earlier}")
         for line in f.notes + [f"left as it was: {k}" for k in f.kept] + [f"not in the {f.lms} file: {s}"
@@ -152,7 +165,7 @@ def _report_files(filled, uploads) -> None:
             print(f"  {line}")
     if uploads is not None:
         for lms, path in uploads.written.items():
-            print(f"wrote {path}: {uploads.counts[lms]} feedback file(s) for {lms.capitalize()}'s bulk upload")
+            print(f"wrote {path}: {uploads.counts[lms]} feedback file(s); {FEEDBACK_GOES[lms]}")
         for line in uploads.notes + [f"no feedback file for the LMS: {line}" for line in uploads.left_out]:
             print(f"  {line}")
 
