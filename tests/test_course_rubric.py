@@ -18,7 +18,7 @@ import yaml
 from grader.instructor.config import reference_constants
 from tests.corpus import ROOT, with_part5
 
-KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "pyproject.toml")
+KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "docs", "README.md", "pyproject.toml")
 # The kit's tests run in the changed copy: the whole corpus graded and diagnosed, the rubric and the
 # release. (All of them hold there; these are the ones that read the rubric most.)
 SUITE = ("tests/test_compare.py", "tests/test_grader.py", "tests/test_megatron.py",
