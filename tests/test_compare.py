@@ -288,7 +288,7 @@ def test_a_check_whose_sizes_a_part_cannot_split_is_refused_naming_check_part_an
     data["checks"].append({"name": "wide", "hidden": True, "seed": 3, **change})
     with pytest.raises(RubricError) as info:
         rubric_from_dict(data, "r.yaml")
-    assert str(info.value).startswith(f"r.yaml.checks[{len(data['checks']) - 1}] ") and words in str(info.value)
+    assert f"r.yaml.checks[{len(data['checks']) - 1}] (wide)" in str(info.value) and words in str(info.value)
 
 
 def test_a_backward_check_needs_only_what_its_layer_splits():
