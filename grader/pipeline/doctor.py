@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from grader import kit
-from grader.pipeline.canary import canary
+from grader.pipeline.canary import canary, lowered
 from grader.rerun import bwrap, cgroup, machine, tasks
 from grader.rerun.executor import CannotGrade, WarmExecutor
 from grader.rerun.executors import make_executor
@@ -94,8 +94,8 @@ def doctor_command(args) -> int:
         for line in _limits_text(rubric.limits, isolation, executor._cgroup):
             print(f"  {line}")
         check, runs, peak, seconds = _world(executor, rubric)
-        said = _verdict(check, runs, peak, seconds, rubric.limits, isolation)
-        if said == 0:
+        said = _verdict(check, runs, peak, seconds, rubric.limits, isolation, lowered(rubric))
+        if said == 0 or lowered(rubric):   # a world that failed under lowered limits: theirs, or the machine's?
             said = _answers(executor, rubric, args.sandbox)
     except CannotGrade as e:
         print(f"\ngrade would refuse to run hand-ins here:\n  {e}")
@@ -108,9 +108,16 @@ def doctor_command(args) -> int:
     return said
 
 
-def _verdict(check, runs: dict, peak: Peak, seconds: float, limits, isolation: dict) -> int:
+def _verdict(check, runs: dict, peak: Peak, seconds: float, limits, isolation: dict, low: dict = None) -> int:
+    """`low`: the limits and timeouts the rubric lowers (grader.pipeline.canary.lowered): where a
+    world failed under them, the canary, run next, tells them from the machine."""
     failed = {p: r for p, r in runs.items() if r.status != Status.PASSED}
     where = f"a world of the reference at check '{check.name}' ({check.world_size} ranks)"
+    if failed and low:
+        part, run = next(iter(failed.items()))
+        print(f"\n{where}: {part} {run.status.value}: {run.detail[:400]}\nthe rubric lowers {', '.join(low)} below "
+              f"the default: the reference's run at every check, next, tells whether that is the cause")
+        return 1
     if failed:
         part, run = next(iter(failed.items()))
         why = machine.explain(run.status.value, run.detail or next(
