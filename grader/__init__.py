@@ -4,11 +4,12 @@ The house, one room per job; a hand-in travels down the list. Every module is na
 room (tests/test_layout.py holds the map to that):
 
     shared       kit (paths, atomic writes, the source digest), parts, rubric (the loader, and
-                 the public rubric derived from it; feasible: whether the kit can run its checks;
-                 worth: what a check is worth, the one rounding of scores, what the hidden checks
-                 hold) and limits (what a world may use, each timeout's default, a batch's part
-                 clock, --jobs from the machine, and what a Slurm grading task asks for: all that
-                 the re-run's processes read of the rubric),
+                 the public rubric derived from it; feasible: what no rubric can have and whether
+                 the kit can run its checks, every problem refused at once; worth: what a check
+                 is worth, the one rounding of scores, what the hidden checks hold) and limits (what
+                 a world may use, each timeout's default, a batch's part clock, --jobs from the
+                 machine, and what a Slurm grading task asks for: all that the re-run's processes
+                 read of the rubric),
                  outline (a hand-in's code parsed where a limit holds: a child process's, or a
                  deep stack under the size caps),
                  results (statuses and result dataclasses, where a batch keeps them, and whether a
@@ -28,8 +29,7 @@ room (tests/test_layout.py holds the map to that):
                  rank's words. What holds a world: memory (its watchdog),
                  tasks (its count of processes and threads), cgroup, environment (the variables a
                  rank and the helper get), readable (code and Python the ranks' user can read);
-                 machine says why a machine cannot grade, and doctor runs a world of the reference
-                 there and says what holds
+                 machine says why a machine cannot grade
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
                  hand-ins), download (whose each file of an LMS download is), listing (a folder's or
                  a zip's files, each read from disk only when used), handin (unpack safely, locate
@@ -43,7 +43,9 @@ room (tests/test_layout.py holds the map to that):
                  say (what a student may see of hidden checks), score (the points)
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its
-                 page from templates/)
+                 page from templates/); the reference re-run and judged at every check before a batch,
+                 and when it fails, why: its code, the rubric's limits, the machine (canary); doctor
+                 runs a world of the reference here, says what holds, and checks its answers
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (outputs);
                  commands (the `grade` command); the progress line and its ETA (progress)

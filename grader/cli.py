@@ -183,7 +183,7 @@ def _gradebook_arguments(p) -> None:
     p.add_argument("--assignment", metavar="NAME",
                    help="Canvas and Blackboard: the assignment column to fill (part of its name)")
     p.add_argument("--feedback", action="store_true",
-                   help="also write OUT/feedback-upload/: each LMS's feedback for its bulk upload, headed by the "
+                   help="also write OUT/feedback-upload/: each LMS's feedback files, headed by the "
                         "grade that LMS shows (Moodle's feedback files, Canvas's submission re-upload); with --lms "
                         "moodle:FILE or blackboard:FILE the worksheet's Feedback comments or the Grade Center's "
                         "Feedback to Learner too")
@@ -196,6 +196,9 @@ def _gradebook_arguments(p) -> None:
     p.add_argument("--allow-infra-error", action="store_true",
                    help="write the LMS files even though some hand-ins are infra_error (their cells left as "
                         "they were); without it such a batch gets none")
+    p.add_argument("--allow-no-time", action="store_true",
+                   help="write the LMS files even though some graded students have no submission time (their "
+                        "grades without a late penalty); without it, give the times first")
 
 
 def _diff_arguments(p) -> None:
@@ -227,8 +230,9 @@ COMMANDS = {
                   "re-running code), and write the final gradebook and, with --lms, the file to import."),
     "diff": ("grades", "grader.grades.commands:diff_command", _diff_arguments,
              "what a regrade moved: scores and part statuses, old and new; exit 1 when a score went down", None),
-    "doctor": ("rerun", "grader.rerun.doctor:doctor_command", _doctor_arguments,
-               "run one world of the reference here as grade would: which layers hold, what bounds a world, why not", None),
+    "doctor": ("pipeline", "grader.pipeline.doctor:doctor_command", _doctor_arguments,
+               "run the reference here as grade would: which layers hold, what bounds a world, why not, and "
+               "whether its answers are right", None),
     "gradescope": ("gradescope", "grader.gradescope.run:run", _gradescope_arguments,
                    "grade one submission inside Gradescope's autograder", None),
     "gradescope-bundle": ("gradescope", "grader.gradescope.bundle:bundle_command", _bundle_arguments,
@@ -265,7 +269,7 @@ COMMANDS = {
 
 
 # Who runs each room's commands: `--help` lists the commands in these groups, in this order.
-READERS = {"batch": "TAs", "grades": "TAs", "integrity": "TAs", "rerun": "TAs",
+READERS = {"batch": "TAs", "grades": "TAs", "integrity": "TAs", "pipeline": "TAs",
            "instructor": "instructors", "gradescope": "Gradescope's autograder", "student": "students"}
 
 

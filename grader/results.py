@@ -99,6 +99,7 @@ class HandinResult(ToDict):
     log: dict = field(default_factory=dict)      # the log report
     err: dict = field(default_factory=dict)      # the .err report
     isolation: dict = field(default_factory=dict)
+    torch: str = ""                    # the torch that graded: "2.13.0+cpu (CPU build)", "2.13.0 (CUDA 13.0 build)"
     grader_version: str = ""
     grader_digest: str = ""            # grader.kit.source_digest(): the code that graded it
     rubric_sha256: str = ""
@@ -157,11 +158,23 @@ UNGRADABLE_TODO = ("run `python -m grader doctor` on this machine and read the r
                    "then run the same `grade` again (hand-ins without a score are graded again, the rest are kept)")
 
 
+class Cause(str, Enum):
+    """Why a batch's canary failed: each its own fix (grader.pipeline.canary)."""
+    REFERENCE = "reference"   # the reference ran and its answers are wrong: its code is
+    LIMITS = "limits"         # the rubric's limits or timeouts are smaller than the reference needs
+    MACHINE = "machine"       # this machine cannot run a world
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class Canary(ToDict):
-    """The reference solution re-run at every check before hand-ins are graded (grader.batch.local)."""
+    """The reference solution re-run at every check before hand-ins are graded (grader.pipeline.canary)."""
     status: Status            # passed; infra_error (nothing can be trusted); not_run (no reference here)
     cause: str = ""           # what failed, in one line
+    kind: str = ""            # a Cause value, when it failed
+    fix: str = ""             # what to do about it, in one line
     ran_at: str = ""
     grader_digest: str = ""
     rubric_sha256: str = ""
@@ -178,7 +191,8 @@ def read_canary(out):
         data = json.loads((Path(out) / CANARY).read_text())
         return Canary(status=Status(data["status"]), cause=str(data.get("cause", "")), ran_at=str(data.get("ran_at", "")),
                       grader_digest=str(data.get("grader_digest", "")), rubric_sha256=str(data.get("rubric_sha256", "")),
-                      clocks={str(k): float(v) for k, v in (data.get("clocks") or {}).items()})
+                      clocks={str(k): float(v) for k, v in (data.get("clocks") or {}).items()},
+                      kind=str(data.get("kind", "")), fix=str(data.get("fix", "")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -189,8 +203,9 @@ def ungradable(out) -> str:
     the reference solution), or OUT holds results and every one is infra_error. The cause, then
     what to do."""
     canary = read_canary(out)
+    todo = UNGRADABLE_TODO
     if canary is not None and canary.status == Status.INFRA_ERROR:
-        cause = canary.cause
+        cause, todo = canary.cause, canary.fix or todo
     else:
         statuses, cause = set(), ""
         for path in result_files(out):
@@ -203,4 +218,4 @@ def ungradable(out) -> str:
         if statuses != {Status.INFRA_ERROR.value}:
             return ""
     cause = " ".join(cause.split())[:1200] or "the grading machine failed"   # the cause and its fix
-    return f"Not graded: no hand-in has a score, because {cause}. What to do: {UNGRADABLE_TODO}."
+    return f"Not graded: no hand-in has a score, because {cause}. What to do: {todo}."

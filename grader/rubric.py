@@ -204,16 +204,31 @@ def rubric_from_dict(data: dict, source: str = "rubric") -> Rubric:
     if checks_data is not None:
         if not isinstance(checks_data, list) or not checks_data:
             raise RubricError(f"{source}.checks: expected a non-empty list of checks")
-        rubric.checks = [_build(Check, c, f"{source}.checks[{i}]") for i, c in enumerate(checks_data)]
-    for derived in (None, {c.name: o.name for o in rubric.checks if not o.hidden
-                           for c in at_public_world_sizes([o], rubric.public_world_sizes)[1:]}):
-        if derived is not None:
-            rubric.checks = at_public_world_sizes(rubric.checks, rubric.public_world_sizes)
-        _validate(rubric, source if derived is None else f"{source} (its public checks at public_world_sizes)")
-        said = feasible.problem(rubric, source, derived)   # what the kit cannot run
-        if said:
-            raise RubricError(said)
+        rubric.checks = _built_checks(checks_data, source)
+    said = _validate(rubric, source)
+    derived = {}
+    if not feasible.sizes_problem(rubric, source):
+        derived = {c.name: o.name for o in rubric.checks if not o.hidden
+                   for c in at_public_world_sizes([o], rubric.public_world_sizes)[1:]}
+        rubric.checks = at_public_world_sizes(rubric.checks, rubric.public_world_sizes)
+        said += feasible.name_problems(rubric.checks, derived, source)
+    said += feasible.problems(rubric, source, derived)   # what the kit cannot run
+    if said:
+        raise RubricError(feasible.refusal(source, said))
     return rubric
+
+
+def _built_checks(checks_data: list, source: str) -> list:
+    """The checks, each built by grader.typed; every check's unknown key or wrong type at once."""
+    checks, said = [], []
+    for i, data in enumerate(checks_data):
+        try:
+            checks.append(_build(Check, data, f"{source}.checks[{i}]"))
+        except RubricError as e:
+            said.append(str(e))
+    if said:
+        raise RubricError(feasible.refusal(source, said))
+    return checks
 
 
 def at_public_world_sizes(checks: list, sizes: list) -> list:
@@ -235,46 +250,20 @@ def at_public_world_sizes(checks: list, sizes: list) -> list:
     return out
 
 
-def _validate(rubric: Rubric, source: str) -> None:
-    names = [c.name for c in rubric.checks]
-    for i, check in enumerate(rubric.checks):
-        where = feasible.where(source, i, check)
-        if names.count(check.name) > 1:
-            raise RubricError(f"{where}: the check name '{check.name}' is used twice; names must be unique")
-        for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps", "hidden_dim"):
-            if getattr(check, key) < 1:
-                raise RubricError(f"{where}.{key}: must be at least 1")
-        if check.weight <= 0:
-            raise RubricError(f"{where}.weight: must be positive")
-        if check.nodes < 1 or check.world_size % check.nodes:
-            raise RubricError(f"{where}.nodes: must be at least 1 and divide world_size ({check.world_size}); "
-                              f"each node runs world_size / nodes ranks")
-        if check.kind not in KINDS:
-            raise RubricError(f"{where}.kind: '{check.kind}' is not a kind of check; valid kinds: {', '.join(KINDS)}")
-    sizes = rubric.public_world_sizes
-    if not isinstance(sizes, list) or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
-        raise RubricError(f"{source}.public_world_sizes: expected a list of world sizes (whole numbers, at "
-                          f"least 1), got {sizes!r}")
-    if not 0 <= rubric.score_decimals <= 6:
-        raise RubricError(f"{source}.score_decimals: {rubric.score_decimals} is not a number of decimals from 0 to 6")
-    if rubric.log_min_world_size < 1 or rubric.log_min_nodes < 1:
-        raise RubricError(f"{source}.log_min_world_size, log_min_nodes: must be at least 1")
-    if not any(not c.hidden and c.kind == "step" for c in rubric.checks):
-        raise RubricError(f"{source}.checks: at least one check must be public (hidden: false) and of "
-                          f"kind step (the .log is held against the first)")
-    for section in ("timeouts", "limits"):
-        for key, value in dataclasses.asdict(getattr(rubric, section)).items():
-            if value <= 0:
-                raise RubricError(f"{source}.{section}.{key}: must be positive")
-    for key, value in dataclasses.asdict(rubric.gradescope).items():
-        if value < 0:
-            raise RubricError(f"{source}.gradescope.{key}: must be 0 (no limit) or more")
+def _validate(rubric: Rubric, source: str) -> list:
+    """Every value no check or rubric can have, one line each ([] when none)."""
+    return [*feasible.value_problems(rubric.checks, source, KINDS), *filter(None, [feasible.sizes_problem(rubric, source)]),
+            *feasible.rubric_problems(rubric, source), *_pattern_problems(rubric, source)]
+
+
+def _pattern_problems(rubric: Rubric, source: str) -> list:
     try:
         pattern = re.compile(id_regex(rubric.files.student_id_pattern))
     except re.error as e:
-        raise RubricError(f"{source}.files.student_id_pattern: not a valid regular expression ({e})") from e
+        return [f"{source}.files.student_id_pattern: not a valid regular expression ({e})"]
     if "id" not in pattern.groupindex:
-        raise RubricError(f"{source}.files.student_id_pattern: needs a named group (?P<id>...)")
+        return [f"{source}.files.student_id_pattern: needs a named group (?P<id>...)"]
+    return []
 
 
 def _read(path: Path) -> dict:

@@ -288,7 +288,7 @@ def test_a_check_whose_sizes_a_part_cannot_split_is_refused_naming_check_part_an
     data["checks"].append({"name": "wide", "hidden": True, "seed": 3, **change})
     with pytest.raises(RubricError) as info:
         rubric_from_dict(data, "r.yaml")
-    assert str(info.value).startswith(f"r.yaml.checks[{len(data['checks']) - 1}] ") and words in str(info.value)
+    assert f"r.yaml.checks[{len(data['checks']) - 1}] (wide)" in str(info.value) and words in str(info.value)
 
 
 def test_a_backward_check_needs_only_what_its_layer_splits():
@@ -298,6 +298,61 @@ def test_a_backward_check_needs_only_what_its_layer_splits():
                            "global_batch_size": 7, "input_dim": 5, "output_dim": 9, "accumulation_steps": 2,
                            "hidden_dim": 12})   # what Part 5's block splits, where a course turns it on
     assert rubric_from_dict(data, "r.yaml").checks[-1].name == "odd-batch"
+
+
+FIX = re.compile(r"(?:checks\[\d+\] \((?P<check>[^)]+)\)|the public check '(?P<public>[^']+)').*set the "
+                 r"(?:public )?check's (?P<size>\w+) to a multiple of (?P<step>\d+) \(e\.g\. (?P<value>\d+)")
+
+
+def _take_the_advice(data: dict, refusal: str) -> list:
+    """Each size the refusal says to set, set as it says (its first example) in `data`'s checks."""
+    taken = []
+    for line in refusal.splitlines():
+        for fix in FIX.finditer(line):
+            name, size, value = fix["check"] or fix["public"], fix["size"], int(fix["value"])
+            next(c for c in data["checks"] if c["name"] == name)[size] = value
+            taken.append((name, size, int(fix["step"]), value))
+    return taken
+
+
+def test_one_refusal_lists_every_broken_rule_and_its_advice_is_accepted():
+    """A course adds a hidden 3-rank check and a public one to a rubric with Part 5 on: every size
+    that does not divide is named at once, each advised multiple is the least common multiple of all
+    that must divide it (world size, micro-batches, public world sizes), and taking the advice once
+    gives a rubric the kit accepts."""
+    data = {"parts": {"megatron_mlp": {"log": 2, "rerun": 8, "bonus": True}}, "public_world_sizes": [4, 1, 2]}
+    data["checks"] = [{"name": "default", "world_size": 4, "global_batch_size": 128, "output_dim": 32}, {
+         "name": "three", "hidden": True, "world_size": 3, "seed": 5, "global_batch_size": 128, "input_dim": 10,
+         "output_dim": 32, "accumulation_steps": 4},
+        {"name": "public-three", "world_size": 3, "seed": 6, "global_batch_size": 90, "input_dim": 9, "output_dim": 30,
+         "accumulation_steps": 5, "hidden_dim": 20}]
+    with pytest.raises(RubricError) as info:
+        rubric_from_dict(data, "r.yaml")
+    refusal = str(info.value)
+    assert refusal.startswith("r.yaml: 6 problems; fix them all before reading it again:"), refusal
+    taken = _take_the_advice(data, refusal)
+    assert sorted((n, s, step) for n, s, step, _ in taken) == [
+        ("public-three", "global_batch_size", 5 * 12), ("public-three", "hidden_dim", 12),
+        ("public-three", "output_dim", 12), ("three", "global_batch_size", 12), ("three", "hidden_dim", 3),
+        ("three", "output_dim", 3)], refusal
+    assert "which accumulation_steps (4) and world_size (3) both divide" in refusal
+    assert "world_size (3) and the public world sizes 4 and 2 all divide" in refusal
+    rubric = rubric_from_dict(data, "r.yaml")   # the advice, taken once, is accepted
+    assert {c.name for c in rubric.checks} >= {"three", "public-three", "public-three-4-ranks"}
+
+
+def test_every_value_no_check_can_have_is_refused_in_one_message():
+    with pytest.raises(RubricError) as info:
+        rubric_from_dict({"checks": [{"name": "a"}, {"name": "b", "world_size": 0}, {"name": "c", "kind": "forward"}],
+                          "score_decimals": 9, "timeouts": {"part": 0}}, "r.yaml")
+    lines = str(info.value).splitlines()
+    assert lines[0] == "r.yaml: 4 problems; fix them all before reading it again:"
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "  - r.yaml.checks[1] (b).world_size", "  - r.yaml.checks[2] (c).kind", "  - r.yaml.score_decimals",
+        "  - r.yaml.timeouts.part"]
+    with pytest.raises(RubricError) as info:   # a misspelt key in two checks: both named
+        rubric_from_dict({"checks": [{"nmae": "a"}, {"name": "b", "sede": 1}]}, "r.yaml")
+    assert "checks[0]: unknown key 'nmae'" in str(info.value) and "checks[1]: unknown key 'sede'" in str(info.value)
 
 
 def test_a_parallel_part_no_check_runs_on_more_than_one_rank_is_refused():

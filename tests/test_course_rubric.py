@@ -18,13 +18,17 @@ import yaml
 from grader.instructor.config import reference_constants
 from tests.corpus import ROOT, with_part5
 
-KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "pyproject.toml")
+KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "docs", "README.md", "pyproject.toml")
 # The kit's tests run in the changed copy: the whole corpus graded and diagnosed, the rubric and the
 # release. (All of them hold there; these are the ones that read the rubric most.)
 SUITE = ("tests/test_compare.py", "tests/test_grader.py", "tests/test_megatron.py",
          "tests/test_end_to_end.py::test_importing_the_reference_has_no_side_effects",
          "tests/test_release.py::test_release_refuses_a_configuration_said_differently_and_names_file_and_value",
-         "tests/test_release.py::test_the_release_ships_the_public_rubric_derived_from_the_graders")
+         "tests/test_release.py::test_the_release_ships_the_public_rubric_derived_from_the_graders",
+         "tests/test_release.py::test_a_course_with_part_5_ships_it_and_check_grades_it",
+         "tests/test_release.py::test_the_handout_states_the_rubrics_points_and_nothing_else_does",
+         "tests/test_gradescope.py::test_a_submission_is_graded_into_results_json", "tests/test_gradebook.py",
+         "tests/test_report.py::test_the_gradebook_writes_it_again_with_final_grades_and_late_days")
 # test_grader's tests of the cache and of the torchrun executor grade the same way under any rubric.
 UNRELATED = "not second_run and not changed_grader and not torchrun_executor and not gloo_cannot_start"
 
@@ -41,15 +45,19 @@ def instructors_copy(tmp_path: Path) -> Path:
 
 
 def customise(copy: Path, part5: bool = False) -> dict:
-    """What a new instructor changes: Part 1 raised by 3 points, a hidden check added, the default
-    batch doubled everywhere it is said, a looser tolerance; with `part5`, the optional Part 5
-    turned on as a bonus. Returns the new default batch."""
+    """What a new instructor changes: Part 1 raised by 3 points, two hidden checks added (one of 3
+    ranks, a world size the stock course has none of), the default batch doubled everywhere it is
+    said, a looser tolerance; with `part5`, the optional Part 5 turned on as a bonus (the hidden
+    widths its checks' world sizes need, as a refused rubric says). Returns the new default batch."""
     rubric_path = copy / "grader" / "rubric.yaml"
     rubric = yaml.safe_load(rubric_path.read_text())
     rubric["parts"]["baseline"]["rerun"] += 3
     added = f"wide-rows-{len(rubric['checks'])}"   # a name of its own, also in a course changed before
     rubric["checks"].append({"name": added, "hidden": True, "world_size": 2, "seed": 5,
                              "global_batch_size": 24, "input_dim": 9, "output_dim": 14, "accumulation_steps": 3})
+    rubric["checks"].append({"name": f"three-ranks-{len(rubric['checks'])}", "hidden": True, "world_size": 3,
+                             "seed": 6, "global_batch_size": 36, "input_dim": 11, "output_dim": 21,
+                             "accumulation_steps": 3})   # a world size the stock course has none of
     if part5:   # with the hidden widths its checks' world sizes need, as a refused rubric says
         rubric = with_part5(rubric)
     rubric["tolerance"] = {"rtol": 2e-4, "atol": 2e-5}

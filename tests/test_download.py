@@ -291,7 +291,9 @@ def test_a_canvas_download_is_graded_one_row_per_student_and_its_feedback_goes_b
     policy = tmp_path / "policy.yaml"
     policy.write_text("deadline: 2026-04-14T23:59:00+02:00\nlate_penalty_per_day: 10\n")
     capsys.readouterr()
-    assert main(["gradebook", str(out), "--policy", str(policy), "--feedback"]) == 0
+    assert main(["gradebook", str(out), "--policy", str(policy), "--feedback"]) == 2   # no times: no upload
+    assert "--allow-no-time" in capsys.readouterr().err and not (out / "feedback-upload").exists()
+    assert main(["gradebook", str(out), "--policy", str(policy), "--feedback", "--allow-no-time"]) == 0
     printed = capsys.readouterr().out
     assert "2 student(s) have no submission time" in printed and "23456: no_time;lms_late" in printed
     with zipfile.ZipFile(out / "feedback-upload" / "canvas-feedback.zip") as z:

@@ -1,8 +1,8 @@
 """What feedback says at hidden checks, which checks grading runs, the device a rank picks and how a
 hang is told: hand-ins built for each, graded by the real grader in real gloo worlds.
 
-- a shape bug at hidden sizes (Part 3's slice reshaped to the handout's 32 x 64) and a hand-in that
-  prints and raises its configuration (decimal, hex, a tensor's shape, a class and a frame made at
+- a shape bug at hidden sizes (Part 3's slice reshaped to the default check's, the handout's 32 x 64)
+  and a hand-in that prints and raises its configuration (decimal, hex, a tensor's shape, a class and a frame made at
   run time, an exit code) leave no hidden value in any file a student or a gradebook reads, while
   the public checks keep the full text;
 - a device picked by the global rank (cuda:{rank}) fails the four-node check only, naming LOCAL_RANK;
@@ -37,6 +37,10 @@ PUBLIC = [c for c in RUBRIC.checks if not c.hidden]
 REF = REFERENCE.read_text()
 
 SLICE = "    local_inputs = full_inputs[start_idx:end_idx]\n"
+# Part 3's slice reshaped to the default check's own shape (the handout's 32 x 64 in the stock course):
+# right there, wrong at every other size.
+ROWS, COLS = RUBRIC.default_check.global_batch_size // RUBRIC.default_check.world_size, RUBRIC.default_check.input_dim
+SHAPED = SLICE.replace("]\n", f"].reshape({ROWS}, {COLS})\n")
 ALL_REDUCE = "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n"
 START = "    start_idx = rank * local_batch_size\n"
 
@@ -92,10 +96,12 @@ def secrets() -> set:
 def leaked(text: str) -> list:
     """The hidden values `text` holds: hex of any, decimal of those of 3 digits or more (smaller ones
     are points, dates, ranks), and shapes of two of them. Line numbers of the hand-in's own files
-    are allowed (the hand-in's layout, not the check's), and 100 is the course's total."""
+    are allowed (the hand-in's layout, not the check's), and so are the course's totals (100 in the stock
+    course), with and without its bonus."""
     found = []
     text = re.sub(r"(assignment4\.py|utils\.py):\d+|line \d+", "", text)
-    for v in sorted(secrets() - {100}):
+    totals = {round(RUBRIC.max_score), round(sum(p.log + p.rerun for p in RUBRIC.parts.values()))}
+    for v in sorted(secrets() - totals):
         if v >= 10 and re.search(rf"0x0*{v:x}\b", text, re.IGNORECASE):
             found.append(hex(v))
         if v >= 100 and re.search(rf"(?<![\w.]){v}(?![\w]|\.\d)", text):
@@ -125,7 +131,7 @@ def graded(reference_run, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("feedback")
     inbox = tmp / "inbox"
     inbox.mkdir()
-    shape = REF.replace(SLICE, SLICE.replace("]\n", "].reshape(32, 64)\n"))
+    shape = REF.replace(SLICE, SHAPED)
     cuda = REF.replace(START, START + "    full_inputs = full_inputs.to(f'cuda:{dist.get_rank()}')\n")
     assert shape != REF and cuda != REF
     for name, code in (("shape_bug", shape), ("hostile", hostile()), ("cuda_rank", cuda)):
@@ -161,11 +167,11 @@ def test_no_output_file_holds_a_hidden_value(graded, name):
 def test_a_shape_bug_at_hidden_sizes_says_type_and_line_there_and_torchs_words_at_the_public_check(graded):
     _, results, _ = graded
     dp = checks_of(results["shape_bug"], "data_parallel")
-    line = REF.replace(SLICE, SLICE.replace("]\n", "].reshape(32, 64)\n")).splitlines().index(
-        SLICE.rstrip("\n").replace("]", "].reshape(32, 64)")) + 1
-    assert dp["default"]["status"] == "passed"   # 32 x 64 is the default check's own slice
-    assert "shape '[32, 64]' is invalid for input of size 8192" in dp["default-1-rank"]["message"]
-    assert "reshape(32, 64)" in dp["default-1-rank"]["traceback"]
+    line = REF.replace(SLICE, SHAPED).splitlines().index(SHAPED.rstrip("\n")) + 1
+    assert dp["default"]["status"] == "passed"   # the default check's own slice
+    size = RUBRIC.default_check.global_batch_size * COLS   # one rank: the whole batch
+    assert f"shape '[{ROWS}, {COLS}]' is invalid for input of size {size}" in dp["default-1-rank"]["message"]
+    assert f"reshape({ROWS}, {COLS})" in dp["default-1-rank"]["traceback"]
     four = dp["four-nodes"]
     assert four["status"] == "crashed"
     assert f"RuntimeError at assignment4.py:{line} in data_parallel_single_step" in four["message"]
@@ -287,9 +293,8 @@ def test_grading_runs_the_public_checks_students_check_runs_and_both_say_the_sam
     for result in results.values():
         for part in result["parts"].values():
             ran = [o["check"] for o in part["checks"] if not o["hidden"]]
-            assert ran == [c.name for c in public.checks if part["part"] in c.parts()]
-    data = zip_bytes(Files(code=REF.replace(SLICE, SLICE.replace("]\n", "].reshape(32, 64)\n")),
-                           log=None, err=None))
+            assert ran == [c.name for c in public.checks if part["part"] in public.parts_at(c)]
+    data = zip_bytes(Files(code=REF.replace(SLICE, SHAPED), log=None, err=None))
     handin = Handin(name="shape_bug.zip", student="shape_bug", sha256="0" * 64, zip_bytes=data)
     rubric = dataclasses.replace(public, timeouts=dataclasses.replace(public.timeouts, part=3, process_group=2))
     executor = make_executor("warm", "best")

@@ -261,7 +261,8 @@ def test_a_canvas_export_is_filled_by_sis_or_login_id_and_scaled_to_its_points(t
     out = out_with(tmp_path, result("s1", lost={"baseline": 10}), result("rroe"))
     (tmp_path / "canvas.csv").write_text(CANVAS)
     policy = policy_file(tmp_path, roster=["s1", "rroe", "s9"])
-    command = ["gradebook", str(out), "--policy", str(policy), "--lms", f"canvas:{tmp_path / 'canvas.csv'}"]
+    command = ["gradebook", str(out), "--policy", str(policy), "--lms", f"canvas:{tmp_path / 'canvas.csv'}",
+               "--allow-no-time"]   # times are not what this test is about
     assert main(command) == 2
     assert "2 assignment columns in it; name the one to fill with --assignment" in capsys.readouterr().err
     assert main(command + ["--assignment", "assignment 4"]) == 0
@@ -275,12 +276,40 @@ def test_a_canvas_export_is_filled_by_sis_or_login_id_and_scaled_to_its_points(t
     assert f"wrote {written}: 3 grade(s) in 'Assignment 4 (123456)' (canvas)" in capsys.readouterr().out
 
 
+def test_canvas_times_read_in_the_deadlines_zone_and_without_them_no_lms_file_is_written(tmp_path, capsys):
+    """Canvas gives times in UTC, the deadline is +02:00: every time is shown in the deadline's zone
+    (23:31 UTC on the 14th is 01:31 on the 15th, one started day late), in final.csv and in what the
+    student reads. Where a graded student has no time, the deadline could not be held against them:
+    no LMS file, and the refusal says how to get the times, until --allow-no-time says so."""
+    out = out_with(tmp_path, result("s1"), result("rroe"))
+    (tmp_path / "canvas.csv").write_text(CANVAS)
+    command = ["gradebook", str(out), "--lms", f"canvas:{tmp_path / 'canvas.csv'}", "--assignment", "assignment 4"]
+    policy = policy_file(tmp_path, [("s1", "2026-04-14T23:31:00Z", "")])   # Canvas's UTC
+    assert main(command + ["--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "no LMS file written: 1 student(s) with a grade have no submission time" in err and "(rroe)" in err
+    assert "--canvas ASSIGNMENT_URL" in err and "--allow-no-time" in err
+    assert not (out / "final-canvas-import.csv").exists() and not (out / "final.csv").exists()
+    assert main(command + ["--policy", str(policy), "--allow-no-time"]) == 0
+    capsys.readouterr()
+    rows = rows_of(out / "final.csv")
+    assert (rows["s1"]["submitted_at"], rows["s1"]["late_days"], rows["s1"]["final"]) == (
+        "2026-04-15T01:31:00+02:00", "1", "90")
+    book = make_gradebook(out, policy, allow_no_time=True)[0]
+    said = next(r for r in book.rows if r.student == "s1").changes[0][0]
+    assert said.startswith("handed in 2026-04-15 01:31 +0200, 1 started day(s) after the deadline 2026-04-14 23:59 "
+                           "+0200"), said
+    both = policy_file(tmp_path, [("s1", "2026-04-14T23:31:00Z", ""), ("rroe", "2026-04-14T20:00:00Z", "")])
+    assert main(command + ["--policy", str(both)]) == 0 and (out / "final-canvas-import.csv").exists()
+
+
 def test_a_moodle_worksheet_is_filled_by_participant_number_and_locked_grades_are_kept(tmp_path, capsys):
     out = out_with(tmp_path, result("1001", "Jane Doe_1001_assignsubmission_file_hw4.zip", lost={"baseline": 10}),
                    result("1002", "Rick Roe_1002_assignsubmission_file_hw4.zip"))
     (tmp_path / "worksheet.csv").write_text(MOODLE)
     assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path, roster=["1001", "1002", "1003"])),
-                 "--lms", f"moodle:{tmp_path / 'worksheet.csv'}", "-o", str(tmp_path / "final.csv")]) == 0
+                 "--lms", f"moodle:{tmp_path / 'worksheet.csv'}", "-o", str(tmp_path / "final.csv"),
+                 "--allow-no-time"]) == 0
     rows = list(csv.reader(io.StringIO((tmp_path / "final-moodle-import.csv").read_text())))
     assert rows[0] == next(csv.reader(io.StringIO(MOODLE)))
     assert [(r[0], r[4]) for r in rows[1:]] == [("Participant 1001", "90.00"), ("Participant 1002", ""),
@@ -526,7 +555,8 @@ def test_a_moodle_worksheet_gives_the_times_and_students_without_one_come_first(
     sheet = MOODLE.replace("Tuesday, 14 April 2026, 11:50 PM", "Thursday, 16 April 2026, 9:00 AM")
     (tmp_path / "worksheet.csv").write_text(sheet)
     policy = policy_file(tmp_path)
-    assert main(["gradebook", str(out), "--policy", str(policy), "--lms", f"moodle:{tmp_path / 'worksheet.csv'}"]) == 0
+    assert main(["gradebook", str(out), "--policy", str(policy), "--lms", f"moodle:{tmp_path / 'worksheet.csv'}",
+                 "--allow-no-time"]) == 0
     printed = capsys.readouterr().out
     rows = rows_of(out / "final.csv")
     assert (rows["1001"]["late_days"], rows["1001"]["final"]) == ("2", "80")
@@ -546,7 +576,7 @@ def test_feedback_goes_back_as_each_lms_bulk_upload_wants_it(tmp_path, capsys):
     downloaded(out, "jdoe", lms="blackboard", upload="Assignment 4_jdoe_attempt_2026-04-14-20-00-00",
                submitted_at="2026-04-14T20:00:00")
     (tmp_path / "worksheet.csv").write_text(MOODLE)
-    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--feedback",
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--feedback", "--allow-no-time",
                  "--lms", f"moodle:{tmp_path / 'worksheet.csv'}", "-o", str(tmp_path / "final.csv")]) == 0
     printed = capsys.readouterr().out
     with zipfile.ZipFile(out / "feedback-upload" / "moodle-feedback.zip") as z:
@@ -560,7 +590,7 @@ def test_feedback_goes_back_as_each_lms_bulk_upload_wants_it(tmp_path, capsys):
     with zipfile.ZipFile(out / "feedback-upload" / "canvas-feedback.zip") as z:
         assert z.namelist() == ["martineve_LATE_50001_99901_assignment4-feedback.md"]
     assert "Blackboard takes no feedback files: 1 student(s)' feedback goes in the Feedback to Learner column" in printed
-    assert "2 feedback file(s) for Moodle's bulk upload" in printed
+    assert "2 feedback file(s); upload it in Moodle: Grading action > Upload multiple feedback files" in printed
     sheet = list(csv.DictReader(io.StringIO((tmp_path / "final-moodle-import.csv").read_text())))
     assert sheet[0]["Feedback comments"] == "Grade: 90.00 / 100 (as Moodle shows it). Autograde 90."
     assert sheet[2]["Feedback comments"] == ""   # 1003 handed in nothing graded here

@@ -14,6 +14,7 @@ from grader import kit, results as results_module
 from grader.batch.run import grade_batch
 from grader.parts import BY_ID, CORE_PART_IDS
 from grader.rerun.executor import SandboxUnavailable
+from grader.results import Cause, read_canary
 from grader.rubric import load_rubric
 from tests.corpus import (
     DATA,
@@ -557,6 +558,8 @@ def test_when_gloo_cannot_start_every_result_is_infra_error_and_no_score_is_writ
                           rubric_path=rubric, progress=False)
     assert summary.statuses == {"infra_error": 2}
     assert summary.ungradable.startswith("Not graded: no hand-in has a score, because the reference solution fails")
+    assert read_canary(tmp_path / "out").kind == Cause.MACHINE and "What to do: run `python -m grader doctor`" in \
+        summary.ungradable   # gloo's own error: the machine, not the rubric's limits nor the reference
     rows = list(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
     assert [row["score"] for row in rows] == ["", ""]
     doc = json.loads((tmp_path / "out" / "students" / "reference" / "results.json").read_text())
@@ -565,11 +568,48 @@ def test_when_gloo_cannot_start_every_result_is_infra_error_and_no_score_is_writ
 
 def test_where_the_reference_cannot_run_in_its_memory_every_result_says_why_and_what_to_do(graded, tmp_path):
     """A rubric whose world memory no world of this Python fits in: the canary fails, and each result
-    names limits.memory_mb with its number and the fix; a second try would fail alike, so no result
-    says to grade it again."""
+    names limits.memory_mb with its number, what the reference used under the default, and the fix;
+    a second try would fail alike, so no result says to grade it again."""
     rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], limits={"memory_mb": 64})
     summary = grade_batch([graded[3] / "reference.zip"], tmp_path / "out", rubric_path=rubric, progress=False)
     assert summary.statuses == {"infra_error": 1}
     message = json.loads((tmp_path / "out" / "students" / "reference" / "grading.json").read_text())["message"]
     assert "limits.memory_mb (64 MB" in message and "raise limits.memory_mb" in message, message
-    assert "grade it again" not in message, message
+    used = int(re.search(r"a world of the reference used (\d+) MB", message)[1])
+    assert 64 < used < 4096 and read_canary(tmp_path / "out").kind == Cause.LIMITS, message
+    assert "grade it again" not in message and "grading machine" not in message, message
+
+
+def test_a_wrong_reference_is_named_with_its_part_and_diagnosis_and_doctor_fails_on_it(tmp_path, monkeypatch, capsys):
+    """A reference without its gradient averaging runs and returns wrong weights: the canary blames
+    the reference, naming Part 3 and the diagnosis, never the machine; `doctor`, which checks the
+    reference's answers and not only that a world runs, exits 1 saying the same."""
+    from grader.cli import main
+    wrong = tmp_path / "assignment4.py"
+    wrong.write_text(mutate("dp_summed"))
+    monkeypatch.setattr(kit, "REFERENCE", wrong)
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], public_world_sizes=[])
+    handin = write_zip(tmp_path / "ann.zip", Files(code=REFERENCE.read_text()))
+    summary = grade_batch([handin], tmp_path / "out", rubric_path=rubric, progress=False)
+    canary = read_canary(tmp_path / "out")
+    assert summary.statuses == {"infra_error": 1} and canary.kind == Cause.REFERENCE, canary
+    assert canary.cause.startswith("the reference solution is wrong, not the machine or the students: its Part 3: "
+                                   "data parallel ran at check 'default' and failed") and "summed over" in canary.cause
+    assert "grading machine" not in summary.ungradable and "What to do: fix the reference" in summary.ungradable
+    capsys.readouterr()
+    assert main(["doctor", "--rubric", str(rubric)]) == 1
+    said = capsys.readouterr().out
+    assert "every part ran" in said and "the reference's answers: reference: the reference solution is wrong" in said
+    assert "summed over" in said and "fix: fix the reference" in said
+
+
+def test_grading_json_and_the_report_name_the_torch_build_that_graded(tmp_path):
+    """torch's version alone does not tell its CUDA wheel ("2.13.0") from its CPU one: the build is named."""
+    rubric = fast_rubric(tmp_path, checks=[{"name": "default"}], public_world_sizes=[])
+    handin = write_zip(tmp_path / "ann.zip", Files(code=REFERENCE.read_text()))
+    assert grade_batch([handin], tmp_path / "out", rubric_path=rubric, progress=False).graded == 1
+    said = json.loads((tmp_path / "out" / "students" / "ann" / "grading.json").read_text())["torch"]
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    assert said == f"{torch.__version__} ({build})"
+    assert json.loads((tmp_path / "out" / "analytics.json").read_text())["run"]["torch"] == said
+    assert said in (tmp_path / "out" / "report.html").read_text()

@@ -21,6 +21,7 @@ import pytest
 from grader.cli import main
 from grader.grades.commands import make_gradebook
 from grader.grades.lms.sheet import LmsError
+from tests.corpus import ROOT
 from tests.test_gradebook import downloaded, out_with, policy_file, result
 
 LATE = "2026-04-16T10:00:00+02:00"      # 2 started days after the tests' deadline: 20 % off
@@ -105,7 +106,8 @@ def test_a_canvas_export_without_sis_columns_still_gives_the_five_canvas_imports
     out = out_with(tmp_path, result("50001"))
     (tmp_path / "export.csv").write_text("Student,ID,Section,Assignment 4 (7)\n    Points Possible,,,10\n"
                                          "\"Late, Ann\",50001,A,\n")
-    book, final, filled, _ = make_gradebook(out, policy_file(tmp_path), lms=[f"canvas:{tmp_path / 'export.csv'}"])
+    book, final, filled, _ = make_gradebook(out, policy_file(tmp_path), lms=[f"canvas:{tmp_path / 'export.csv'}"],
+                                            allow_no_time=True)
     rows = list(csv.reader(io.StringIO(Path(filled[0].written).read_text(encoding="utf-8"))))
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Assignment 4 (7)"]
     assert rows[2] == ["Late, Ann", "50001", "", "", "A", "10.00"]
@@ -114,7 +116,8 @@ def test_a_canvas_export_without_sis_columns_still_gives_the_five_canvas_imports
 def test_moodle_worksheet_keeps_every_column_and_its_comment_says_the_grade(tmp_path):
     out, policy = three(tmp_path, ("1001", "1002", "1003"), "moodle")
     (tmp_path / "worksheet.csv").write_text(MOODLE)
-    _, _, filled, _ = make_gradebook(out, policy, lms=[f"moodle:{tmp_path / 'worksheet.csv'}"], feedback=True)
+    _, _, filled, _ = make_gradebook(out, policy, lms=[f"moodle:{tmp_path / 'worksheet.csv'}"], feedback=True,
+                                     allow_no_time=True)
     rows = list(csv.DictReader(io.StringIO(Path(filled[0].written).read_text())))
     assert list(rows[0]) == next(csv.reader(io.StringIO(MOODLE)))
     assert [(r["Identifier"], r["Grade"]) for r in rows] == [("Participant 1001", "40.00"),
@@ -135,7 +138,7 @@ def test_blackboard_upload_is_keyed_by_username_with_the_columns_id_and_feedback
               ["Ext <b>", "Eve", "eext", "0044", "", "Yes", "", ""],
               ["Gone", "Guy", "gguy", "0045", "", "No", "", ""]]
     (tmp_path / f"gc{suffix}").write_bytes(bb_export(people, tab))
-    _, _, filled, _ = make_gradebook(out, policy, lms=[f"blackboard:{tmp_path / f'gc{suffix}'}"], feedback=True,
+    _, _, filled, _ = make_gradebook(out, policy, lms=[f"blackboard:{tmp_path / f'gc{suffix}'}"], feedback=True, allow_no_time=True,
                                      output=tmp_path / "final.csv")
     written = Path(filled[0].written)
     assert written.name == f"final-blackboard-import{suffix}"
@@ -165,17 +168,39 @@ def test_blackboard_fills_no_calculated_column_nor_a_text_one(tmp_path):
     gc.write_text('"Username","Total [Total Pts: up to 100 Score] |1","Weighted Total [Total Pts: 100 Percentage] |3"\n'
                   '"alate","",""\n')
     with pytest.raises(LmsError, match="no grade columns in it; name the one to fill with --assignment"):
-        make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"])
+        make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"], allow_no_time=True)
     gc.write_text('"Username","Notes [Total Pts: 0 Text] |2"\n"alate",""\n')
     with pytest.raises(LmsError, match="shows Text; a grade upload needs a Score or Percentage column"):
-        make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"])
+        make_gradebook(out, policy_file(tmp_path), lms=[f"blackboard:{gc}"], allow_no_time=True)
     assert not list(tmp_path.glob("*-import*"))
+
+
+def test_each_lms_gets_one_sentence_of_what_to_do_with_each_file_as_the_tas_guide_says(tmp_path, capsys):
+    """What gradebook prints beside each file it wrote is the guide's table (docs/tas.md), one
+    sentence per LMS and file: Gradescope's grade file and feedback zip are never said to be imported
+    or bulk-uploaded, and a student with no hand-in is said to be one."""
+    from grader.grades.commands import FEEDBACK_GOES, GRADES_GO
+    table = {row.split("|")[1].strip().lower(): row for row in
+             (ROOT / "docs" / "tas.md").read_text().splitlines() if row.startswith("| ") and "FINAL-" in row}
+    for lms, said in GRADES_GO.items():
+        where = said.split(": ", 1)[1].split(" (")[0]
+        assert where in table[lms] or lms == "gradescope" and "Gradescope imports no grade file" in table[lms], lms
+    for lms, said in FEEDBACK_GOES.items():
+        assert said.split(": ", 1)[1].split(" (")[0].split(":")[0] in table[lms] or lms == "gradescope", lms
+    out = out_with(tmp_path, result("s1"), result("s2"), result("e@uni.example"))
+    (tmp_path / "grades.csv").write_text(GRADESCOPE)
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--allow-no-time", "--feedback",
+                 "--lms", f"gradescope:{tmp_path / 'grades.csv'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "Gradescope imports no grade file" in printed and "import it into the LMS" not in printed
+    assert "bulk upload" not in printed and printed.count("Gradescope takes no feedback upload") <= 1
 
 
 def test_gradescope_grade_export_is_filled_in_place_and_gives_the_times(tmp_path):
     out = out_with(tmp_path, result("s1"), result("s2"), result("e@uni.example"))
     (tmp_path / "grades.csv").write_text(GRADESCOPE)
-    _, _, filled, _ = make_gradebook(out, policy_file(tmp_path), lms=[f"gradescope:{tmp_path / 'grades.csv'}"])
+    _, _, filled, _ = make_gradebook(out, policy_file(tmp_path), lms=[f"gradescope:{tmp_path / 'grades.csv'}"],
+                                     allow_no_time=True)
     rows = list(csv.DictReader(io.StringIO(Path(filled[0].written).read_text())))
     assert list(rows[0]) == next(csv.reader(io.StringIO(GRADESCOPE)))
     # Ann 2 days late (the export's Submission Time); Eve matched by email.
@@ -198,20 +223,22 @@ def test_feedback_html_and_markdown_are_inert_whatever_a_message_holds(tmp_path)
 def test_an_infra_error_batch_writes_no_lms_file_unless_told_and_says_why_in_one_line(tmp_path, capsys):
     broken = result("50002", status="infra_error")
     broken.message = ("not graded: the reference solution fails baseline at check 'default': the world could "
-                      "not be started; the grading machine is not working; grade it again")
+                      "not be started (" + "gloo said so at length; " * 12 + "); the grading machine cannot grade: "
+                      "a world of the reference could not run; grade it again")
     out = out_with(tmp_path, result("50001"), broken)
     (tmp_path / "export.csv").write_text(CANVAS)
     command = ["gradebook", str(out), "--policy", str(policy_file(tmp_path)),
-               "--lms", f"canvas:{tmp_path / 'export.csv'}", "--feedback"]
+               "--lms", f"canvas:{tmp_path / 'export.csv'}", "--feedback", "--allow-no-time"]
     assert main(command) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no LMS file written: 1 of 2 hand-in(s) were not graded: the grading machine " \
-                                   "failed, not the students (the reference solution fails baseline" in err
+    assert err.count("\n") == 1 and "no LMS file written: 1 of 2 hand-in(s) were not graded, through no fault of the " \
+                                   "students: the reference solution fails baseline" in err
+    assert "the grading machine cannot grade: a world of the reference could not run." in err   # whole, not cut
     assert "--allow-infra-error" in err
     assert not (out / "final.csv").exists() and not (out / "final-canvas-import.csv").exists()
     assert not (out / "feedback-upload").exists()
     assert main(command[:4]) == 1                       # the final gradebook alone: written, and said
-    assert (out / "final.csv").exists() and "grading machine failed" in capsys.readouterr().err
+    assert (out / "final.csv").exists() and "through no fault of the students" in capsys.readouterr().err
     assert main(command + ["--allow-infra-error"]) == 1
     cells = {r[1]: r[-1] for r in csv.reader(io.StringIO((out / "final-canvas-import.csv").read_text("utf-8-sig")))}
     assert (cells["50001"], cells["50002"]) == ("25.00", "")      # its cell left as it was
@@ -221,7 +248,8 @@ def test_an_infra_error_batch_writes_no_lms_file_unless_told_and_says_why_in_one
 def test_an_earlier_import_file_is_never_overwritten_silently(tmp_path, capsys):
     out = out_with(tmp_path, result("50001"))
     (tmp_path / "export.csv").write_text(CANVAS)
-    command = ["gradebook", str(out), "--lms", f"canvas:{tmp_path / 'export.csv'}", "-o", str(tmp_path / "final.csv")]
+    command = ["gradebook", str(out), "--lms", f"canvas:{tmp_path / 'export.csv'}", "-o", str(tmp_path / "final.csv"),
+               "--allow-no-time"]
     assert main(command + ["--policy", str(policy_file(tmp_path))]) == 0
     first = (tmp_path / "final-canvas-import.csv").read_bytes()
     assert main(command + ["--policy", str(policy_file(tmp_path))]) == 0          # the same grades: the same file
@@ -302,7 +330,7 @@ def test_canvas_times_come_from_its_api_page_by_page_with_the_token(tmp_path, ca
     (tmp_path / "export.csv").write_text(CANVAS)
     monkeypatch.setenv("CANVAS_API_TOKEN", FakeCanvas.token)
     url = f"{canvas_api}/courses/7/assignments/42"
-    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--canvas", url,
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--canvas", url, "--allow-no-time",
                  "--lms", f"canvas:{tmp_path / 'export.csv'}"]) == 0
     rows = {r["student"]: r for r in csv.DictReader((out / "final.csv").open())}
     assert (rows["50001"]["late_days"], rows["50001"]["final"]) == ("2", "80")     # 10:00 +02:00 on the 16th
@@ -459,6 +487,7 @@ def test_a_batch_where_no_world_could_start_gets_no_lms_file(tmp_path, monkeypat
     """gloo cannot start anywhere (no such network interface): the canary fails, every hand-in is
     infra_error, and gradebook refuses the LMS files, saying why."""
     from grader.batch.run import grade_batch
+    from grader.results import read_canary
     from tests.corpus import REFERENCE, Files, fast_rubric, write_zip
     download = tmp_path / "submissions"
     download.mkdir()
@@ -472,6 +501,8 @@ def test_a_batch_where_no_world_could_start_gets_no_lms_file(tmp_path, monkeypat
     assert main(["gradebook", str(tmp_path / "out"), "--policy", str(policy_file(tmp_path)),
                  "--lms", f"canvas:{tmp_path / 'export.csv'}"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gradebook: no LMS file written: 1 of 1 hand-in(s) were not graded: the grading machine "
-                          "failed, not the students (the reference solution fails") and err.count("\n") == 1
+    assert err.startswith("gradebook: no LMS file written: 1 of 1 hand-in(s) were not graded, through no fault of "
+                          "the students: the reference solution fails") and err.count("\n") == 1
+    canary = read_canary(tmp_path / "out")
+    assert canary.kind == "machine" and canary.cause.removesuffix("; grade it again") in err   # whole, not cut
     assert not list((tmp_path / "out").glob("*-import.csv"))

@@ -78,6 +78,12 @@ def test_the_gradebook_writes_it_again_with_final_grades_and_late_days(tmp_path)
     assert len(numbers["final"]) == 3 and numbers["late_days"] and "0" in numbers["late_days"]
     page = (out / "report.html").read_text()
     assert "with the final grades" in page and "final: median" in page and "days late" in page
+    # Each row shows what the gradebook made of its hand-in: the final grade, the penalty, the overrides.
+    rows = {row["key"]: row["final"] for row in numbers["students"]}
+    assert rows["s1"] == {"grade": "80", "penalty": "20", "late_days": 2, "overrides": ""}, rows["s1"]
+    assert rows["s0"]["grade"] == "93" and rows["s0"]["penalty"] == "", rows["s0"]
+    triage = html.unescape(page[page.index('id="students"'):page.index("</table>", page.index('id="students"'))])
+    assert "<th>final grade</th>" in triage and "late 2 day(s): \u221220" in triage
 
 
 def test_it_renders_in_headless_chromium(tmp_path):
@@ -333,9 +339,10 @@ def test_a_batch_the_machine_cannot_grade_says_so_first_and_grade_fails(tmp_path
                      str(rubric), "--quiet"])
     assert code == 3
     said = [line for line in stderr.getvalue().splitlines() if "Not graded" in line]
-    assert len(said) == 1 and "the reference solution fails" in said[0] and "What to do: run `python -m grader doctor`" in said[0]
-    canary = read_canary(out)
-    assert canary.status == Status.INFRA_ERROR and canary.cause in said[0] and (out / CANARY).is_file()
+    assert len(said) == 1 and "the reference solution fails" in said[0] and "What to do: raise limits.memory_mb" in said[0]
+    canary = read_canary(out)   # the rubric's limit, named, not the machine
+    assert canary.status == Status.INFRA_ERROR and canary.kind == "limits" and (out / CANARY).is_file()
+    assert canary.cause in said[0] and "limits.memory_mb (100 MB, default 4096) is less than it needs" in canary.cause
     page = (out / "report.html").read_text()
     assert page.index('id="ungradable"') < page.index("<h1>")
     assert canary.cause in html.unescape(page)

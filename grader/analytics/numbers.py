@@ -244,14 +244,16 @@ def _run(results: dict) -> dict:
         for key, value in (r.get("isolation") or {}).items():
             shown = f"{len(value)} problem(s)" if isinstance(value, list) else str(value)
             isolation.setdefault(key, Counter())[shown] += 1
+    graded = Counter(r.get("torch") for r in results.values() if r.get("torch"))   # what graded them
     try:
-        torch = metadata.version("torch")
+        here = f"{metadata.version('torch')} (this environment's; the results do not say)"
     except metadata.PackageNotFoundError:
-        torch = "not installed"
+        here = "not installed"
+    torch = ", ".join(f"{build}" + (f" ({n} hand-ins)" if len(graded) > 1 else "") for build, n in graded.items())
     return {"grader_digests": dict(Counter(r.get("grader_digest", "") for r in results.values())),
             "grader_versions": dict(Counter(r.get("grader_version", "") for r in results.values())),
             "rubric_digests": dict(Counter(r.get("rubric_sha256", "") for r in results.values())),
-            "isolation": {k: dict(v) for k, v in isolation.items()}, "torch": torch,
+            "isolation": {k: dict(v) for k, v in isolation.items()}, "torch": torch or here,
             "seconds": {"median": _median(seconds), "max": max(seconds, default=None),
                         "total": round(sum(seconds), 2), "graded": len(seconds)}}
 
@@ -284,4 +286,5 @@ def analyse(out, final_rows=None) -> Analytics:
         a.final = sorted(r["final"] for r in rows if r.get("final") is not None)
         a.late_days = {str(d): n for d, n in sorted(Counter(r["late_days"] for r in rows
                                                            if r.get("late_days") is not None).items())}
+        triage.with_final(a.students, rows)
     return a

@@ -119,7 +119,7 @@ def _run(a: Analytics) -> list:
     rows = [("grader digest", ", ".join(f"{d[:12]} ({n})" for d, n in r["grader_digests"].items())),
             ("grader version", ", ".join(f"{v} ({n})" for v, n in r["grader_versions"].items())),
             ("rubric digest", ", ".join(f"{d[:12]} ({n})" for d, n in r["rubric_digests"].items())),
-            ("torch (grading environment)", r["torch"]),
+            ("torch that graded (version, build)", r["torch"]),
             ("seconds per graded hand-in", f"median {s['median']:.1f}, max {s['max']:.1f}, total {s['total']:.0f} "
                                            f"over {s['graded']}" if s["graded"] else "-")]
     return rows + [(f"isolation: {k}", ", ".join(f"{v} ({n})" for v, n in values.items()))

@@ -94,3 +94,16 @@ def rows(results: dict, out: Path) -> list:
                       "message": _line(r.get("message", "")), "lost": lost, "flags": flags,
                       "lms": str(download.get("lms") or ""), "feedback": _feedback(out, key)})
     return sorted(found, key=lambda row: (row["score"] is not None, row["score"] or 0.0, row["key"]))
+
+
+def with_final(found: list, final_rows: list) -> None:
+    """Each hand-in's row (`found`, from `rows`) gets what the final gradebook made of it: the final
+    grade, the late penalty and its days, the overrides; None for a hand-in that did not count (a
+    student's earlier one)."""
+    by = {(r.get("student"), r.get("source", "")): r for r in final_rows}
+    for row in found:
+        f = by.get((row["student"], row["source"]))
+        row["final"] = None if f is None else {
+            "grade": readable(f.get("final")) if f.get("final") is not None else "-",
+            "penalty": readable(f["penalty"]) if f.get("penalty") else "", "late_days": f.get("late_days"),
+            "overrides": f.get("overrides") or ""}

@@ -1,8 +1,10 @@
 """Grade hand-ins on this machine: `jobs` at once, each with its own executor, the canary first.
 
 Before grading, the reference solution is re-run at every check through the same machinery (the
-canary), and its outcome kept in OUT/canary.json (grader.results.ungradable reads it). If it does
-not pass, nothing can be trusted: every hand-in is recorded `infra_error` and no score is written. A crash while grading one hand-in becomes that hand-in's result; the batch
+canary, grader.pipeline.canary), and its outcome kept in OUT/canary.json (grader.results.ungradable
+reads it). If it does not pass, nothing can be trusted: every hand-in is recorded `infra_error` with
+the canary's cause (the reference is wrong, the rubric's limits are too small for it, or the machine
+cannot run a world) and its fix, and no score is written. A crash while grading one hand-in becomes that hand-in's result; the batch
 goes on. Every hand-in's files are written as soon as it is graded. Every world of a batch runs on
 the data of OUT's data key (OUT/.data-key, grader.rerun.secret), so the same code gives the same
 weight in every hand-in and every regrade into OUT.
@@ -12,21 +14,19 @@ import os
 import queue
 import shutil
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from datetime import datetime, timezone
 from pathlib import Path
 
 from grader import kit
 from grader.batch.progress import Progress
-from grader.limits import Jobs, default_jobs, part_clock, read_machine
+from grader.limits import Jobs, default_jobs, read_machine
 from grader.pipeline import report
-from grader.pipeline.grade import grade_handin, judge_check
-from grader.rerun import machine, secret
-from grader.rerun.check import prepare_code
+from grader.pipeline.canary import canary
+from grader.pipeline.grade import grade_handin
+from grader.rerun import secret
 from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
-from grader.results import Canary, Status, grader_digest, new_result, ungraded, write_canary
+from grader.results import Cause, Status, new_result, ungraded, write_canary
 
 
 DATA_KEY = ".data-key"
@@ -60,33 +60,6 @@ def data_key(out: Path) -> bytes:
         raise ValueError(f"{path} is not a data key ({2 * secret.KEY_BYTES} hex digits); delete it to start "
                          f"a new one (the batch's data then changes)")
     return key
-
-
-def canary(executor, rubric, scratch: Path) -> Canary:
-    """Re-run the reference at every check: passed, with each check's part clock for the batch
-    (grader.limits.part_clock: from the reference's time at that check, on this machine, now), or
-    infra_error with what failed first and why this machine cannot grade (grader.rerun.machine.explain:
-    the cause and its fix)."""
-    said = Canary(status=Status.NOT_RUN, cause="no reference solution in this tree", grader_digest=grader_digest(),
-                  rubric_sha256=rubric.digest(), ran_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    if not kit.REFERENCE.exists():
-        return said
-    code = prepare_code(kit.REFERENCE)
-    for check in rubric.checks:
-        started = time.monotonic()
-        judged = judge_check(executor, code, check, rubric, scratch)
-        said.clocks[check.name] = part_clock(time.monotonic() - started, rubric.timeouts.part)
-        for part, outcome in judged.items():
-            if outcome.status != Status.PASSED:
-                why = machine.explain(outcome.status.value, outcome.message, rubric.limits)
-                said.status = Status.INFRA_ERROR
-                said.cause = (f"the reference solution fails {part} at check '{check.name}' "
-                              f"({outcome.status}: {' '.join(outcome.message.split())}); "
-                              f"the grading machine cannot grade: {why.cause}" + (f"; {why.fix}" if why.fix else "")
-                              + ("; grade it again" if why.transient else ", then grade again"))
-                return said
-    said.status, said.cause = Status.PASSED, ""
-    return said
 
 
 def batch_jobs(jobs, rubric) -> Jobs:
@@ -129,9 +102,10 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
         idle.put(ex)
     try:
         executors[0].start()   # SandboxUnavailable before anything runs, where hand-ins cannot be isolated
-        tried = canary(executors[0], rubric, scratch)
+        tried = canary(executors[0], rubric, scratch, lambda limits: make_executor(executor, sandbox, limits, key, 1))
         write_canary(out, tried)   # what the staff report and `gradebook` read (grader.results.ungradable)
-        broken = tried.cause if tried.status == Status.INFRA_ERROR else ""
+        broken = "" if tried.status != Status.INFRA_ERROR else tried.cause + (
+            f"; {tried.fix}" if tried.kind != Cause.MACHINE else "")   # the machine's cause says its fix
 
         def grade_one(h):
             if broken:

@@ -133,7 +133,7 @@ def _choose(student: str, candidates: list, records: list, policy) -> tuple:
     if all(exact for (_, exact), _ in timed):
         (when, _), latest = max(timed, key=lambda t: t[0][0])
         return latest, [f"{len(candidates)} hand-ins ({names}); counted the latest, {latest['source']} "
-                        f"({when.isoformat()})"]
+                        f"({when.astimezone(policy.deadline.tzinfo).isoformat()})"]
     return None, [f"{len(candidates)} hand-ins ({names}) and no submission time of each: say which counts "
                   f"in the policy's handins"]
 
@@ -226,6 +226,8 @@ def _grade_one(student, candidates, records, policy, roster, keep_stale) -> Row:
     earned = _apply_overrides(result, mine, keep_stale, policy, row)
     when, _ = _time_of(result, records, policy.deadline.tzinfo)
     deadline = policy.extensions.get(student, policy.deadline)
+    # Shown in the deadline's zone: Canvas gives UTC, and "23:31 +0000" beside "23:59 +0200" reads as on time.
+    when = when.astimezone(deadline.tzinfo) if when is not None else None
     if student in policy.extensions:
         row.flags.append("extension")
     if when is None:

@@ -43,6 +43,7 @@ from grader.names import plain
 
 ROUTINE = ("late", "extension", "no_time")   # flags that need no one's attention by themselves
 ALLOW = "--allow-infra-error"
+ALLOW_NO_TIME = "--allow-no-time"
 
 NO_TIME = ("a submission time: the policy's `submissions:` (a CSV student,submitted_at[,source], Gradescope's "
            "submission_metadata.json, or Canvas's submissions page saved from the browser), `--lms "
@@ -55,16 +56,22 @@ class Refused(GradebookError):
     """LMS files asked of a batch the grading machine could not grade; the message says the cause."""
 
 
+CAUSE_CHARS = 1200   # the most of a cause a refusal quotes (grader.results.ungradable quotes as much)
+
+
 def infra_cause(results: list) -> str:
-    """The infra_error results' cause, in one line ("" when there are none)."""
+    """The infra_error results' cause, in one line ("" when there are none): the canary's (the
+    reference is wrong, the rubric's limits are too small for it, or the machine cannot run a world)
+    with its fix, or the machinery's."""
     broken = [r for r in results if r.get("status") == "infra_error"]
     if not broken:
         return ""
     messages = Counter(" ".join(plain(r.get("message") or "").split()) for r in broken)
     cause, _ = messages.most_common(1)[0]
-    cause = cause.removeprefix("not graded: ").removesuffix("; grade it again")
-    return (f"{len(broken)} of {len(results)} hand-in(s) were not graded: the grading machine failed, not the "
-            f"students ({cause[:240] or 'no message'})")
+    cause = cause.removeprefix("not graded: ").removesuffix("; grade it again") or "no message"
+    if len(cause) > CAUSE_CHARS:   # cut between words, never inside one
+        cause = cause[:CAUSE_CHARS].rsplit(" ", 1)[0] + " ..."
+    return f"{len(broken)} of {len(results)} hand-in(s) were not graded, through no fault of the students: {cause}"
 
 
 def _times(policy, lms, canvas, token) -> list:
@@ -72,12 +79,26 @@ def _times(policy, lms, canvas, token) -> list:
     return submissions + (api_times(canvas, token or os.environ.get(TOKEN_ENV, "")) if canvas else [])
 
 
+def untimed(book) -> list:
+    """The students with a grade but no submission time: the deadline could not be held against them."""
+    return [r.student for r in book.rows if "no_time" in r.flags and r.final is not None]
+
+
+def _no_time_refusal(students: list) -> str:
+    shown = ", ".join(students[:20]) + (" ..." if len(students) > 20 else "")
+    return (f"no LMS file written: {len(students)} student(s) with a grade have no submission time, so the "
+            f"deadline could not be held against them and their grades would go out without a late penalty "
+            f"({shown}). Give {NO_TIME}; or give {ALLOW_NO_TIME} to write the LMS files with those grades unpenalised")
+
+
 def make_gradebook(out, policy_path, output=None, keep_stale: bool = False, lms=(), assignment: str = None,
-                   feedback: bool = False, canvas: str = None, canvas_token: str = None, allow_infra: bool = False):
+                   feedback: bool = False, canvas: str = None, canvas_token: str = None, allow_infra: bool = False,
+                   allow_no_time: bool = False):
     """Compute the final gradebook of `out` under the policy and write it (and the LMS files, and
     with `feedback` the feedback uploads); return (Book, the path written, [grader.grades.lms.sheet.Filled],
     grader.grades.feedback.Uploads or None). Refused (nothing written) when LMS files are asked of
-    a batch with infra_error results, unless `allow_infra`."""
+    a batch with infra_error results, unless `allow_infra`, or with graded students whose submission
+    time is unknown (the policy always has a deadline), unless `allow_no_time`."""
     policy = load_policy(policy_path)
     results = load_results(out)
     specs = imports.parse(lms)
@@ -87,6 +108,8 @@ def make_gradebook(out, policy_path, output=None, keep_stale: bool = False, lms=
                       f"or give {ALLOW} to write the LMS files with their cells left as they are")
     roster = read_roster(policy.roster) if policy.roster else None
     book = final_gradebook(results, policy, _times(policy, lms, canvas, canvas_token), roster, keep_stale)
+    if untimed(book) and (specs or feedback) and not allow_no_time:
+        raise Refused(_no_time_refusal(untimed(book)))
     output = Path(output) if output else Path(out) / "final.csv"
     atomic_write(output, book_csv(book))
     write_report(out, book.rows)   # report.html again, with the final grades and late days
@@ -116,12 +139,25 @@ def _report(book, output, out) -> None:
               f"them: {', '.join(r.student for r in untimed[:20])}{' ...' if len(untimed) > 20 else ''}")
         print(f"    give {NO_TIME}")
     for r in untimed + look:
-        print(f"  {r.student}: {';'.join(r.flags) or '-'}" + "".join(f"\n    {n}" for n in r.notes))
+        said = ";".join(r.flags) or (f"final grade {r.final:g}" if r.final is not None else "no final grade")
+        print(f"  {r.student}: {said}" + "".join(f"\n    {n}" for n in r.notes))
+
+
+# One true sentence per LMS of what to do with each file gradebook wrote for it (docs/tas.md's table).
+GRADES_GO = {"moodle": "upload it in Moodle: Grading action > Upload grading worksheet",
+             "canvas": "import it in Canvas: Grades > Import",
+             "blackboard": "upload it in Blackboard: Grade Center > Work Offline > Upload (its Feedback to "
+                           "Learner column carries the feedback)",
+             "gradescope": "Gradescope imports no grade file: keep it wherever the course keeps its grades"}
+FEEDBACK_GOES = {"moodle": "upload it in Moodle: Grading action > Upload multiple feedback files in a zip",
+                 "canvas": "upload it in Canvas: Assignments > Re-Upload Submissions (each file becomes a comment)",
+                 "gradescope": "Gradescope takes no feedback upload: hand it out yourselves, a folder per "
+                               "submission (Gradescope's own page shows the autograder's results)"}
 
 
 def _report_files(filled, uploads) -> None:
     for f in filled:
-        print(f"wrote {f.written}: {f.filled} grade(s) in '{f.column}' ({f.lms}); import it into the LMS")
+        print(f"wrote {f.written}: {f.filled} grade(s) in '{f.column}' ({f.lms}); {GRADES_GO[f.lms]}")
         if f.earlier:
             print(f"  kept the earlier file of that name as {f.earlier}")
         for line in f.notes + [f"left as it was: {k}" for k in f.kept] + [f"not in the {f.lms} file: {s}"
@@ -129,7 +165,7 @@ def _report_files(filled, uploads) -> None:
             print(f"  {line}")
     if uploads is not None:
         for lms, path in uploads.written.items():
-            print(f"wrote {path}: {uploads.counts[lms]} feedback file(s) for {lms.capitalize()}'s bulk upload")
+            print(f"wrote {path}: {uploads.counts[lms]} feedback file(s); {FEEDBACK_GOES[lms]}")
         for line in uploads.notes + [f"no feedback file for the LMS: {line}" for line in uploads.left_out]:
             print(f"  {line}")
 
@@ -138,7 +174,7 @@ def gradebook_command(args) -> int:
     try:
         book, output, filled, uploads = make_gradebook(
             args.out, args.policy, args.output, args.keep_stale_overrides, args.lms, args.assignment, args.feedback,
-            args.canvas, args.canvas_token, args.allow_infra_error)
+            args.canvas, args.canvas_token, args.allow_infra_error, args.allow_no_time)
     except (PolicyError, GradebookError, LmsError) as e:
         print(f"gradebook: {e}", file=sys.stderr)
         return 2

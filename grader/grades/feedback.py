@@ -117,7 +117,4 @@ def write_uploads(out, book, results: list, filled: dict = None) -> Uploads:
             target = out / FOLDER / ZIPS[lms]
             atomic_write(target, _zip(files))
             uploads.written[lms], uploads.counts[lms] = str(target), len(files)
-    if "gradescope" in uploads.written:
-        uploads.notes.append("Gradescope takes no feedback upload: gradescope-feedback.zip is for the course to "
-                             "hand out (Gradescope's own page shows the autograder's results.json)")
     return uploads

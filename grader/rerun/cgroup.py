@@ -211,10 +211,27 @@ def _v2_why(mount: str, own: str) -> str:
     if os.geteuid() == 0:
         return f"no cgroup above {folder} gives its children the memory controller"
     if not _writable(folder):
-        return (f"your cgroup ({own}) is not delegated to you: start the grader in a scope of its own, "
-                f"systemd-run --user --scope -p Delegate=yes python -m grader ...")
+        return f"your cgroup ({own}) is not delegated to you: {scope_hint()}"
     return (f"your cgroup ({own}) holds other processes besides the grader, or offers no memory controller: "
-            f"start the grader in a scope of its own, systemd-run --user --scope -p Delegate=yes python -m grader ...")
+            f"{scope_hint()}")
+
+
+SCOPE = "systemd-run --user --scope -p Delegate=yes python -m grader ..."
+
+
+def scope_hint(environ=None) -> str:
+    """How to give the grader a delegated cgroup of its own. `systemd-run --user` talks to the
+    user's systemd manager over its bus ($XDG_RUNTIME_DIR/bus): without one (su, sudo -u, a session
+    that did not log in through PAM) it fails with "Failed to connect to bus", so the step that
+    starts one is given instead of a command that cannot work."""
+    environ = os.environ if environ is None else environ
+    runtime = environ.get("XDG_RUNTIME_DIR", "")
+    if environ.get("DBUS_SESSION_BUS_ADDRESS") or (runtime and os.path.exists(os.path.join(runtime, "bus"))):
+        return f"start the grader in a scope of its own, {SCOPE}"
+    return (f"start the grader in a scope of its own ({SCOPE}), which needs your user's systemd manager, "
+            f"absent from this session (no $XDG_RUNTIME_DIR/bus): log in as that user (ssh or a console, not "
+            f"su or sudo -u), after `loginctl enable-linger USER` as root where none runs; until then the "
+            f"watchdog alone holds each world")
 
 
 def slurm_job_limit() -> int:

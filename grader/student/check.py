@@ -195,9 +195,28 @@ def check(path=None, log=None, err=None, rubric_path=None, executor=None) -> Che
     report.notes = notes + report.notes
     isolation = getattr(executor, "isolation", {}) or {}
     if isolation.get("sandbox", "none") == "none" and isolation.get("problems"):
-        report.sandbox = f"{isolation['problems'][0]}; so without {_lacking(isolation)}"
+        report.sandbox = _without_sandbox(isolation)
     report.seconds = round(time.monotonic() - started, 1)
     return report
+
+
+def _without_sandbox(isolation: dict) -> str:
+    """Why the re-runs ran in plain processes here, what still held them and what they lacked. The
+    student release ships no bubblewrap (its requirements.txt has none): where none is installed,
+    that is said as it is, never as a package to install."""
+    problem = isolation["problems"][0]
+    if problem.startswith("bubblewrap is not installed"):
+        problem = "no bubblewrap here (the student release does not bring it; the graders' machines have it)"
+    held = [name for name, holds in (("each world's own memory limit", "held" in isolation.get("memory", "")
+                                      and "NOT held" not in isolation.get("memory", "")),
+                                     ("its own processes' limit", "at most" in isolation.get("tasks", "")),
+                                     ("a fresh folder per world", isolation.get("scratch", "").startswith("a new")))
+            if holds]
+    return f"{problem}; so with {_listed(held) or 'no limit of the sandbox'} and without {_lacking(isolation)}"
+
+
+def _listed(names: list) -> str:
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1] if names else ""
 
 
 def _lacking(isolation: dict) -> str:

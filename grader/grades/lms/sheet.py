@@ -96,7 +96,7 @@ def match_row(filled: Filled, keys: list, grades: dict, seen: set, who: str):
     it is reported: not in the gradebook, or no final grade yet)."""
     match = next((grades[k] for k in keys if k in grades), None)
     if match is None:
-        filled.kept.append(f"{who}: not in the gradebook")
+        filled.kept.append(f"{who}: no graded hand-in and not on the roster, so no grade of theirs")
         return None
     seen.add(match.student)
     if match.final is None:

@@ -6,54 +6,30 @@ is measured against (the world's cgroup, the watchdog, the user's `ulimit -u` an
 runs now, a Slurm job's cgroup), and then runs one real world of the reference at the rubric's
 largest check, measuring its memory and its tasks from outside. It exits 1 when no world can run
 (the sandbox refused, the machine unfit, a part of the reference that did not come back), with the
-cause; 0 when the world ran (the layers that do not hold are listed either way).
+cause. Where it ran, it re-runs the reference at every check as a batch's canary does
+(grader.pipeline.canary) and checks its answers: 1 when they are wrong or the rubric's limits are
+too small for it, naming which; 0 when all is right (the layers that do not hold are listed either way).
 """
 
 import dataclasses
 import getpass
 import os
+import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
 from grader import kit
-from grader.rerun import bwrap, cgroup, machine, memory, tasks
+from grader.pipeline.canary import canary, lowered
+from grader.rerun import bwrap, cgroup, machine, tasks
 from grader.rerun.executor import CannotGrade, WarmExecutor
+from grader.rerun.executors import make_executor
+from grader.rerun.memory import Peak
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status
 from grader.rubric import RubricError, load_rubric
 
 LAYERS = ("sandbox", "files", "network", "processes", "user", "limits", "memory", "tasks", "scratch")
-
-
-class Peak:
-    """The most memory (sum of Pss, MB) and tasks the processes below this one that were not there
-    at the start used together, polled every 20 ms while a world runs."""
-
-    def __init__(self):
-        self.before = set(memory.descendants(os.getpid())) if memory.HAS_PROC else set()
-        self.memory_mb = self.tasks = 0
-        self._running = True
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self):
-        if memory.HAS_PROC:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self._running = False
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _poll(self):
-        while self._running:
-            children, threads = memory.tree()
-            new = [p for p in memory.descendants(os.getpid(), children) if p not in self.before]
-            self.memory_mb = max(self.memory_mb, memory.used(new) >> 20)
-            self.tasks = max(self.tasks, sum(threads.get(p, 1) for p in new))
-            time.sleep(0.02)
 
 
 def _limits_text(limits, isolation: dict, world_cgroup) -> list:
@@ -90,7 +66,6 @@ def _world(executor, rubric) -> tuple:
             runs = run_check(executor, prepare_code(kit.REFERENCE), dataclasses.replace(check, hidden=False),
                              rubric, scratch)
     finally:
-        import shutil
         shutil.rmtree(scratch, ignore_errors=True)
     return check, runs, peak, time.monotonic() - started
 
@@ -119,6 +94,9 @@ def doctor_command(args) -> int:
         for line in _limits_text(rubric.limits, isolation, executor._cgroup):
             print(f"  {line}")
         check, runs, peak, seconds = _world(executor, rubric)
+        said = _verdict(check, runs, peak, seconds, rubric.limits, isolation, lowered(rubric))
+        if said == 0 or lowered(rubric):   # a world that failed under lowered limits: theirs, or the machine's?
+            said = _answers(executor, rubric, args.sandbox)
     except CannotGrade as e:
         print(f"\ngrade would refuse to run hand-ins here:\n  {e}")
         return 1
@@ -127,12 +105,19 @@ def doctor_command(args) -> int:
         return 1
     finally:
         executor.close()
-    return _verdict(check, runs, peak, seconds, rubric.limits, isolation)
+    return said
 
 
-def _verdict(check, runs: dict, peak: Peak, seconds: float, limits, isolation: dict) -> int:
+def _verdict(check, runs: dict, peak: Peak, seconds: float, limits, isolation: dict, low: dict = None) -> int:
+    """`low`: the limits and timeouts the rubric lowers (grader.pipeline.canary.lowered): where a
+    world failed under them, the canary, run next, tells them from the machine."""
     failed = {p: r for p, r in runs.items() if r.status != Status.PASSED}
     where = f"a world of the reference at check '{check.name}' ({check.world_size} ranks)"
+    if failed and low:
+        part, run = next(iter(failed.items()))
+        print(f"\n{where}: {part} {run.status.value}: {run.detail[:400]}\nthe rubric lowers {', '.join(low)} below "
+              f"the default: the reference's run at every check, next, tells whether that is the cause")
+        return 1
     if failed:
         part, run = next(iter(failed.items()))
         why = machine.explain(run.status.value, run.detail or next(
@@ -146,4 +131,22 @@ def _verdict(check, runs: dict, peak: Peak, seconds: float, limits, isolation: d
     sandboxed = isolation.get("sandbox", "none") != "none"
     print("every layer holds: hand-in code is isolated" if sandboxed and not isolation.get("problems") else
           "worlds run, but not every layer holds (see above)")
+    return 0
+
+
+def _answers(executor, rubric, sandbox: str) -> int:
+    """Whether the reference's answers are right at every check, as a batch's canary judges them:
+    0, or 1 with the cause (its code, or the rubric's limits too small for it) and the fix."""
+    scratch = Path(scratch_dir("a4-doctor-"))
+    try:
+        said = canary(executor, rubric, scratch, lambda limits: make_executor("warm", sandbox, limits))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if said.status == Status.PASSED:
+        print(f"the reference's answers: right at every check ({len(rubric.checks)}), as grade's canary judges them")
+    elif said.status == Status.NOT_RUN:
+        print(f"the reference's answers: not checked: {said.cause}")
+    else:
+        print(f"the reference's answers: {said.kind}: {said.cause}\nfix: {said.fix}")
+        return 1
     return 0
