@@ -68,8 +68,10 @@ def test_the_command_line_defaults_are_the_functions_defaults():
                               ("array_parallelism", "array_parallelism"), ("chunk", "chunk")]:
         function = grade_batch if parameter in inspect.signature(grade_batch).parameters else grade_on_slurm
         assert getattr(grade, option) == inspect.signature(function).parameters[parameter].default, option
-    assert inspect.signature(grade_batch).parameters["jobs"].default == \
-        inspect.signature(grade_on_slurm).parameters["jobs"].default   # one default for --jobs
+    # --jobs unsaid: this machine's share (kit.JOBS, None: grader.limits.default_jobs), and in each
+    # array task kit.TASK_JOBS, which what a task asks Slurm for is sized by.
+    assert inspect.signature(grade_batch).parameters["jobs"].default is kit.JOBS is None
+    assert inspect.signature(grade_on_slurm).parameters["jobs"].default == kit.TASK_JOBS
     gradescope = parser.parse_args(["gradescope"])
     for option in ("submission", "results", "metadata"):
         assert getattr(gradescope, option) == inspect.signature(grade_submission).parameters[option].default, option
