@@ -165,6 +165,30 @@ ATTACKS = {
         "os.write(3, struct.pack('>I', len(body)) + body)\n", ("crashed",), "out of order"),
 }
 
+# 7. compute alone what the ranks should compute together: each rank writes what it was served where
+# another might read it (every writable folder in its view, another rank's through /proc, SysV
+# shared memory), waits, then looks for the others'. Ranks share nothing but torch.distributed.
+SHARE_PLACES = ("/tmp", "/dev/shm", "/var/tmp", "/run", "/", "/tmp/world", ".")
+SHARE_ACROSS_RANKS = (
+    "import ctypes, glob, os, time\n"
+    "me, found = dist.get_rank(), []\n"
+    f"places = {SHARE_PLACES!r}" " + (os.getcwd(), os.environ.get('HOME', '/tmp'), os.environ.get('TMPDIR', '/tmp'))\n"
+    "for place in places:\n"
+    "    try:\n        open(os.path.join(place, f'a4-share-{{me}}'), 'w').write('served')\n"
+    "    except OSError:\n        pass\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "segment = libc.shmget(0xA4A4 + me, 4096, 0o1666)   # IPC_CREAT, readable by anyone\n"
+    "time.sleep(3)\n"
+    "for place in places:\n"
+    "    found += [p for p in glob.glob(os.path.join(place, 'a4-share-*')) if not p.endswith(f'-{{me}}')]\n"
+    "for pattern in ('root/a4-share-*', 'root/*/a4-share-*', 'root/*/*/a4-share-*', 'cwd/a4-share-*'):\n"
+    "    found += [p for p in glob.glob('/proc/[0-9]*/' + pattern) if not p.endswith(f'-{{me}}')]\n"
+    "found += [f'shm {{k:#x}}' for k in range(0xA4A4, 0xA4A4 + 8) if k != 0xA4A4 + me and libc.shmget(k, 0, 0) >= 0]\n"
+    "if found:\n    raise RuntimeError(f'LEAK shared between ranks: {{sorted(set(found))[:6]}}')\n"
+)
+ATTACKS["share_across_ranks"] = Attack(SHARE_ACROSS_RANKS)
+
+
 TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
 
 

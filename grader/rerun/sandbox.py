@@ -136,21 +136,52 @@ def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
     """In a world's leader, before it forks: PID, network, IPC and mount namespaces of its own for
     everything it forks after (the leader's next child is the new PID namespace's init), a new /tmp
     and /dev/shm, and a user namespace too unless its ranks get an id of their own."""
-    uid, gid = os.getuid(), os.getgid()
     own_user = isolation.id_range <= 1
-    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
-                         | CLONE_NEWNS), "unshare")
-    if own_user:
-        prctl(PR_SET_DUMPABLE, 1)   # an undumpable process may not write its own /proc/self files
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        prctl(PR_SET_DUMPABLE, 0)
+    _own_user_namespace(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS, own_user)
     try:
         scratch.fresh(tmp_mb)
     except OSError as e:
         raise SandboxError(e.errno, f"a new /tmp for the world: {e.strerror}") from None
     _lo_up()
+
+
+def _own_user_namespace(flags: int, own_user: bool = True) -> None:
+    """unshare(2) the namespaces of `flags`, and a user namespace too when `own_user`, in which this
+    process keeps its user and group ids (the one id an ordinary user may map)."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | flags), "unshare")
+    if own_user:
+        dumpable = _libc.prctl(3, 0, 0, 0, 0)   # PR_GET_DUMPABLE
+        prctl(PR_SET_DUMPABLE, 1)   # an undumpable process may not write its own /proc/self files
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        prctl(PR_SET_DUMPABLE, dumpable)
+
+
+def unshare_rank(isolation: Isolation, job, rank: int, tmp_mb: int, nproc: int = 0) -> None:
+    """In a rank of a world with namespaces of its own, before `limit_rank`: a view of the world of
+    its own (grader.rerun.scratch.rank_view: its own /tmp and /dev/shm, the world's folder not
+    writable, no shared memory), so that ranks exchange data through torch.distributed alone.
+
+    No rank may reach another's files through /proc (/proc/PID/root, cwd, fd: each needs the right
+    to trace it). Where ranks run under a user id of the world's (root), a rank is not dumpable
+    (`limit_rank`): only its privileged leader may read it. Where every rank has the grader's one
+    id, each rank gets a user namespace of its own too: a rank may trace only what lives in its own
+    namespace, while the leader, which made the namespace's parent, still reads it. Its
+    RLIMIT_NPROC is set first, so the world's count in the world's namespace is held to that limit
+    (grader.rerun.tasks: the kernel checks each namespace above against its creator's limit)."""
+    shared = [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")]
+    try:
+        scratch.rank_view(job.work_dir, job.code_dir, shared, tmp_mb)
+    except OSError as e:
+        raise SandboxError(e.errno, f"a rank's own /tmp: {e.strerror}") from None
+    if isolation.id_range <= 1:
+        if nproc:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+            value = nproc if hard == resource.RLIM_INFINITY else min(nproc, hard)
+            resource.setrlimit(resource.RLIMIT_NPROC, (value, value))
+        _own_user_namespace(0)
 
 
 def _drop_capabilities() -> None:
@@ -178,9 +209,10 @@ def world_uid(isolation: Isolation) -> int:
     return random.randint(200_000, 1_000_000_000) if isolation.own_uid else os.getuid()
 
 
-def limit_rank(limits: Limits, uid: int, nproc: int = 0) -> None:
+def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) -> None:
     """In a rank, after its files are open and before any hand-in code: limits, then no privileges.
-    `nproc`: its RLIMIT_NPROC (grader.rerun.tasks.rank_nproc; 0: none)."""
+    `nproc`: its RLIMIT_NPROC (grader.rerun.tasks.rank_nproc; 0: none); `dumpable`: False where
+    its watchdog may read it anyway (a leader privileged over the ranks' user id)."""
     def cap(kind, value):
         soft, hard = resource.getrlimit(kind)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -201,7 +233,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0) -> None:
     # Dumpable again (the leader is not, and a change of user id clears it): the world's watchdog, where
     # it runs as this user without privilege (no namespaces), reads the rank's Pss, not its resident set,
     # which counts every page shared with the zygote once per rank (4 ranks of torch's CUDA build: 2 GB).
-    prctl(PR_SET_DUMPABLE, 1)
+    prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
     if LINUX and (os.environ.get("A4_IN_SANDBOX") or uid != 0):
         try:

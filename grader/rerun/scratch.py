@@ -19,7 +19,7 @@ import sys
 from grader.rerun import readable
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-CLONE_NEWNS = 0x00020000
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
 SCRATCH = ("/tmp", "/dev/shm")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -60,6 +60,32 @@ def fresh(tmp_mb: int) -> None:
             os.makedirs(path, mode=0o755, exist_ok=True)
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         _link_python()
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
+def rank_view(work_dir: str, code_dir: str, shared: list, tmp_mb: int) -> None:
+    """In a rank, before it drops its capabilities: a mount and an IPC namespace of its own, so that
+    ranks share no writable file system, no SysV or POSIX shared memory, no message queue. Its
+    /tmp and /dev/shm are new (`fresh`); in its /tmp, the world's folder (its working folder) is
+    made again, not writable to the rank's user where that is not the world leader's, with only the
+    code (read only) and the files of `shared` (the gloo store, the rank's own progress file) bound
+    in from the world's: every rank writes there what only it, or only torch.distributed, reads."""
+    if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+    held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in [code_dir, *shared]}
+    try:
+        fresh(tmp_mb)   # the code folder, a mount inside /tmp, is bound back with the Python's
+        os.makedirs(work_dir, mode=0o755, exist_ok=True)
+        if not os.path.ismount(code_dir):
+            os.makedirs(code_dir, mode=0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{held[code_dir]}", code_dir, None, MS_BIND)
+        read_only(code_dir)
+        for path in shared:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            _mount(f"/proc/self/fd/{held[path]}", path, None, MS_BIND)
     finally:
         for fd in held.values():
             os.close(fd)
