@@ -79,6 +79,7 @@ class Isolation:
     network: bool = False       # an own network namespace with only its loopback
     processes: bool = False     # an own PID namespace: nothing outside is visible or signalable
     per_world: bool = False     # each world in namespaces of its own inside the sandbox, /tmp and /dev/shm new
+    per_rank: bool = False      # each rank, too, in a mount and IPC namespace of its own (its own /tmp, /dev/shm)
     own_uid: bool = False       # without namespaces, as root: ranks under a user id of their own
     id_range: int = 1           # user ids the sandbox maps (more than 1: a fresh one per world)
     cgroups: list = field(default_factory=list)      # the world's cgroup folders, as the zygote sees them
@@ -113,7 +114,9 @@ class Isolation:
                            "1 compute thread, no GPU"),
                 "memory": f"the world's processes together, at most limits.memory_mb: {memory}",
                 "tasks": f"the world's processes and threads together, at most limits.processes: {held}",
-                "scratch": ("a new /tmp and /dev/shm per world, the code read only" if self.per_world else
+                "scratch": ("a new /tmp and /dev/shm per world and per rank, the code read only" if self.per_rank else
+                            "a new /tmp and /dev/shm per world, shared by its ranks, the code read only"
+                            if self.per_world else
                             "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
                             if self.sandbox else "a new folder per world"),
                 "problems": list(self.problems), "unfit": list(self.unfit)}
@@ -159,10 +162,11 @@ def _own_user_namespace(flags: int, own_user: bool = True) -> None:
         prctl(PR_SET_DUMPABLE, dumpable)
 
 
-def unshare_rank(isolation: Isolation, job, rank: int, tmp_mb: int, nproc: int = 0) -> None:
+def unshare_rank(isolation: Isolation, work_dir: str, code_dir: str, shared: list, tmp_mb: int, nproc: int = 0) -> None:
     """In a rank of a world with namespaces of its own, before `limit_rank`: a view of the world of
-    its own (grader.rerun.scratch.rank_view: its own /tmp and /dev/shm, the world's folder not
-    writable, no shared memory), so that ranks exchange data through torch.distributed alone.
+    its own (grader.rerun.scratch.rank_view: its own /tmp and /dev/shm, nothing else writable but
+    the files of `shared`, no shared memory), so that ranks exchange data through torch.distributed
+    alone.
 
     No rank may reach another's files through /proc (/proc/PID/root, cwd, fd: each needs the right
     to trace it). Where ranks run under a user id of the world's (root), a rank is not dumpable
@@ -171,9 +175,8 @@ def unshare_rank(isolation: Isolation, job, rank: int, tmp_mb: int, nproc: int =
     namespace, while the leader, which made the namespace's parent, still reads it. Its
     RLIMIT_NPROC is set first, so the world's count in the world's namespace is held to that limit
     (grader.rerun.tasks: the kernel checks each namespace above against its creator's limit)."""
-    shared = [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")]
     try:
-        scratch.rank_view(job.work_dir, job.code_dir, shared, tmp_mb)
+        scratch.rank_view(work_dir, code_dir, shared, tmp_mb)
     except OSError as e:
         raise SandboxError(e.errno, f"a rank's own /tmp: {e.strerror}") from None
     if isolation.id_range <= 1:
@@ -182,6 +185,15 @@ def unshare_rank(isolation: Isolation, job, rank: int, tmp_mb: int, nproc: int =
             value = nproc if hard == resource.RLIM_INFINITY else min(nproc, hard)
             resource.setrlimit(resource.RLIMIT_NPROC, (value, value))
         _own_user_namespace(0)
+
+
+def _rank_view_here(isolation: Isolation) -> None:
+    """What a rank's view takes (`unshare_rank`), tried in a world of its own by `probe`."""
+    unshare_world(isolation)
+    os.makedirs("/tmp/world/code")
+    scratch.read_only("/tmp/world/code")
+    open("/tmp/world/store", "w").close()
+    unshare_rank(isolation, "/tmp/world", "/tmp/world/code", ["/tmp/world/store"], 1)
 
 
 def _drop_capabilities() -> None:
@@ -301,6 +313,10 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "", cgroups: list = ()) 
         isolation.processes = b"bwrap" in f.read() and len([p for p in os.listdir("/proc") if p.isdigit()]) < 16
     why = _in_child(lambda: unshare_world(isolation))
     isolation.per_world = not why
+    alone = _in_child(lambda: _rank_view_here(isolation)) if isolation.per_world else why
+    isolation.per_rank = not alone
+    if isolation.per_world and alone:
+        isolation.problems.append(f"the ranks of a world share its /tmp, /dev/shm and IPC ({alone})")
     names = {"files": "a private root", "network": "a network namespace", "processes": "a PID namespace"}
     missing = [text for layer, text in names.items() if not getattr(isolation, layer)]
     if missing:

@@ -89,6 +89,29 @@ def rank_view(work_dir: str, code_dir: str, shared: list, tmp_mb: int) -> None:
     finally:
         for fd in held.values():
             os.close(fd)
+    _all_read_only(keep=set(SCRATCH) | set(shared))
+
+
+# Flags a mount keeps when it is remounted read only: in a user namespace the kernel refuses a
+# remount that would clear one that the namespace's creator set.
+KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+              "relatime": 1 << 21}
+
+
+def _all_read_only(keep: set) -> None:
+    """Every mount in this mount namespace read only, but those of `keep` and /proc, /sys: the
+    sandbox's root (which an ordinary user's sandbox makes that user's), its /dev, the worlds'
+    cgroup folders and whatever else is writable, so that no rank writes where another reads."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = [(line.split()[4], line.split()[5].split(",")) for line in f]
+    for point, options in mounts:
+        point = point.replace("\\040", " ")
+        if "ro" in options or point in keep or point.startswith(("/proc", "/sys")):
+            continue
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        for name in options:
+            flags |= KEPT_FLAGS.get(name, 0)
+        _mount(None, point, None, flags)
 
 
 def passable(blocked: list, keep: list) -> None:

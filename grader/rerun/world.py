@@ -62,9 +62,10 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             os.dup2(write_fd, 3)  # the result pipe is fd 3, the data pipe fd 4; every other descriptor is closed
             os.dup2(data_read, 4)
             _close_inherited(4)
-            private = isolation is not None and isolation.per_world
+            private = isolation is not None and isolation.per_rank
             if private:
-                sandbox.unshare_rank(isolation, job, rank, limits.tmp_mb, nproc)
+                sandbox.unshare_rank(isolation, job.work_dir, job.code_dir,
+                                     [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")], limits.tmp_mb, nproc)
             os.chdir(job.work_dir)
             # Not dumpable where its leader is privileged over its user id: no other rank reads it through /proc.
             sandbox.limit_rank(limits, uid, nproc, dumpable=not (private and isolation.id_range > 1))
