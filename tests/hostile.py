@@ -188,6 +188,37 @@ SHARE_ACROSS_RANKS = (
 )
 ATTACKS["share_across_ranks"] = Attack(SHARE_ACROSS_RANKS)
 
+# 8. outlive its world, without the sandbox: a daemon (double fork, setsid) that holds memory and
+# every task its world may start, and files of some MB in /tmp, /var/tmp and /dev/shm (a folder
+# too, made read only). What it may cost is its own grade; the next world on its executor must find
+# the machine as it was.
+OUTLIVE = "a4-outlive"
+OUTLIVE_WORLD = (
+    "import os, threading, time\n"
+    "if dist.get_rank() == 0:\n"
+    "    for top in ('/tmp', '/var/tmp', '/dev/shm'):\n"
+    "        try:\n"
+    "            open(f'{{top}}/{outlive}-{{os.getpid()}}', 'wb').write(bytes(8 << 20))\n"
+    "            os.makedirs(f'{{top}}/{outlive}-dir-{{os.getpid()}}/inner')\n"
+    "            open(f'{{top}}/{outlive}-dir-{{os.getpid()}}/inner/{outlive}', 'wb').write(bytes(1 << 20))\n"
+    "            os.chmod(f'{{top}}/{outlive}-dir-{{os.getpid()}}', 0o555)\n"
+    "        except OSError:\n            pass\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        os.setsid()\n"
+    "        if os.fork() == 0:\n"
+    "            hold = bytearray({hold_mb} << 20)\n"
+    "            for _ in range(400):\n"
+    "                try:\n"
+    "                    threading.Thread(target=time.sleep, args=(10 ** 6,), daemon=True).start()\n"
+    "                except RuntimeError:\n                    break\n"
+    "            while True:\n                time.sleep(1)\n"
+    "        os._exit(0)\n"
+    "    os.waitpid(pid, 0)\n"
+    "    time.sleep(1)\n"
+)
+ATTACKS["outlive_the_world"] = Attack(OUTLIVE_WORLD.replace("{hold_mb}", "200"), ("passed", "oom", "crashed"))
+
 
 TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
 
@@ -240,7 +271,7 @@ def build(name: str, values: dict, log: str, err: str) -> Files:
     attack = ATTACKS[name]
     base = (REFERENCE.read_text() if attack.base == "reference"
             else skeleton(filled=["baseline", "grad_accumulation", "data_parallel"]))
-    code = inject(base, attack.snippet.format(planted=PLANTED, **values), attack.everywhere) if attack.snippet else base
+    code = inject(base, attack.snippet.format(planted=PLANTED, outlive=OUTLIVE, **values), attack.everywhere) if attack.snippet else base
     if name == "top_level_command":
         code = code.replace("\nimport torch\n", "\nimport torch\n" + TOP_LEVEL, 1)
     return Files(code=code, log=log, err=err)

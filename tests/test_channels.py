@@ -18,18 +18,21 @@ import pytest
 
 from tests import tas
 from tests.corpus import REFERENCE, ROOT
-from tests.hostile import build
-from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
+from tests.conftest import skip_unless_required
+from tests.hostile import OUTLIVE, build
+from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip, leftover_processes
 
 # Run by root's or the TA's own Python in the kit: the hand-ins named on the command line, one after
 # another, on one warm executor (one slot) in the given sandbox mode, each at one check's baseline.
 GRADE_IN_ORDER = """\
-import dataclasses, json, sys
+import dataclasses, json, shutil, sys
 from pathlib import Path
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
+from grader.rerun.sandbox import scratch_dir
 from grader.rubric import load_rubric
-mode, world_size, scratch, files = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
+mode, world_size, files = sys.argv[1], int(sys.argv[2]), sys.argv[4:]
+scratch = Path(scratch_dir("a4-test-"))   # as `grade` makes its own: ranks of an id of their own pass
 rubric = load_rubric()
 check = dataclasses.replace(rubric.checks[0], world_size=world_size)
 executor = WarmExecutor(mode, rubric.limits)
@@ -40,6 +43,7 @@ for i, path in enumerate(files):
     run = run_check(executor, prepare_code(Path(path)), check, rubric, scratch / str(i), parts=["baseline"])["baseline"]
     found.append({"status": run.status.value, "detail": (run.detail + " " + run.output + " " + str(run.ranks))[-3000:], "isolation": isolation})
 executor.close()
+shutil.rmtree(scratch, ignore_errors=True)
 print(json.dumps(found))
 """
 
@@ -84,3 +88,36 @@ def test_ranks_share_no_file_and_no_memory_but_torch_distributed(config, tmp_pat
             tas.remove(ta)
     assert run["status"] == "passed", run["detail"]
     assert run["isolation"]["scratch"] == "a new /tmp and /dev/shm per world and per rank, the code read only"
+
+
+def _left_behind() -> list:
+    """Files and folders of the `outlive_the_world` hand-in still in /tmp, /var/tmp or /dev/shm."""
+    return sorted(str(p) for top in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(top).glob(f"{OUTLIVE}*"))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("config", CONFIG_PARAMS)
+def test_without_the_sandbox_a_world_ends_whole(config, tmp_path_factory):
+    """`--sandbox off`: a hand-in leaves a daemon (double fork, setsid) holding memory and every task
+    its world may start, and files and a read-only folder in /tmp, /var/tmp and /dev/shm. When its
+    world ends nothing of it is left, and the reference graded next on the same executor passes (not
+    infra_error for want of tasks, not out of memory)."""
+    ta = None
+    if config != "root":
+        missing = tas.available()
+        if missing:
+            skip_unless_required("A4_REQUIRE_TA_CONFIGS", f"no TA configuration here: {missing}")
+        ta = tas.ta_setup(config)
+    before = _left_behind()
+    try:
+        runs = grade_in_order(config, tmp_path_factory, [_code("outlive_the_world"), REFERENCE.read_text()],
+                              mode="off", ta=ta)
+        left, processes = [p for p in _left_behind() if p not in before], leftover_processes()
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+    assert runs[1]["status"] == "passed", runs[1]["detail"]
+    assert processes == [] and left == []
+    isolation = runs[0]["isolation"]
+    assert isolation["sandbox"] == "none" and "ends with its world" in isolation["processes"], isolation
+    assert "removed with it" in isolation["scratch"], isolation

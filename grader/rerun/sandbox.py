@@ -101,7 +101,7 @@ class Isolation:
                   "held by the watchdog (no memory cgroup)" if self.watchdog else "NOT held (no /proc to watch it)")
         return {"mode": self.mode, "sandbox": self.sandbox or "none",
                 "processes": ("own PID namespace" + (", one per world" if self.per_world else "")
-                              if self.processes else "process group"),
+                              if self.processes else "process group" + self._ends_whole()),
                 "network": "own network namespace, loopback only" if self.network else "NOT isolated",
                 "files": ("private root: system, Python and the hand-in only" if self.files else
                           "NOT isolated: the hand-in sees what its user may read" + (
@@ -118,8 +118,24 @@ class Isolation:
                             "a new /tmp and /dev/shm per world, shared by its ranks, the code read only"
                             if self.per_world else
                             "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
-                            if self.sandbox else "a new folder per world"),
+                            if self.sandbox else "a new folder per world, its TMPDIR" + self._files_removed()),
                 "problems": list(self.problems), "unfit": list(self.unfit)}
+
+
+    def _ends_whole(self) -> str:
+        """Without the sandbox: how a world's processes end with it (grader.rerun.sweep)."""
+        if self.sandbox or not self.watchdog:
+            return ""
+        how = ("its cgroup's processes killed" if self.cgroups else
+               "its leader or the helper adopts every orphan (no cgroup of its own), all killed")
+        return f"; all it starts ends with its world ({how}{', and every process of its user id' if self.own_uid else ''})"
+
+    def _files_removed(self) -> str:
+        if self.sandbox or not self.watchdog:
+            return ""
+        return ("; what its user id owns in /tmp, /var/tmp and /dev/shm is removed with it" if self.own_uid else
+                "; what the grader's user made in /tmp, /var/tmp and /dev/shm while it ran is removed with it "
+                "(but a4-*)")
 
 
 def _lo_up():

@@ -223,6 +223,17 @@ def _empty(folder: str, mounts: set) -> None:
                 pass
 
 
+def remove(path: str) -> None:
+    """Remove a file, a link or a whole folder (made writable where a world made it read only)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, onerror=_writable_then_retry)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def _writable_then_retry(function, path, _):
     """rmtree's error handler: a folder a world made read only is made writable (its owner may),
     then the removal is tried once more; what still fails stays, and the caller sees it."""

@@ -66,6 +66,8 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             if private:
                 sandbox.unshare_rank(isolation, job.work_dir, job.code_dir,
                                      [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")], limits.tmp_mb, nproc)
+            else:   # the machine's /tmp is shared: what tempfile makes goes into the world's folder, removed with it
+                os.environ["TMPDIR"] = job.work_dir
             os.chdir(job.work_dir)
             # Not dumpable where its leader is privileged over its user id: no other rank reads it through /proc.
             sandbox.limit_rank(limits, uid, nproc, dumpable=not (private and isolation.id_range > 1))
@@ -144,17 +146,19 @@ def _as_init(job: WorldJob):
     return lost_report(job, f"the world's supervisor ended with {code}")
 
 
-def lead_world(job: WorldJob, isolation, reply, read_key=None) -> None:
+def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups=None) -> None:
     """The life of a world's leader: namespaces, code, ranks, the data key (`read_key`, once the
     ranks are forked), supervision, report (`reply` sends it to the grader, marked as this world's).
+    `uid`: the ranks' user id (sandbox.world_uid by default); `cgroups`: the folders the world runs
+    in (the executor's by default; without the sandbox, one of the world's own below each).
     Never returns."""
     report = None
     try:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
-        uid = sandbox.world_uid(isolation)
-        if isolation.cgroups:
-            cgroup.join(isolation.cgroups)   # before anything of the world is forked: all of it is counted
+        uid = sandbox.world_uid(isolation) if uid is None else uid
+        if cgroups or isolation.cgroups:   # before anything of the world is forked: all of it is counted
+            cgroup.join(cgroups or isolation.cgroups)
         if isolation.passable:   # outside the sandbox, as root: ranks reach the Python below /root
             scratch.own_mounts(isolation.passable, [job.work_dir])
         if isolation.per_world:   # first: the code goes into the world's own new /tmp
