@@ -135,7 +135,7 @@ class Isolation:
             return ""
         return ("; what its user id owns in /tmp, /var/tmp and /dev/shm is removed with it" if self.own_uid else
                 "; what the grader's user made in /tmp, /var/tmp and /dev/shm while it ran is removed with it "
-                "(but a4-*)")
+                "(but folders named as the grader's own scratch)")
 
 
 def _lo_up():

@@ -14,14 +14,16 @@ grader.rerun.scratch). Without one, the zygote ends each world itself (`World`),
 - files. As root, every entry that the world's user id owns in /tmp, /var/tmp and /dev/shm (and in
   the folders there that anyone may write) is removed. Under the grader's own user id (an ordinary
   user), its ranks' TMPDIR is the world's own folder, and the entries of that user that appeared
-  in /tmp, /var/tmp and /dev/shm while the world ran are removed, but those named as the grader
-  names its own (a4-*): the user's other programs' files made meanwhile go too (docs/security.md).
+  in /tmp, /var/tmp and /dev/shm while the world ran are removed, but folders named as the grader
+  names its own (`GRADERS_OWN`): the user's other programs' files made meanwhile go too
+  (docs/security.md).
 
 What still holds after a kill of the grader itself: the next executor removes the cgroup folders
 that no live grader owns (grader.rerun.cgroup), killing what is in them.
 """
 
 import os
+import re
 import signal
 import stat
 import time
@@ -29,7 +31,9 @@ import time
 from grader.rerun import cgroup, memory, scratch
 
 SWEPT = ("/tmp", "/var/tmp", "/dev/shm")
-GRADERS_OWN = "a4-"   # the prefix of the grader's own scratch folders (grader.rerun.sandbox.scratch_dir)
+# The grader's own scratch folders, as tempfile names them (grader.rerun.sandbox.scratch_dir): another
+# batch of the same user may make one while a world runs.
+GRADERS_OWN = re.compile(r"a4-(grade|check|doctor|gradescope|integrity|sandbox)-[a-z0-9_]{8}")
 ROUNDS = 100          # kill, reap and look again, at most this often (10 ms apart)
 
 
@@ -101,7 +105,8 @@ def remove_owned(uid: int, top: str, before: set = None, depth: int = 2) -> list
             if before is None and depth and stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH:
                 left += remove_owned(uid, entry.path, None, depth - 1)
             continue
-        if before is not None and (entry.name in before or entry.name.startswith(GRADERS_OWN)):
+        if before is not None and (entry.name in before or (stat.S_ISDIR(info.st_mode) and
+                                                            GRADERS_OWN.fullmatch(entry.name))):
             continue
         scratch.remove(entry.path)
         if os.path.lexists(entry.path):
