@@ -26,8 +26,8 @@ Everywhere else (an ordinary user without delegation, a laptop) the watchdog alo
 
 import os
 import secrets
-import signal
-import time
+
+from grader.rerun import sweep
 
 CGROUP = "/a4-cgroup"   # where the world's folders are bound inside the sandbox: /a4-cgroup/0, /a4-cgroup/1
 LEADER_TASKS = 4        # the world's leader, its watchdog thread, its PID namespace's init: counted beside the world
@@ -114,8 +114,8 @@ class WorldCgroup:
     def remove(self) -> None:
         """Kill what is still in the folders (a world's, without the sandbox), and remove them."""
         for folder in self.folders.values():
-            if kill(folder):
-                _remove_tree(folder)
+            if sweep.kill(folder):
+                sweep.remove_tree(folder)
 
     @classmethod
     def make(cls):
@@ -153,7 +153,7 @@ class WorldCgroup:
     @classmethod
     def _new(cls, parent: str, needed: str) -> str:
         """A new folder below `parent` that has the file `needed` ('' where none can be made)."""
-        remove_stale(parent)
+        sweep.remove_stale(parent)
         path = os.path.join(parent, f"a4-world-{os.getpid()}-{secrets.token_hex(6)}")
         try:
             os.mkdir(path, 0o755)
@@ -235,101 +235,6 @@ def slurm_job_limit() -> int:
             if text.isdigit() and int(text) < 1 << 60:
                 return int(text) >> 20
     return 0
-
-
-# ---- one world's own, without the sandbox -------------------------------------------------------
-
-WORLD = "world"   # the folder below each of the executor's that one world's processes run in
-KILL_ROUNDS = 100
-
-
-def _procs(folder: str) -> list:
-    """The pids in `folder` and the folders below it (a delegated user's hand-in may make some)."""
-    pids = []
-    for below, _, _ in os.walk(folder):
-        pids += [int(p) for p in _read(os.path.join(below, "cgroup.procs")).split() if p.isdigit() and p != "0"]
-    return pids
-
-
-def kill(folder: str) -> bool:
-    """Kill every process in `folder` and below it (cgroup v2's cgroup.kill where the kernel has
-    it, else each process listed, again until none is left); whether none is."""
-    _try(os.path.join(folder, "cgroup.kill"), "1")
-    for _ in range(KILL_ROUNDS):
-        pids = _procs(folder)
-        if not pids:
-            return True
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.01)
-    return not _procs(folder)
-
-
-def _remove_tree(folder: str) -> bool:
-    """rmdir `folder` and the folders below it, deepest first (a killed process leaves its cgroup
-    a moment after it dies: tried again a while)."""
-    for _ in range(KILL_ROUNDS):
-        for below, _, _ in sorted(os.walk(folder), key=lambda w: -len(w[0])):
-            try:
-                os.rmdir(below)
-            except OSError:
-                pass
-        if not os.path.exists(folder):
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def end_world(folders: list) -> bool:
-    """Kill everything in a world's folders and remove them; whether all went."""
-    ended = True
-    for folder in folders:
-        if os.path.isdir(folder):
-            ended = kill(folder) and _remove_tree(folder) and ended
-    return ended
-
-
-def open_world(executor_folders: list) -> list:
-    """Before a world, without the sandbox: a new folder below each of the executor's for the
-    world's processes alone (its limits are the executor's folder's, which holds it), what an
-    earlier world's zygote could not end first killed and removed. The folders made."""
-    made = []
-    for folder in executor_folders:
-        path = os.path.join(folder, WORLD)
-        end_world([path])
-        try:
-            os.mkdir(path, 0o755)
-            made.append(path)
-        except OSError:
-            pass
-    return made
-
-
-def remove_stale(parent: str) -> None:
-    """Remove the executors' folders below `parent` whose grader is gone (killed before it could),
-    killing what is still in them: named a4-world-PID-..., a4-grader-PID, PID no longer alive."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        fields = name.split("-")
-        ours = len(fields) == (4 if name.startswith("a4-world-") else 3 if name.startswith("a4-grader-") else 0)
-        if not (ours and fields[2].isdigit() and len(fields[2]) <= 7):
-            continue
-        try:
-            os.kill(int(fields[2]), 0)
-            continue   # its grader is alive (or the id is another's now): not ours to remove
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        path = os.path.join(parent, name)
-        if kill(path):
-            _remove_tree(path)
 
 
 # ---- in a world's leader ------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import Limits
-from grader.rerun import memory, readable, scratch, tasks
+from grader.rerun import memory, readable, scratch, sweep, tasks
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 CLONE_NEWNS = 0x00020000
@@ -101,7 +101,7 @@ class Isolation:
                   "held by the watchdog (no memory cgroup)" if self.watchdog else "NOT held (no /proc to watch it)")
         return {"mode": self.mode, "sandbox": self.sandbox or "none",
                 "processes": ("own PID namespace" + (", one per world" if self.per_world else "")
-                              if self.processes else "process group" + self._ends_whole()),
+                              if self.processes else "process group" + sweep.processes_end(self)),
                 "network": "own network namespace, loopback only" if self.network else "NOT isolated",
                 "files": ("private root: system, Python and the hand-in only" if self.files else
                           "NOT isolated: the hand-in sees what its user may read" + (
@@ -118,24 +118,8 @@ class Isolation:
                             "a new /tmp and /dev/shm per world, shared by its ranks, the code read only"
                             if self.per_world else
                             "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
-                            if self.sandbox else "a new folder per world, its TMPDIR" + self._files_removed()),
+                            if self.sandbox else "a new folder per world, its TMPDIR" + sweep.files_end(self)),
                 "problems": list(self.problems), "unfit": list(self.unfit)}
-
-
-    def _ends_whole(self) -> str:
-        """Without the sandbox: how a world's processes end with it (grader.rerun.sweep)."""
-        if self.sandbox or not self.watchdog:
-            return ""
-        how = ("its cgroup's processes killed" if self.cgroups else
-               "its leader or the helper adopts every orphan (no cgroup of its own), all killed")
-        return f"; all it starts ends with its world ({how}{', and every process of its user id' if self.own_uid else ''})"
-
-    def _files_removed(self) -> str:
-        if self.sandbox or not self.watchdog:
-            return ""
-        return ("; what its user id owns in /tmp, /var/tmp and /dev/shm is removed with it" if self.own_uid else
-                "; what the grader's user made in /tmp, /var/tmp and /dev/shm while it ran is removed with it "
-                "(but folders named as the grader's own scratch)")
 
 
 def _lo_up():
@@ -155,8 +139,10 @@ def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
     """In a world's leader, before it forks: PID, network, IPC and mount namespaces of its own for
     everything it forks after (the leader's next child is the new PID namespace's init), a new /tmp
     and /dev/shm, and a user namespace too unless its ranks get an id of their own."""
-    own_user = isolation.id_range <= 1
-    _own_user_namespace(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS, own_user)
+    try:
+        scratch.own_user_namespace(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS, isolation.id_range <= 1)
+    except OSError as e:
+        raise SandboxError(e.errno, f"unshare: {e.strerror}") from None
     try:
         scratch.fresh(tmp_mb)
     except OSError as e:
@@ -164,52 +150,13 @@ def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
     _lo_up()
 
 
-def _own_user_namespace(flags: int, own_user: bool = True) -> None:
-    """unshare(2) the namespaces of `flags`, and a user namespace too when `own_user`, in which this
-    process keeps its user and group ids (the one id an ordinary user may map)."""
-    uid, gid = os.getuid(), os.getgid()
-    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | flags), "unshare")
-    if own_user:
-        dumpable = _libc.prctl(3, 0, 0, 0, 0)   # PR_GET_DUMPABLE
-        prctl(PR_SET_DUMPABLE, 1)   # an undumpable process may not write its own /proc/self files
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        prctl(PR_SET_DUMPABLE, dumpable)
-
-
-def unshare_rank(isolation: Isolation, work_dir: str, code_dir: str, shared: list, tmp_mb: int, nproc: int = 0) -> None:
-    """In a rank of a world with namespaces of its own, before `limit_rank`: a view of the world of
-    its own (grader.rerun.scratch.rank_view: its own /tmp and /dev/shm, nothing else writable but
-    the files of `shared`, no shared memory), so that ranks exchange data through torch.distributed
-    alone.
-
-    No rank may reach another's files through /proc (/proc/PID/root, cwd, fd: each needs the right
-    to trace it). Where ranks run under a user id of the world's (root), a rank is not dumpable
-    (`limit_rank`): only its privileged leader may read it. Where every rank has the grader's one
-    id, each rank gets a user namespace of its own too: a rank may trace only what lives in its own
-    namespace, while the leader, which made the namespace's parent, still reads it. Its
-    RLIMIT_NPROC is set first, so the world's count in the world's namespace is held to that limit
-    (grader.rerun.tasks: the kernel checks each namespace above against its creator's limit)."""
-    try:
-        scratch.rank_view(work_dir, code_dir, shared, tmp_mb)
-    except OSError as e:
-        raise SandboxError(e.errno, f"a rank's own /tmp: {e.strerror}") from None
-    if isolation.id_range <= 1:
-        if nproc:
-            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-            value = nproc if hard == resource.RLIM_INFINITY else min(nproc, hard)
-            resource.setrlimit(resource.RLIMIT_NPROC, (value, value))
-        _own_user_namespace(0)
-
-
 def _rank_view_here(isolation: Isolation) -> None:
-    """What a rank's view takes (`unshare_rank`), tried in a world of its own by `probe`."""
+    """What a rank's view takes (grader.rerun.scratch.rank_view), tried in a world of its own by `probe`."""
     unshare_world(isolation)
     os.makedirs("/tmp/world/code")
     scratch.read_only("/tmp/world/code")
     open("/tmp/world/store", "w").close()
-    unshare_rank(isolation, "/tmp/world", "/tmp/world/code", ["/tmp/world/store"], 1)
+    scratch.rank_view("/tmp/world", "/tmp/world/code", ["/tmp/world/store"], 1, isolation.id_range <= 1)
 
 
 def _drop_capabilities() -> None:

@@ -12,6 +12,7 @@ folder above the Python (/root) gets a mount namespace of its own in which they 
 
 import ctypes
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -19,7 +20,8 @@ import sys
 from grader.rerun import readable
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 SCRATCH = ("/tmp", "/dev/shm")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -65,16 +67,49 @@ def fresh(tmp_mb: int) -> None:
             os.close(fd)
 
 
-def rank_view(work_dir: str, code_dir: str, shared: list, tmp_mb: int) -> None:
+def own_user_namespace(flags: int, own_user: bool = True) -> None:
+    """unshare(2) the namespaces of `flags`, and a user namespace too when `own_user`, in which this
+    process keeps its user and group ids (the one id an ordinary user may map)."""
+    uid, gid = os.getuid(), os.getgid()
+    if _libc.unshare((CLONE_NEWUSER if own_user else 0) | flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    if own_user:
+        dumpable = _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)   # an undumpable process may not write its own /proc/self files
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        _libc.prctl(PR_SET_DUMPABLE, dumpable, 0, 0, 0)
+
+
+def rank_view(work_dir: str, code_dir: str, shared: list, tmp_mb: int, own_user: bool, nproc: int = 0) -> None:
     """In a rank, before it drops its capabilities: a mount and an IPC namespace of its own, so that
     ranks share no writable file system, no SysV or POSIX shared memory, no message queue. Its
     /tmp and /dev/shm are new (`fresh`); in its /tmp, the world's folder (its working folder) is
-    made again, not writable to the rank's user where that is not the world leader's, with only the
-    code (read only) and the files of `shared` (the gloo store, the rank's own progress file) bound
-    in from the world's: every rank writes there what only it, or only torch.distributed, reads."""
+    made again, with only the code (read only) and the files of `shared` (the gloo store, the
+    rank's own progress file) bound in; every other mount is read only.
+
+    No rank may reach another's files through /proc (/proc/PID/root, cwd, fd: each needs the right
+    to trace it). Ranks under a user id of the world's (root) are not dumpable (grader.rerun.sandbox
+    .limit_rank): only their privileged leader reads them. Ranks of the grader's one id (`own_user`)
+    get a user namespace each: a rank may trace only what lives in its own, while the leader, which
+    made its parent, still may. Its RLIMIT_NPROC (`nproc`) is set first: the kernel holds the
+    world's count in the world's namespace to the limit the namespace's creator had
+    (grader.rerun.tasks)."""
     if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unshare: {os.strerror(err)}")
+    _rank_mounts(work_dir, code_dir, shared, tmp_mb)
+    if own_user:
+        if nproc:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+            value = nproc if hard == resource.RLIM_INFINITY else min(nproc, hard)
+            resource.setrlimit(resource.RLIMIT_NPROC, (value, value))
+        own_user_namespace(0)
+
+
+def _rank_mounts(work_dir: str, code_dir: str, shared: list, tmp_mb: int) -> None:
     held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in [code_dir, *shared]}
     try:
         fresh(tmp_mb)   # the code folder, a mount inside /tmp, is bound back with the Python's

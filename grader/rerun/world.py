@@ -38,8 +38,8 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
               isolation=None) -> tuple:
     """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its
     result pipe, write end of its data pipe). `nproc`: its RLIMIT_NPROC (grader.rerun.tasks); where
-    the world has namespaces of its own (`isolation.per_world`), the rank gets a view of its own
-    (grader.rerun.sandbox.unshare_rank)."""
+    the world has namespaces of its own (`isolation.per_rank`), the rank gets a view of its own
+    (grader.rerun.scratch.rank_view)."""
     from grader.rerun import environment, worker
     read_fd, write_fd = os.pipe()
     data_read, data_write = os.pipe()
@@ -64,8 +64,8 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             _close_inherited(4)
             private = isolation is not None and isolation.per_rank
             if private:
-                sandbox.unshare_rank(isolation, job.work_dir, job.code_dir,
-                                     [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")], limits.tmp_mb, nproc)
+                scratch.rank_view(job.work_dir, job.code_dir, [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")],
+                                  limits.tmp_mb, isolation.id_range <= 1, nproc)
             else:   # the machine's /tmp is shared: what tempfile makes goes into the world's folder, removed with it
                 os.environ["TMPDIR"] = job.work_dir
             os.chdir(job.work_dir)
