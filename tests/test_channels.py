@@ -12,6 +12,7 @@ Each runs real worlds in the configurations TAs grade in: root, and an ordinary 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,81 @@ def test_without_the_sandbox_a_world_ends_whole(config, tmp_path_factory):
     isolation = runs[0]["isolation"]
     assert isolation["sandbox"] == "none" and "ends with its world" in isolation["processes"], isolation
     assert "removed with it" in isolation["scratch"], isolation
+
+
+# Root's own Python: one world that leaves a daemon and then sleeps, on an executor without the
+# sandbox; its cgroup folders are printed first. The test kills this process with SIGKILL mid-world.
+KILLED_MID_WORLD = """\
+import dataclasses, json, sys
+from pathlib import Path
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
+from grader.rerun.sandbox import scratch_dir
+from grader.rubric import load_rubric
+rubric = load_rubric()
+executor = WarmExecutor("off", rubric.limits)
+executor.start()
+print(json.dumps(list(executor._cgroup.folders.values()) if executor._cgroup else []), flush=True)
+check = dataclasses.replace(rubric.checks[0], world_size=2)
+run_check(executor, prepare_code(Path(sys.argv[1])), check, rubric, Path(scratch_dir("a4-test-")), parts=["baseline"])
+"""
+
+
+def _live(pids) -> list:
+    alive = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.append(pid)
+        except OSError:
+            pass
+    return alive
+
+
+def _threads(pid: int) -> int:
+    try:
+        return len(list(Path(f"/proc/{pid}/task").iterdir()))
+    except OSError:
+        return 0
+
+
+def _in_cgroup(folder: Path) -> list:
+    return [int(p) for below in [folder, *folder.rglob("*")] if (below / "cgroup.procs").exists()
+            for p in (below / "cgroup.procs").read_text().split()]
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_graders_cgroups_and_what_is_in_them_go_at_the_next_start(tmp_path):
+    """`--sandbox off` as root: the grader is killed (SIGKILL) while a world runs that has left a
+    daemon. The world's cgroup folders stay behind with the daemon in them; the next executor to
+    start removes them, and kills what was in them."""
+    code = _code("outlive_the_world")
+    assert code.count("os.waitpid(pid, 0)\n        time.sleep(1)\n") == 1
+    code = code.replace("os.waitpid(pid, 0)\n        time.sleep(1)\n", "os.waitpid(pid, 0)\n        time.sleep(10 ** 6)\n")
+    (tmp_path / "assignment4.py").write_text(code)
+    grader = subprocess.Popen([sys.executable, "-c", KILLED_MID_WORLD, str(tmp_path / "assignment4.py")], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    folders = [Path(f) for f in json.loads(grader.stdout.readline())]
+    if not folders:
+        grader.kill()
+        grader.wait()
+        pytest.skip("no cgroup for the worlds here: nothing of a killed grader's to remove")
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(_threads(pid) > 50 for pid in _in_cgroup(folders[0])):
+            time.sleep(0.5)   # until the daemon has its threads
+
+    finally:
+        grader.kill()
+        grader.wait()
+    time.sleep(1)
+    stale = _live({pid for folder in folders for pid in _in_cgroup(folder)})
+    assert stale and all(folder.exists() for folder in folders)   # what a killed grader leaves
+    subprocess.run([sys.executable, "-c", "from grader.rerun import cgroup\nc = cgroup.WorldCgroup.make()\n"
+                    "c and c.remove()"], cwd=ROOT, check=True, timeout=120)
+    time.sleep(0.5)
+    assert not any(folder.exists() for folder in folders)
+    assert _live(stale) == []
+    for path in _left_behind():   # nothing removes a killed world's files; this test does
+        subprocess.run(["chmod", "-R", "u+w", path])
+        subprocess.run(["rm", "-rf", path])
