@@ -42,7 +42,8 @@ found = []
 for i, path in enumerate(files):
     (scratch / str(i)).mkdir()
     run = run_check(executor, prepare_code(Path(path)), check, rubric, scratch / str(i), parts=["baseline"])["baseline"]
-    found.append({"status": run.status.value, "detail": (run.detail + " " + run.output + " " + str(run.ranks))[-3000:], "isolation": isolation})
+    said = f"{run.detail} {run.output} {run.ranks}"[-3000:]
+    found.append({"status": run.status.value, "detail": said, "isolation": isolation})
 executor.close()
 shutil.rmtree(scratch, ignore_errors=True)
 print(json.dumps(found))
@@ -172,7 +173,8 @@ def test_a_killed_graders_cgroups_and_what_is_in_them_go_at_the_next_start(tmp_p
     start removes them, and kills what was in them."""
     code = _code("outlive_the_world")
     assert code.count("os.waitpid(pid, 0)\n        time.sleep(1)\n") == 1
-    code = code.replace("os.waitpid(pid, 0)\n        time.sleep(1)\n", "os.waitpid(pid, 0)\n        time.sleep(10 ** 6)\n")
+    code = code.replace("os.waitpid(pid, 0)\n        time.sleep(1)\n",
+                        "os.waitpid(pid, 0)\n        time.sleep(10 ** 6)\n")
     (tmp_path / "assignment4.py").write_text(code)
     grader = subprocess.Popen([sys.executable, "-c", KILLED_MID_WORLD, str(tmp_path / "assignment4.py")], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True)

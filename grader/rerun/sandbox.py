@@ -118,7 +118,9 @@ class Isolation:
                             "a new /tmp and /dev/shm per world, shared by its ranks, the code read only"
                             if self.per_world else
                             "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
-                            if self.sandbox else "a new folder per world, its TMPDIR" + sweep.files_end(self)),
+                            if self.sandbox else
+                            "a new folder per world, its TMPDIR; its ranks share the machine's /tmp and /dev/shm"
+                            + sweep.files_end(self)),
                 "problems": list(self.problems), "unfit": list(self.unfit)}
 
 

@@ -266,7 +266,8 @@ def processes_end(isolation) -> str:
         return ""
     how = ("its cgroup's processes killed" if isolation.cgroups else
            "its leader or the helper adopts every orphan (no cgroup of its own), all killed")
-    return f"; all it starts ends with its world ({how}{', and every process of its user id' if isolation.own_uid else ''})"
+    also = ", and every process of its user id" if isolation.own_uid else ""
+    return f"; all it starts ends with its world ({how}{also})"
 
 
 def files_end(isolation) -> str:

@@ -64,8 +64,8 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             _close_inherited(4)
             private = isolation is not None and isolation.per_rank
             if private:
-                scratch.rank_view(job.work_dir, job.code_dir, [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")],
-                                  limits.tmp_mb, isolation.id_range <= 1, nproc)
+                own = [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")]
+                scratch.rank_view(job.work_dir, job.code_dir, own, limits.tmp_mb, isolation.id_range <= 1, nproc)
             else:   # the machine's /tmp is shared: what tempfile makes goes into the world's folder, removed with it
                 os.environ["TMPDIR"] = job.work_dir
             os.chdir(job.work_dir)

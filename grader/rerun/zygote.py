@@ -61,7 +61,8 @@ def _zygote(mode: str, kit_root: str, sandbox_name: str) -> None:
     # installation are on the path (not the working folder, /tmp, which ranks write to).
     sys.dont_write_bytecode = True
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
-    from grader.rerun import environment, sandbox, scratch, sweep, world, worker  # torch is imported once here, inherited by every rank
+    # torch is imported once here, inherited by every rank
+    from grader.rerun import environment, sandbox, scratch, sweep, world, worker
     environment.bound_zygote()   # before the first fork: every pool of every rank has one thread
     worker.warm_up()
     # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
