@@ -265,7 +265,7 @@ def processes_end(isolation) -> str:
     if isolation.sandbox or not isolation.watchdog:
         return ""
     how = ("its cgroup's processes killed" if isolation.cgroups else
-           "its leader or the helper adopts every orphan (no cgroup of its own), all killed")
+           "no cgroup of its own: its leader or the helper adopts every orphan, all killed")
     also = ", and every process of its user id" if isolation.own_uid else ""
     return f"; all it starts ends with its world ({how}{also})"
 
