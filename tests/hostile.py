@@ -46,7 +46,7 @@ ATTACKS = {
     "huge_tensor": Attack("torch.ones(1 << 30, dtype=torch.float32)\n", ("oom",), "out of memory"),
     "huge_list": Attack("hog = [0] * (10 ** 10)\n", ("oom",), "out of memory"),
     "disk_filler": Attack(
-        "with open('a4-fill.bin', 'wb') as f:\n    for _ in range(4096):\n        f.write(bytes(1 << 20))\n",
+        "with open('/tmp/a4-fill.bin', 'wb') as f:\n    for _ in range(4096):\n        f.write(bytes(1 << 20))\n",
         ("crashed",), "OSError"),
     "thread_flood": Attack(
         "import threading, time\nfor _ in range(2000):\n"
@@ -217,7 +217,7 @@ OUTLIVE_WORLD = (
     "    os.waitpid(pid, 0)\n"
     "    time.sleep(1)\n"
 )
-ATTACKS["outlive_the_world"] = Attack(OUTLIVE_WORLD.replace("{hold_mb}", "200"), ("passed", "oom", "crashed"))
+ATTACKS["outlive_the_world"] = Attack(OUTLIVE_WORLD.replace("{hold_mb}", "200"), ("passed", "oom", "crashed", "timeout"))
 
 
 TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
