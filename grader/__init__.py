@@ -27,7 +27,8 @@ room (tests/test_layout.py holds the map to that):
                  frames them, bounds holds what a rank sends back to its part's size; check runs a
                  hand-in's parts at one check; hidden keeps a hidden check's results free of a
                  rank's words. What holds a world: memory (its watchdog),
-                 tasks (its count of processes and threads), cgroup, environment (the variables a
+                 tasks (its count of processes and threads), cgroup, sweep (without the sandbox,
+                 a world's processes and files ended with it), environment (the variables a
                  rank and the helper get), readable (code and Python the ranks' user can read);
                  machine says why a machine cannot grade
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which

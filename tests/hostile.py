@@ -46,7 +46,7 @@ ATTACKS = {
     "huge_tensor": Attack("torch.ones(1 << 30, dtype=torch.float32)\n", ("oom",), "out of memory"),
     "huge_list": Attack("hog = [0] * (10 ** 10)\n", ("oom",), "out of memory"),
     "disk_filler": Attack(
-        "with open('a4-fill.bin', 'wb') as f:\n    for _ in range(4096):\n        f.write(bytes(1 << 20))\n",
+        "with open('/tmp/a4-fill.bin', 'wb') as f:\n    for _ in range(4096):\n        f.write(bytes(1 << 20))\n",
         ("crashed",), "OSError"),
     "thread_flood": Attack(
         "import threading, time\nfor _ in range(2000):\n"
@@ -186,6 +186,61 @@ def returns_huge(log: str, err: str) -> Files:
     return Files(code=inject(REFERENCE.read_text(), HUGE_EVERYWHERE, everywhere=True), log=log, err=err)
 
 
+# 7. compute alone what the ranks should compute together: each rank writes what it was served where
+# another might read it (every writable folder in its view, another rank's through /proc, SysV
+# shared memory), waits, then looks for the others'. Ranks share nothing but torch.distributed.
+SHARE_PLACES = ("/tmp", "/dev/shm", "/var/tmp", "/run", "/", "/tmp/world", ".")
+SHARE_ACROSS_RANKS = (
+    "import ctypes, glob, os, time\n"
+    "me, found = dist.get_rank(), []\n"
+    f"places = {SHARE_PLACES!r}" " + (os.getcwd(), os.environ.get('HOME', '/tmp'), os.environ.get('TMPDIR', '/tmp'))\n"
+    "for place in places:\n"
+    "    try:\n        open(os.path.join(place, f'a4-share-{{me}}'), 'w').write('served')\n"
+    "    except OSError:\n        pass\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "segment = libc.shmget(0xA4A4 + me, 4096, 0o1666)   # IPC_CREAT, readable by anyone\n"
+    "time.sleep(3)\n"
+    "for place in places:\n"
+    "    found += [p for p in glob.glob(os.path.join(place, 'a4-share-*')) if not p.endswith(f'-{{me}}')]\n"
+    "for pattern in ('root/a4-share-*', 'root/*/a4-share-*', 'root/*/*/a4-share-*', 'cwd/a4-share-*'):\n"
+    "    found += [p for p in glob.glob('/proc/[0-9]*/' + pattern) if not p.endswith(f'-{{me}}')]\n"
+    "found += [f'shm {{k:#x}}' for k in range(0xA4A4, 0xA4A4 + 8) if k != 0xA4A4 + me and libc.shmget(k, 0, 0) >= 0]\n"
+    "if found:\n    raise RuntimeError(f'LEAK shared between ranks: {{sorted(set(found))[:6]}}')\n"
+)
+ATTACKS["share_across_ranks"] = Attack(SHARE_ACROSS_RANKS)
+
+# 8. outlive its world, without the sandbox: a daemon (double fork, setsid) that holds memory and
+# every task its world may start, and files of some MB in /tmp, /var/tmp and /dev/shm (a folder
+# too, made read only). What it may cost is its own grade; the next world on its executor must find
+# the machine as it was.
+OUTLIVE = "a4-outlive"
+OUTLIVE_WORLD = (
+    "import os, threading, time\n"
+    "if dist.get_rank() == 0:\n"
+    "    for top in ('/tmp', '/var/tmp', '/dev/shm'):\n"
+    "        try:\n"
+    "            open(f'{{top}}/{outlive}-{{os.getpid()}}', 'wb').write(bytes(8 << 20))\n"
+    "            os.makedirs(f'{{top}}/{outlive}-dir-{{os.getpid()}}/inner')\n"
+    "            open(f'{{top}}/{outlive}-dir-{{os.getpid()}}/inner/{outlive}', 'wb').write(bytes(1 << 20))\n"
+    "            os.chmod(f'{{top}}/{outlive}-dir-{{os.getpid()}}', 0o555)\n"
+    "        except OSError:\n            pass\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        os.setsid()\n"
+    "        if os.fork() == 0:\n"
+    "            hold = bytearray({hold_mb} << 20)\n"
+    "            for _ in range(400):\n"
+    "                try:\n"
+    "                    threading.Thread(target=time.sleep, args=(10 ** 6,), daemon=True).start()\n"
+    "                except RuntimeError:\n                    break\n"
+    "            while True:\n                time.sleep(1)\n"
+    "        os._exit(0)\n"
+    "    os.waitpid(pid, 0)\n"
+    "    time.sleep(1)\n"
+)
+ATTACKS["outlive_the_world"] = Attack(OUTLIVE_WORLD.replace("{hold_mb}", "200"), ("passed", "oom", "crashed", "timeout"))
+
+
 TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
 
 
@@ -237,7 +292,7 @@ def build(name: str, values: dict, log: str, err: str) -> Files:
     attack = ATTACKS[name]
     base = (REFERENCE.read_text() if attack.base == "reference"
             else skeleton(filled=["baseline", "grad_accumulation", "data_parallel"]))
-    code = inject(base, attack.snippet.format(planted=PLANTED, **values), attack.everywhere) if attack.snippet else base
+    code = inject(base, attack.snippet.format(planted=PLANTED, outlive=OUTLIVE, **values), attack.everywhere) if attack.snippet else base
     if name == "top_level_command":
         code = code.replace("\nimport torch\n", "\nimport torch\n" + TOP_LEVEL, 1)
     return Files(code=code, log=log, err=err)

@@ -306,7 +306,7 @@ def test_a_planted_compiled_module_never_reaches_the_next_world(config, referenc
         r = results[name]
         assert (r["status"], r["score"]) == ("graded", FULL), \
             (name, r["message"], {p: v["message"] for p, v in r["parts"].items() if v["status"] != "passed"})
-        assert r["isolation"]["scratch"] == "a new /tmp and /dev/shm per world, the code read only"
+        assert r["isolation"]["scratch"] == "a new /tmp and /dev/shm per world and per rank, the code read only"
     assert {p["status"] for p in results["a_plant_bytecode"]["parts"].values()} == {"passed"}
     assert "LEAK" not in json.dumps(results)
 

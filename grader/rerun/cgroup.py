@@ -27,6 +27,8 @@ Everywhere else (an ordinary user without delegation, a laptop) the watchdog alo
 import os
 import secrets
 
+from grader.rerun import sweep
+
 CGROUP = "/a4-cgroup"   # where the world's folders are bound inside the sandbox: /a4-cgroup/0, /a4-cgroup/1
 LEADER_TASKS = 4        # the world's leader, its watchdog thread, its PID namespace's init: counted beside the world
 V1_LIMITS = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"), "pids": ("pids.max",)}
@@ -110,11 +112,10 @@ class WorldCgroup:
                     _try(path, str(values[name]))
 
     def remove(self) -> None:
+        """Kill what is still in the folders (a world's, without the sandbox), and remove them."""
         for folder in self.folders.values():
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass
+            if sweep.kill(folder):
+                sweep.remove_tree(folder)
 
     @classmethod
     def make(cls):
@@ -152,7 +153,8 @@ class WorldCgroup:
     @classmethod
     def _new(cls, parent: str, needed: str) -> str:
         """A new folder below `parent` that has the file `needed` ('' where none can be made)."""
-        path = os.path.join(parent, f"a4-world-{secrets.token_hex(6)}")
+        sweep.remove_stale(parent)
+        path = os.path.join(parent, f"a4-world-{os.getpid()}-{secrets.token_hex(6)}")
         try:
             os.mkdir(path, 0o755)
         except OSError as e:

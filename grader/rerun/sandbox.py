@@ -43,7 +43,7 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import Limits
-from grader.rerun import memory, readable, scratch, tasks
+from grader.rerun import memory, readable, scratch, sweep, tasks
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 CLONE_NEWNS = 0x00020000
@@ -79,6 +79,7 @@ class Isolation:
     network: bool = False       # an own network namespace with only its loopback
     processes: bool = False     # an own PID namespace: nothing outside is visible or signalable
     per_world: bool = False     # each world in namespaces of its own inside the sandbox, /tmp and /dev/shm new
+    per_rank: bool = False      # each rank, too, in a mount and IPC namespace of its own (its own /tmp, /dev/shm)
     own_uid: bool = False       # without namespaces, as root: ranks under a user id of their own
     id_range: int = 1           # user ids the sandbox maps (more than 1: a fresh one per world)
     cgroups: list = field(default_factory=list)      # the world's cgroup folders, as the zygote sees them
@@ -100,7 +101,7 @@ class Isolation:
                   "held by the watchdog (no memory cgroup)" if self.watchdog else "NOT held (no /proc to watch it)")
         return {"mode": self.mode, "sandbox": self.sandbox or "none",
                 "processes": ("own PID namespace" + (", one per world" if self.per_world else "")
-                              if self.processes else "process group"),
+                              if self.processes else "process group" + sweep.processes_end(self)),
                 "network": "own network namespace, loopback only" if self.network else "NOT isolated",
                 "files": ("private root: system, Python and the hand-in only" if self.files else
                           "NOT isolated: the hand-in sees what its user may read" + (
@@ -113,9 +114,13 @@ class Isolation:
                            "1 compute thread, no GPU"),
                 "memory": f"the world's processes together, at most limits.memory_mb: {memory}",
                 "tasks": f"the world's processes and threads together, at most limits.processes: {held}",
-                "scratch": ("a new /tmp and /dev/shm per world, the code read only" if self.per_world else
+                "scratch": ("a new /tmp and /dev/shm per world and per rank, the code read only" if self.per_rank else
+                            "a new /tmp and /dev/shm per world, shared by its ranks, the code read only"
+                            if self.per_world else
                             "/tmp and /dev/shm emptied between worlds (a new sandbox when they cannot be)"
-                            if self.sandbox else "a new folder per world"),
+                            if self.sandbox else
+                            "a new folder per world, its TMPDIR; its ranks share the machine's /tmp and /dev/shm"
+                            + sweep.files_end(self)),
                 "problems": list(self.problems), "unfit": list(self.unfit)}
 
 
@@ -136,21 +141,24 @@ def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
     """In a world's leader, before it forks: PID, network, IPC and mount namespaces of its own for
     everything it forks after (the leader's next child is the new PID namespace's init), a new /tmp
     and /dev/shm, and a user namespace too unless its ranks get an id of their own."""
-    uid, gid = os.getuid(), os.getgid()
-    own_user = isolation.id_range <= 1
-    _check(_libc.unshare((CLONE_NEWUSER if own_user else 0) | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
-                         | CLONE_NEWNS), "unshare")
-    if own_user:
-        prctl(PR_SET_DUMPABLE, 1)   # an undumpable process may not write its own /proc/self files
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        prctl(PR_SET_DUMPABLE, 0)
+    try:
+        scratch.own_user_namespace(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS, isolation.id_range <= 1)
+    except OSError as e:
+        raise SandboxError(e.errno, f"unshare: {e.strerror}") from None
     try:
         scratch.fresh(tmp_mb)
     except OSError as e:
         raise SandboxError(e.errno, f"a new /tmp for the world: {e.strerror}") from None
     _lo_up()
+
+
+def _rank_view_here(isolation: Isolation) -> None:
+    """What a rank's view takes (grader.rerun.scratch.rank_view), tried in a world of its own by `probe`."""
+    unshare_world(isolation)
+    os.makedirs("/tmp/world/code")
+    scratch.read_only("/tmp/world/code")
+    open("/tmp/world/store", "w").close()
+    scratch.rank_view("/tmp/world", "/tmp/world/code", ["/tmp/world/store"], 1, isolation.id_range <= 1)
 
 
 def _drop_capabilities() -> None:
@@ -178,9 +186,10 @@ def world_uid(isolation: Isolation) -> int:
     return random.randint(200_000, 1_000_000_000) if isolation.own_uid else os.getuid()
 
 
-def limit_rank(limits: Limits, uid: int, nproc: int = 0) -> None:
+def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) -> None:
     """In a rank, after its files are open and before any hand-in code: limits, then no privileges.
-    `nproc`: its RLIMIT_NPROC (grader.rerun.tasks.rank_nproc; 0: none)."""
+    `nproc`: its RLIMIT_NPROC (grader.rerun.tasks.rank_nproc; 0: none); `dumpable`: False where
+    its watchdog may read it anyway (a leader privileged over the ranks' user id)."""
     def cap(kind, value):
         soft, hard = resource.getrlimit(kind)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -201,7 +210,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0) -> None:
     # Dumpable again (the leader is not, and a change of user id clears it): the world's watchdog, where
     # it runs as this user without privilege (no namespaces), reads the rank's Pss, not its resident set,
     # which counts every page shared with the zygote once per rank (4 ranks of torch's CUDA build: 2 GB).
-    prctl(PR_SET_DUMPABLE, 1)
+    prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
     if LINUX and (os.environ.get("A4_IN_SANDBOX") or uid != 0):
         try:
@@ -269,6 +278,10 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "", cgroups: list = ()) 
         isolation.processes = b"bwrap" in f.read() and len([p for p in os.listdir("/proc") if p.isdigit()]) < 16
     why = _in_child(lambda: unshare_world(isolation))
     isolation.per_world = not why
+    alone = _in_child(lambda: _rank_view_here(isolation)) if isolation.per_world else why
+    isolation.per_rank = not alone
+    if isolation.per_world and alone:
+        isolation.problems.append(f"the ranks of a world share its /tmp, /dev/shm and IPC ({alone})")
     names = {"files": "a private root", "network": "a network namespace", "processes": "a PID namespace"}
     missing = [text for layer, text in names.items() if not getattr(isolation, layer)]
     if missing:

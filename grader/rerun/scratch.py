@@ -12,6 +12,7 @@ folder above the Python (/root) gets a mount namespace of its own in which they 
 
 import ctypes
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -19,7 +20,8 @@ import sys
 from grader.rerun import readable
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-CLONE_NEWNS = 0x00020000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 SCRATCH = ("/tmp", "/dev/shm")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -63,6 +65,88 @@ def fresh(tmp_mb: int) -> None:
     finally:
         for fd in held.values():
             os.close(fd)
+
+
+def own_user_namespace(flags: int, own_user: bool = True) -> None:
+    """unshare(2) the namespaces of `flags`, and a user namespace too when `own_user`, in which this
+    process keeps its user and group ids (the one id an ordinary user may map)."""
+    uid, gid = os.getuid(), os.getgid()
+    if _libc.unshare((CLONE_NEWUSER if own_user else 0) | flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    if own_user:
+        dumpable = _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)   # an undumpable process may not write its own /proc/self files
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        _libc.prctl(PR_SET_DUMPABLE, dumpable, 0, 0, 0)
+
+
+def rank_view(work_dir: str, code_dir: str, shared: list, tmp_mb: int, own_user: bool, nproc: int = 0) -> None:
+    """In a rank, before it drops its capabilities: a mount and an IPC namespace of its own, so that
+    ranks share no writable file system, no SysV or POSIX shared memory, no message queue. Its
+    /tmp and /dev/shm are new (`fresh`); in its /tmp, the world's folder (its working folder) is
+    made again, with only the code (read only) and the files of `shared` (the gloo store, the
+    rank's own progress file) bound in; every other mount is read only.
+
+    No rank may reach another's files through /proc (/proc/PID/root, cwd, fd: each needs the right
+    to trace it). Ranks under a user id of the world's (root) are not dumpable (grader.rerun.sandbox
+    .limit_rank): only their privileged leader reads them. Ranks of the grader's one id (`own_user`)
+    get a user namespace each: a rank may trace only what lives in its own, while the leader, which
+    made its parent, still may. Its RLIMIT_NPROC (`nproc`) is set first: the kernel holds the
+    world's count in the world's namespace to the limit the namespace's creator had
+    (grader.rerun.tasks)."""
+    if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+    _rank_mounts(work_dir, code_dir, shared, tmp_mb)
+    if own_user:
+        if nproc:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+            value = nproc if hard == resource.RLIM_INFINITY else min(nproc, hard)
+            resource.setrlimit(resource.RLIMIT_NPROC, (value, value))
+        own_user_namespace(0)
+
+
+def _rank_mounts(work_dir: str, code_dir: str, shared: list, tmp_mb: int) -> None:
+    held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in [code_dir, *shared]}
+    try:
+        fresh(tmp_mb)   # the code folder, a mount inside /tmp, is bound back with the Python's
+        os.makedirs(work_dir, mode=0o755, exist_ok=True)
+        if not os.path.ismount(code_dir):
+            os.makedirs(code_dir, mode=0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{held[code_dir]}", code_dir, None, MS_BIND)
+        read_only(code_dir)
+        for path in shared:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            _mount(f"/proc/self/fd/{held[path]}", path, None, MS_BIND)
+    finally:
+        for fd in held.values():
+            os.close(fd)
+    _all_read_only(keep=set(SCRATCH) | set(shared))
+
+
+# Flags a mount keeps when it is remounted read only: in a user namespace the kernel refuses a
+# remount that would clear one that the namespace's creator set.
+KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+              "relatime": 1 << 21}
+
+
+def _all_read_only(keep: set) -> None:
+    """Every mount in this mount namespace read only, but those of `keep` and /proc, /sys: the
+    sandbox's root (which an ordinary user's sandbox makes that user's), its /dev, the worlds'
+    cgroup folders and whatever else is writable, so that no rank writes where another reads."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = [(line.split()[4], line.split()[5].split(",")) for line in f]
+    for point, options in mounts:
+        point = point.replace("\\040", " ")
+        if "ro" in options or point in keep or point.startswith(("/proc", "/sys")):
+            continue
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        for name in options:
+            flags |= KEPT_FLAGS.get(name, 0)
+        _mount(None, point, None, flags)
 
 
 def passable(blocked: list, keep: list) -> None:
@@ -172,6 +256,17 @@ def _empty(folder: str, mounts: set) -> None:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def remove(path: str) -> None:
+    """Remove a file, a link or a whole folder (made writable where a world made it read only)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, onerror=_writable_then_retry)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _writable_then_retry(function, path, _):

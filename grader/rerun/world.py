@@ -40,9 +40,12 @@ def _close_inherited(keep: int) -> None:
                 pass
 
 
-def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, prepared: dict, nproc: int = 0) -> tuple:
+def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, prepared: dict, nproc: int = 0,
+              isolation=None) -> tuple:
     """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its
-    result pipe, write end of its data pipe). `nproc`: its RLIMIT_NPROC (grader.rerun.tasks)."""
+    result pipe, write end of its data pipe). `nproc`: its RLIMIT_NPROC (grader.rerun.tasks); where
+    the world has namespaces of its own (`isolation.per_rank`), the rank gets a view of its own
+    (grader.rerun.scratch.rank_view)."""
     from grader.rerun import environment, worker
     read_fd, write_fd = os.pipe()
     data_read, data_write = os.pipe()
@@ -65,8 +68,15 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             os.dup2(write_fd, 3)  # the result pipe is fd 3, the data pipe fd 4; every other descriptor is closed
             os.dup2(data_read, 4)
             _close_inherited(4)
+            private = isolation is not None and isolation.per_rank
+            if private:
+                own = [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")]
+                scratch.rank_view(job.work_dir, job.code_dir, own, limits.tmp_mb, isolation.id_range <= 1, nproc)
+            else:   # the machine's /tmp is shared: what tempfile makes goes into the world's folder, removed with it
+                os.environ["TMPDIR"] = job.work_dir
             os.chdir(job.work_dir)
-            sandbox.limit_rank(limits, uid, nproc)
+            # Not dumpable where its leader is privileged over its user id: no other rank reads it through /proc.
+            sandbox.limit_rank(limits, uid, nproc, dumpable=not (private and isolation.id_range > 1))
             environment.hold_rank()
             worker.rank_main(job, rank, 3, prepared, 4)
         finally:
@@ -93,8 +103,10 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
                              machine_visible=isolation is None or not isolation.processes)
     pids, fds, orders = [], {}, {}
     pgid = 0
+    for path in [job.store] + [os.path.join(job.work_dir, f"rank{rank}.calls") for rank in range(job.world_size)]:
+        _own_file(path, uid)   # the files a rank writes beside its code: made here, each bound into its rank's view
     for rank in range(job.world_size):
-        pid, fds[rank], orders[rank] = fork_rank(job, rank, pgid, uid, limits, prepared, nproc)
+        pid, fds[rank], orders[rank] = fork_rank(job, rank, pgid, uid, limits, prepared, nproc, isolation)
         pgid = pgid or pid
         pids.append(pid)
     outputs = [os.path.join(job.work_dir, f"rank{rank}.out") for rank in range(job.world_size)]
@@ -102,6 +114,16 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
     cgroups = isolation.cgroups if isolation is not None else []
     with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups):
         return supervise(job, fds, orders, pids, pgid, draw_secrets(job, key))
+
+
+def _own_file(path: str, uid: int) -> None:
+    """An empty file at `path` that the ranks' user `uid` may write."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        if uid != os.getuid():
+            os.fchown(fd, uid, uid)
+    finally:
+        os.close(fd)
 
 
 def write_code(job: WorldJob, code_dir: str) -> str:
@@ -130,17 +152,19 @@ def _as_init(job: WorldJob):
     return lost_report(job, f"the world's supervisor ended with {code}")
 
 
-def lead_world(job: WorldJob, isolation, reply, read_key=None) -> None:
+def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups=None) -> None:
     """The life of a world's leader: namespaces, code, ranks, the data key (`read_key`, once the
     ranks are forked), supervision, report (`reply` sends it to the grader, marked as this world's).
+    `uid`: the ranks' user id (sandbox.world_uid by default); `cgroups`: the folders the world runs
+    in (the executor's by default; without the sandbox, one of the world's own below each).
     Never returns."""
     report = None
     try:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
-        uid = sandbox.world_uid(isolation)
-        if isolation.cgroups:
-            cgroup.join(isolation.cgroups)   # before anything of the world is forked: all of it is counted
+        uid = sandbox.world_uid(isolation) if uid is None else uid
+        if cgroups or isolation.cgroups:   # before anything of the world is forked: all of it is counted
+            cgroup.join(cgroups or isolation.cgroups)
         if isolation.passable:   # outside the sandbox, as root: ranks reach the Python below /root
             scratch.own_mounts(isolation.passable, [job.work_dir])
         if isolation.per_world:   # first: the code goes into the world's own new /tmp

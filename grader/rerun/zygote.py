@@ -96,7 +96,8 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     # installation are on the path (not the working folder, /tmp, which ranks write to).
     sys.dont_write_bytecode = True
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
-    from grader.rerun import environment, sandbox, scratch, world, worker  # torch is imported once here, inherited by every rank
+    # torch is imported once here, inherited by every rank
+    from grader.rerun import environment, sandbox, scratch, sweep, world, worker
     environment.bound_zygote()   # before the first fork: every pool of every rank has one thread
     worker.warm_up()
     # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
@@ -107,6 +108,8 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stray prints must not reach the control pipe
     sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
     sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)
+    if not os.environ.get("A4_IN_SANDBOX"):   # a world's orphans come back here, never to init (grader.rerun.sweep)
+        sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)
     import encodings.idna  # noqa: F401 - a hand-in's socket to "127.0.0.1" needs it; load it once here
     cgroups = [c for c in os.environ.get("A4_CGROUPS", "").split(os.pathsep) if c]
     _, start = receive_framed((protocol.Setup,))
@@ -122,18 +125,22 @@ def _zygote(mode: str, sandbox_name: str) -> None:
             return
         last = number
         reply = _reply(control_out, number)
+        uid = sandbox.world_uid(isolation)
+        ending = None if os.environ.get("A4_IN_SANDBOX") else sweep.World(isolation.cgroups, uid)
         pid = os.fork()
         if pid == 0:
             _, job = receive_framed((protocol.WorldJob,))
-            world.lead_world(job, isolation, reply, read_key)
+            world.lead_world(job, isolation, reply, read_key, uid, ending.cgroups if ending else None)
         code = _reap(pid)
         if code != 0:
             # The leader was killed, perhaps before it could report: say so, so the grader need not
             # wait (a report it did send first wins; this one is then stepped over).
             reply(world.lost_report(None, f"the world's leader was killed ({code})"))
         # Nothing of this world may outlive it: no process, no file in /tmp or /dev/shm.
-        if not scratch.clean_between_worlds():
-            return   # the executor sees the end of the pipe, and starts a new sandbox
+        left = ending.end() if ending else []
+        if left or not scratch.clean_between_worlds():
+            print("; ".join(left), file=sys.stderr)
+            return   # the executor sees the end of the pipe, and starts a new sandbox (or helper)
         reply(hello)
 
 
