@@ -21,8 +21,9 @@ room (tests/test_layout.py holds the map to that):
                  and runs a step, Part 4's layer alone (layer) or Part 5's block (block), wrapped in
                  hooks; secret derives each part's data; protocol types the messages and channel
                  frames them; check runs a hand-in's parts at one check; hidden keeps a hidden
-                 check's results free of a rank's words. What holds a world: memory (its watchdog),
-                 tasks (its count of processes and threads), cgroup, environment (the variables a
+                 check's results free of a rank's words. What holds a world: memory (its watchdog;
+                 outside: what the world holds beyond its processes' Pss, its sockets' buffers by
+                 sockets), tasks (its count of processes and threads), cgroup, environment (the variables a
                  rank and the helper get), readable (code and Python the ranks' user can read);
                  machine says why a machine cannot grade, and doctor runs a world of the reference
                  there and says what holds
