@@ -14,6 +14,11 @@ PROCESS_GROUP_SECONDS = 10.0  # how long a collective waits for a missing rank
 WORLD_START_SECONDS = 60.0    # from starting a world to every rank having loaded the code
 HANDIN_SECONDS = 600.0        # all re-runs of one hand-in
 HELPER_MB = 1024              # a grader's, or a re-run helper's, own memory beside its worlds (CUDA build: 0.6 GB)
+# Open files of one rank (RLIMIT_NOFILE, soft and hard): a rank of the reference holds 12 at 4 ranks
+# (its output, result and data pipes, gloo's sockets to each peer and its store), a world of 16 ranks
+# about 30. Each open socket or pipe may hold kernel buffers no Pss shows; the watchdog counts the
+# sockets' (grader.rerun.outside), and this bounds how many a rank can hold.
+RANK_OPEN_FILES = 256
 
 
 @dataclass

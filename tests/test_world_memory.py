@@ -2,10 +2,10 @@
 out-of-memory cause getting one verdict whichever layer caught it: the world's cgroup (root, cgroup
 v1 or v2) or its watchdog (an ordinary user without a cgroup).
 
-Each attack of tests/hostile.py's MEMORY_ATTACKS runs in a real 2-rank world, graded by the
-configuration's own Python and kit, under a small limit (MEMORY_LIMIT_MB) that each rank's
-HOG_MB alone stays under and both together pass: the part must be out of memory, saying why, and
-end well before the hand-in's hold is over.
+Each attack of tests/hostile.py's MEMORY_ATTACKS runs in a real 2-rank world on one warm executor,
+graded by the configuration's own Python and kit, under a small limit (MEMORY_LIMIT_MB) that each
+rank's HOG_MB alone stays under and both together pass: the part must be out of memory, saying
+why, and end before the hand-in's hold is over.
 """
 
 import json
@@ -15,17 +15,28 @@ import sys
 import pytest
 import yaml
 
+from grader.limits import RANK_OPEN_FILES
 from tests import tas
 from tests.corpus import ROOT
-from tests.hostile import HOLD_S, MEMORY_ATTACKS, memory_attack
+from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, inject, memory_attack
 from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
 
 MEMORY_LIMIT_MB = 800
 HOG_MB = 600   # each of the 2 ranks: 1200 MB together, unchecked
 RUBRIC = {"limits": {"memory_mb": MEMORY_LIMIT_MB, "tmp_mb": HOG_MB + 64},
           "timeouts": {"part": 60, "world_start": 60}}
+# No rank may raise its socket buffers past the machine's maximum (that needs CAP_NET_ADMIN), nor
+# open more files than RLIMIT_NOFILE lets it: the part must pass.
+BOUNDED = ("import resource, socket\n"
+           "for option in (getattr(socket, 'SO_SNDBUFFORCE', 32), getattr(socket, 'SO_RCVBUFFORCE', 33)):\n"
+           "    try:\n        socket.socket().setsockopt(socket.SOL_SOCKET, option, 1 << 30)\n"
+           "        raise RuntimeError('LEAK a rank forced a socket buffer past the maximum')\n"
+           "    except PermissionError:\n        pass\n"
+           "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+           f"assert soft == hard == {RANK_OPEN_FILES}, (soft, hard)\n")
 
-# Run by the configuration's Python in its kit: the baseline part of the hand-in in one 2-rank world.
+# Run by the configuration's Python in its kit: the baseline part of each hand-in (argv[1], a JSON
+# {name: path}) in a 2-rank world of one warm executor.
 RUN = """\
 import dataclasses, json, sys, time
 from pathlib import Path
@@ -36,29 +47,35 @@ rubric = load_rubric(Path(sys.argv[2]))
 check = dataclasses.replace(rubric.checks[0], world_size=2)
 executor = WarmExecutor("auto", rubric.limits)
 executor.start()
-started = time.monotonic()
-runs = run_check(executor, prepare_code(Path(sys.argv[1])), check, rubric, Path(sys.argv[3]), parts=["baseline"])
-seconds = time.monotonic() - started
+found = {}
+for name, path in json.loads(sys.argv[1]).items():
+    started = time.monotonic()
+    run = run_check(executor, prepare_code(Path(path)), check, rubric, Path(sys.argv[3]), parts=["baseline"])["baseline"]
+    found[name] = {"status": run.status.value, "detail": run.detail, "output": run.output[-1500:],
+                   "exceptions": [r.exception for r in run.ranks.values()], "seconds": time.monotonic() - started}
 executor.close()
-print(json.dumps({"status": runs["baseline"].status.value, "detail": runs["baseline"].detail,
-                  "output": runs["baseline"].output[-2000:], "seconds": seconds}))
+print(json.dumps(found))
 """
 
 
-def run_world(config: str, code: str, tmp) -> dict:
-    """The baseline part of `code` in one 2-rank world under RUBRIC, graded as `config` grades."""
+def run_worlds(config: str, codes: dict, tmp) -> dict:
+    """name -> the baseline part's result of each of `codes` (name -> assignment4.py's text), graded
+    as `config` grades, under RUBRIC."""
     ta = _ta_or_skip(config)
     try:
         tmp = ta.home / "memory" if ta else tmp
         (tmp / "scratch").mkdir(parents=True)
-        (tmp / "assignment4.py").write_text(code)
+        paths = {}
+        for name, code in codes.items():
+            paths[name] = str(tmp / f"{name}.py")
+            (tmp / f"{name}.py").write_text(code)
         (tmp / "rubric.yaml").write_text(yaml.safe_dump(RUBRIC))
-        args = ["-c", RUN, str(tmp / "assignment4.py"), str(tmp / "rubric.yaml"), str(tmp / "scratch")]
+        args = ["-c", RUN, json.dumps(paths), str(tmp / "rubric.yaml"), str(tmp / "scratch")]
         if ta:
             subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
-            proc = ta.run([str(ta.python), *args], timeout=300)
+            proc = ta.run([str(ta.python), *args], timeout=600)
         else:
-            proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+            proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     finally:
         if ta is not None:
             tas.remove(ta)
@@ -66,11 +83,23 @@ def run_world(config: str, code: str, tmp) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("config", CONFIG_PARAMS[:2])
+@pytest.fixture(scope="module", params=CONFIG_PARAMS[:2])
+def memory_worlds(request, tmp_path_factory) -> dict:
+    codes = {name: memory_attack(name, HOG_MB) for name in MEMORY_ATTACKS}
+    codes["bounded"] = inject(REFERENCE.read_text(), BOUNDED)
+    return run_worlds(request.param, codes, tmp_path_factory.mktemp("memory"))
+
+
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("attack", sorted(MEMORY_ATTACKS))
-def test_memory_outside_pss_is_held_to_the_worlds_limit(attack, config, tmp_path):
-    measured = run_world(config, memory_attack(attack, HOG_MB), tmp_path)
+def test_memory_outside_pss_is_held_to_the_worlds_limit(memory_worlds, attack):
+    measured = memory_worlds[attack]
     assert measured["status"] == "oom", measured
-    assert f"the ranks and their children used more than {MEMORY_LIMIT_MB} MB" in measured["detail"], measured
+    assert measured["detail"] == ("out of memory: the ranks and their children used more than "
+                                  f"{MEMORY_LIMIT_MB} MB (limits.memory_mb, the world's limit)"), measured
     assert measured["seconds"] < HOLD_S + 30, measured
+
+
+@pytest.mark.timeout(700)
+def test_a_rank_cannot_force_socket_buffers_or_open_files_past_its_bounds(memory_worlds):
+    assert memory_worlds["bounded"]["status"] == "passed", memory_worlds["bounded"]
