@@ -15,8 +15,9 @@ forks any rank,
 - is the parent of ranks that drop every capability (no CAP_NET_ADMIN: no socket buffer forced
   past the machine's maximum), set no_new_privs, and take the rubric's limits on file size and CPU
   time, RANK_OPEN_FILES open files (grader.limits), one compute thread each
-  (grader.rerun.environment), and no more data than they hold at their fork plus the world's memory (RLIMIT_DATA: never below what the
-  Python already maps, which torch's CUDA build makes 3 GB of address space at `import torch`).
+  (grader.rerun.environment), and no more data than they hold at their fork plus the world's
+  memory (RLIMIT_DATA: never below what the Python already maps, which torch's CUDA build makes
+  3 GB of address space at `import torch`).
 
 The world as a whole, all its ranks and their children, is held to limits.memory_mb and
 limits.processes by a cgroup of its own where the grader can have one (grader.rerun.cgroup) and
