@@ -17,7 +17,7 @@ import yaml
 
 from grader.limits import RANK_OPEN_FILES
 from tests import tas
-from tests.corpus import ROOT
+from tests.corpus import FULL, ROOT, Files, zip_bytes
 from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, inject, memory_attack
 from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
 
@@ -103,3 +103,52 @@ def test_memory_outside_pss_is_held_to_the_worlds_limit(memory_worlds, attack):
 @pytest.mark.timeout(700)
 def test_a_rank_cannot_force_socket_buffers_or_open_files_past_its_bounds(memory_worlds):
     assert memory_worlds["bounded"]["status"] == "passed", memory_worlds["bounded"]
+
+
+# ---- one cause, one verdict ---------------------------------------------------------------------
+
+# Every rank of the baseline fills 500 MB, under its own data limit (the world's 800 MB) and past
+# the world's together: as root the world's cgroup or the watchdog catches it, as an ordinary user
+# the watchdog alone. The other parts are the reference's.
+OOM_ONCE = "hog = torch.ones(500 << 18)   # 500 MB of float32, every page written\n"
+GRADE_RUBRIC = {"checks": [{"name": "default"},
+                           {"name": "two-ranks", "hidden": True, "world_size": 2, "seed": 1234,
+                            "global_batch_size": 52, "input_dim": 13, "output_dim": 12, "accumulation_steps": 2}],
+                "public_world_sizes": [4], "limits": {"memory_mb": MEMORY_LIMIT_MB},
+                "timeouts": {"part": 30, "process_group": 5, "world_start": 60, "handin": 300}}
+
+
+def grade_as(config: str, handin: bytes, tmp) -> dict:
+    """The grading.json of `handin` (zip bytes), graded by `python -m grader grade` as `config` grades."""
+    ta = _ta_or_skip(config)
+    try:
+        tmp = ta.home / "grade" if ta else tmp
+        (tmp / "inbox").mkdir(parents=True)
+        (tmp / "inbox" / "oom_once.zip").write_bytes(handin)
+        (tmp / "rubric.yaml").write_text(yaml.safe_dump(GRADE_RUBRIC))
+        args = ["-m", "grader", "grade", str(tmp / "inbox"), "--out", str(tmp / "out"), "--jobs", "1",
+                "--rubric", str(tmp / "rubric.yaml"), "--quiet"]
+        if ta:
+            subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
+            proc = ta.run([str(ta.python), *args], timeout=600)
+        else:
+            proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(next((tmp / "out" / "students").glob("*/grading.json")).read_text())
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+
+
+@pytest.mark.configs
+@pytest.mark.timeout(1300)
+def test_an_out_of_memory_hand_in_gets_one_verdict_whichever_layer_caught_it(reference_run, tmp_path):
+    handin = zip_bytes(Files(code=inject(REFERENCE.read_text(), OOM_ONCE), log=reference_run[0], err=reference_run[1]))
+    graded = {config: grade_as(config, handin, tmp_path / config) for config in ("root", "user")}
+    said = {config: {part: (v["status"], v["message"]) for part, v in r["parts"].items()}
+            for config, r in graded.items()}
+    assert said["root"]["baseline"][0] == "oom", said
+    assert f"used more than {MEMORY_LIMIT_MB} MB" in said["root"]["baseline"][1], said
+    assert said["root"] == said["user"]
+    assert graded["root"]["score"] == graded["user"]["score"] < FULL, {c: r["score"] for c, r in graded.items()}
+    assert "cgroup" in graded["root"]["isolation"]["memory"] and "no memory cgroup" in graded["user"]["isolation"]["memory"]
