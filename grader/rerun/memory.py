@@ -196,7 +196,7 @@ def message(limit_mb: int) -> str:
 def verdict(limit_mb: int) -> str:
     """What a part that ran out of memory is told, whichever layer caught it: the watchdog, the
     world's cgroup, or a MemoryError (a rank's RLIMIT_DATA is the world's limit)."""
-    return f"out of memory: {message(limit_mb)} (limits.memory_mb, the world's limit)"
+    return f"{message(limit_mb)} (limits.memory_mb, the world's limit)"
 
 
 def tasks_message(limit: int) -> str:
