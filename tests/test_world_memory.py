@@ -9,13 +9,17 @@ why, and end before the hand-in's hold is over.
 """
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
 from grader.limits import RANK_OPEN_FILES
+from grader.rerun import outside, sockets
 from tests import tas
 from tests.corpus import FULL, ROOT, Files, zip_bytes
 from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, inject, memory_attack
@@ -103,6 +107,52 @@ def test_memory_outside_pss_is_held_to_the_worlds_limit(memory_worlds, attack):
 @pytest.mark.timeout(700)
 def test_a_rank_cannot_force_socket_buffers_or_open_files_past_its_bounds(memory_worlds):
     assert memory_worlds["bounded"]["status"] == "passed", memory_worlds["bounded"]
+
+
+# ---- the readings themselves, in this process --------------------------------------------------
+
+def test_a_socket_is_read_by_its_inode_with_what_it_holds():
+    """A unix socket pair's queue (charged to its sender) and a TCP connection's unread bytes, on
+    this machine's namespace: each found by its inode, holding at least what was queued."""
+    a, b = socket.socketpair()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    try:
+        queued = {}
+        for sender, name in ((a, "unix"), (client, "tcp")):
+            sender.setblocking(False)
+            queued[name] = 0
+            try:
+                while queued[name] < 4 << 20:
+                    queued[name] += sender.send(bytes(1 << 16))
+            except BlockingIOError:
+                pass
+        time.sleep(0.1)
+        found = sockets.held()
+        assert found.get(os.fstat(a.fileno()).st_ino, 0) >= queued["unix"] > 0, (found, queued)
+        tcp = found.get(os.fstat(client.fileno()).st_ino, 0) + found.get(os.fstat(server.fileno()).st_ino, 0)
+        assert tcp >= queued["tcp"] > 0, (found, queued)
+        assert not sockets.refused
+    finally:
+        for s in (a, b, listener, client, server):
+            s.close()
+
+
+def test_memory_files_held_open_count_once_each_by_their_blocks():
+    """A memfd of 64 MB, open twice, counts 64 MB once; a file on disk counts nothing."""
+    fd = os.memfd_create("a4-test")
+    again = os.dup(fd)
+    os.posix_fallocate(fd, 0, 64 << 20)
+    try:
+        reading = outside.Outside(own=False)
+        before_close = reading.read([os.getpid()])
+        assert 64 << 20 <= reading.by_pid[os.getpid()] < 65 << 20, reading.by_pid
+        assert before_close >= 64 << 20
+    finally:
+        os.close(fd)
+        os.close(again)
+    assert reading.read([os.getpid()]) < before_close - (63 << 20)
 
 
 # ---- one cause, one verdict ---------------------------------------------------------------------
