@@ -202,5 +202,7 @@ def test_an_out_of_memory_hand_in_gets_one_verdict_whichever_layer_caught_it(ref
     assert said["root"]["baseline"][0] == "oom", said
     assert f"used more than {MEMORY_LIMIT_MB} MB" in said["root"]["baseline"][1], said
     assert said["root"] == said["user"]
+    # Only the part rank 0 ran out of memory in is charged, not the one the other ranks had gone on to.
+    assert {status for part, (status, _) in said["root"].items() if part != "baseline"} == {"passed"}, said
     assert graded["root"]["score"] == graded["user"]["score"] < FULL, {c: r["score"] for c, r in graded.items()}
     assert "cgroup" in graded["root"]["isolation"]["memory"] and "no memory cgroup" in graded["user"]["isolation"]["memory"]
