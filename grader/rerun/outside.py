@@ -123,7 +123,7 @@ class Outside:
         for inode, size in kernel_sockets.held().items():
             if inode in holders:
                 by_pid[holders[inode]] = by_pid.get(holders[inode], 0) + size
-            elif self.own:   # a socket of the world's namespace that no process holds: in flight
+            elif self.own or not inode:   # in flight (no process holds it), or the machine's TCP standing in
                 unowned += size
         if self.own:
             unowned += sum(_used(path) for path in OWN_SCRATCH) + _sysv_shm()
