@@ -19,8 +19,9 @@ polled every POLL_S seconds; Pss is read (smaps_rollup, costly) only while the c
 the sum of the resident sets (statm), is above the limit, and then estimated between readings
 (`Estimate`). The moment `used` passes limits.memory_mb,
 every process of the world is killed and each rank's output ends with "MemoryError: the ranks and
-their children used more than N MB"; the supervisor (`ran_out`) then ends the world as out of
-memory at the part that `culprit`, the rank whose processes held most, was running; past
+their children used more than N MB"; the world's report (grader.rerun.world.out_of_memory, by
+`ran_out`) then ends out of memory at the part `culprit`, the rank whose processes held most, was
+running; past
 limits.processes, with "the ranks and their children ran more than N processes and threads", a
 crash. The watchdog needs nothing from the machine but /proc (without it, a laptop's world has no
 watchdog, and `check` says so); between two polls a world may allocate past the limit.
