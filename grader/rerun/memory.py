@@ -209,18 +209,16 @@ OUTSIDE_EVERY = 5   # polls between two readings of what the world holds outside
 
 class Watchdog:
     """Kills every process of the world below this one the moment they use more than `limit_mb`
-    together (their Pss and what they hold outside it, grader.rerun.outside), or run more than
-    `tasks` tasks, after writing the reason into each of `outputs` (the ranks' output files).
-    `cgroups`: the world's cgroup folders, whose out-of-memory kills it heeds; `ranks`: the ranks'
-    pids as this process numbers them (index: the rank); `own`: whether the world has namespaces
-    of its own (grader.rerun.outside.Outside)."""
+    together (Pss and grader.rerun.outside's), or run more than `tasks` tasks, after writing why into
+    each of `outputs` (the ranks' output files). `cgroups`: the world's cgroup folders, whose
+    out-of-memory kills it heeds; `ranks`: the ranks' pids as this process numbers them; `own`:
+    whether the world has namespaces of its own (grader.rerun.outside.Outside)."""
 
     def __init__(self, limit_mb: int, outputs: list, tasks: int = 0, cgroups: list = (), ranks: list = (),
                  own: bool = False):
         self.limit_mb, self.outputs, self.tasks, self.cgroups = limit_mb, outputs, tasks, list(cgroups)
         self.ranks, self.own = list(ranks), own
-        self.tripped = ""
-        self.peak_tasks = 0
+        self.tripped, self.peak_tasks = "", 0
         self.culprit = None     # the rank whose processes held most when the world ran out of memory
         self.shares = {}        # rank -> what its processes held at the last poll, in bytes
         self._out_of_memory, self._proc_of = False, {}   # rank -> its pid as /proc numbers it
