@@ -26,9 +26,10 @@ room (tests/test_layout.py holds the map to that):
                  hooks; secret derives each part's data; protocol types the messages and channel
                  frames them, bounds holds what a rank sends back to its part's size; check runs a
                  hand-in's parts at one check; hidden keeps a hidden check's results free of a
-                 rank's words. What holds a world: memory (its watchdog),
-                 tasks (its count of processes and threads), cgroup, sweep (without the sandbox,
-                 a world's processes and files ended with it), environment (the variables a
+                 rank's words. What holds a world: memory (its watchdog; outside: what the world
+                 holds beyond its processes' Pss, its sockets' buffers by sockets), tasks (its
+                 count of processes and threads), cgroup, sweep (without the sandbox, a world's
+                 processes and files ended with it), environment (the variables a
                  rank and the helper get), readable (code and Python the ranks' user can read);
                  machine says why a machine cannot grade
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
@@ -46,7 +47,8 @@ room (tests/test_layout.py holds the map to that):
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its
                  page from templates/); the reference re-run and judged at every check before a batch,
                  and when it fails, why: its code, the rubric's limits, the machine (canary); doctor
-                 runs a world of the reference here, says what holds, and checks its answers
+                 runs a world of the reference here, says what holds, and checks its answers;
+                 peak measures what a world of the reference used, from outside
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
                  grades.csv, summary.md and the staff report over every result in OUT (outputs);
                  commands (the `grade` command); the progress line and its ETA (progress)

@@ -45,6 +45,11 @@ CODE_LINES = 10000
 # code (Python 3.10 overflows its stack on a long `a+a+...+a`) costs that parse, never the grader.
 PARSE_MB = 1024
 PARSE_SECONDS = 10
+# Open files of one rank (RLIMIT_NOFILE, soft and hard): a rank of the reference holds 12 at 4 ranks
+# (its output, result and data pipes, gloo's sockets to each peer and its store), a world of 16 ranks
+# about 30. Each open socket or pipe may hold kernel buffers no Pss shows; the watchdog counts the
+# sockets' (grader.rerun.outside), and this bounds how many a rank can hold.
+RANK_OPEN_FILES = 256
 
 
 @dataclass

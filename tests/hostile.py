@@ -500,3 +500,51 @@ def parse_bombs(log: str, err: str) -> dict:
     deep = REFERENCE.read_text() + "\n_ = (" + "a+" * BOMB_DEPTH + "a)\n"
     return {"parse_bomb_lines": (buffer.getvalue(), "files.max_code_kb"),
             "parse_bomb_deep": (zip_bytes(Files(code=deep, log=log, err=err)), "could not be loaded")}
+
+
+# Memory no process's Pss shows, each past the world's limit in a test rubric's small one
+# (tests/test_world_memory.py: MEMORY_LIMIT_MB over 2 ranks, each rank taking HOG_MB): memfds;
+# data queued in unix socket pairs, and in TCP and UDP sockets on the world's loopback, that no
+# one reads; files in the world's own /tmp and /dev/shm. Each holds what it took for a few seconds,
+# so that a world nobody stops completes the part. Sizes are in MB.
+HOLD_S = 4
+MEMORY_ATTACKS = {
+    "memfds": (
+        "import os, time\nheld = []\nfor _ in range({hog_mb} // 25):\n"
+        "    fd = os.memfd_create('a4-hog')\n    os.posix_fallocate(fd, 0, 25 << 20)\n    held.append(fd)\n"),
+    "unix_socket_queues": (
+        "import socket, time\nheld, chunk, queued = [], bytes(1 << 20), 0\n"
+        "while queued < {hog_mb} << 20:\n"
+        "    a, b = socket.socketpair()\n    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)\n"
+        "    a.setblocking(False)\n    held += [a, b]\n"
+        "    try:\n        while True:\n            queued += a.send(chunk)\n"
+        "    except BlockingIOError:\n        pass\n"),
+    "tcp_and_udp_buffers": (
+        "import socket, time\nheld, chunk, queued = [], bytes(1 << 16), 0\n"
+        "listener = socket.socket()\nlistener.bind(('127.0.0.1', 0))\nlistener.listen(64)\nheld.append(listener)\n"
+        "while queued < {hog_mb} << 20:\n"
+        "    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)\n"
+        "    receiver.bind(('127.0.0.1', 0))\n"
+        "    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "    client = socket.create_connection(listener.getsockname())\n"
+        "    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)\n"
+        "    client.setblocking(False)\n    server, _ = listener.accept()\n"
+        "    held += [receiver, sender, client, server]\n"
+        "    for _ in range(256):\n        try:\n            queued += sender.sendto(chunk[:60000], receiver.getsockname())\n"
+        "        except OSError:\n            break\n"
+        "    try:\n        while True:\n            queued += client.send(chunk)\n"
+        "    except BlockingIOError:\n        pass\n"),
+    "tmp_and_shm_files": (
+        "import os, time\nfor top in ('/tmp', '/dev/shm'):\n"   # files of 50 MB: a rank's file size limit is 64
+        "    for i in range({hog_mb} // 100):\n"
+        "        with open(f'{{top}}/a4-hog-{{dist.get_rank()}}-{{i}}', 'wb') as f:\n"
+        "            os.posix_fallocate(f.fileno(), 0, 50 << 20)\n"),
+}
+
+
+def memory_attack(name: str, hog_mb: int) -> str:
+    """The reference with MEMORY_ATTACKS[name] at the start of single_step, each rank taking `hog_mb`
+    and holding it HOLD_S seconds."""
+    snippet = MEMORY_ATTACKS[name].format(hog_mb=hog_mb) + f"time.sleep({HOLD_S})\n"
+    return inject(REFERENCE.read_text(), snippet)

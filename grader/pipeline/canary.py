@@ -19,9 +19,9 @@ from grader import kit
 from grader.limits import Limits, part_clock
 from grader.parts import BY_ID
 from grader.pipeline.grade import judge_check
+from grader.pipeline.peak import Peak
 from grader.rerun import machine
 from grader.rerun.check import prepare_code
-from grader.rerun.memory import Peak
 from grader.results import UNGRADABLE_TODO, Canary, Cause, Status, grader_digest
 from grader.rubric import Timeouts
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from grader import kit
 from grader.pipeline.canary import canary, lowered
+from grader.pipeline.peak import Peak
 from grader.rerun import bwrap, cgroup, machine, tasks
 from grader.rerun.executor import CannotGrade, WarmExecutor
 from grader.rerun.executors import make_executor
-from grader.rerun.memory import Peak
 from grader.rerun.sandbox import scratch_dir
 from grader.results import Status
 from grader.rubric import RubricError, load_rubric

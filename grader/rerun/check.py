@@ -21,7 +21,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.parts import PART_IDS
-from grader.rerun import bounds, channel, protocol
+from grader.rerun import bounds, channel, memory, protocol
 from grader.rerun.hidden import Words
 from grader.rerun.hooks import COLLECTIVES
 from grader.rerun.protocol import RankStatus, StopReason, WorldJob, WorldReport
@@ -112,7 +112,12 @@ def _device_problem(ranks: dict, check, words: Words) -> str:
     return ""
 
 
-def _completed_part(part: str, results: dict, check, words: Words) -> PartRun:
+def _oom_detail(words: Words, memory_mb: int) -> str:
+    """What an out-of-memory part is told, the same whichever layer caught it (grader.rerun.memory.verdict)."""
+    return words.stopped(StopReason.OUT_OF_MEMORY, memory.verdict(memory_mb))
+
+
+def _completed_part(part: str, results: dict, check, words: Words, memory_mb: int = 0) -> PartRun:
     ranks = {rank: _rank_run(rank, m, words) for rank, m in results.items()}
     statuses = {r.status for r in ranks.values()}
     status = {"ok": Status.PASSED, "not_implemented": Status.NOT_IMPLEMENTED,
@@ -120,12 +125,12 @@ def _completed_part(part: str, results: dict, check, words: Words) -> PartRun:
     device = _device_problem(ranks, check, words) if status == Status.PASSED else ""
     if device:
         return PartRun(part=part, status=Status.CRASHED, ranks=ranks, detail=device)
-    return PartRun(part=part, status=status, ranks=ranks)
+    return PartRun(part=part, status=status, ranks=ranks,
+                   detail=_oom_detail(words, memory_mb) if status == Status.OOM else "")
 
 
 def _output_text(report: WorldReport) -> str:
-    chunks = [f"--- rank {r} ---\n{text}" for r, text in sorted(report.output.items()) if text.strip()]
-    return "\n".join(chunks)[-12000:]
+    return "\n".join(f"--- rank {r} ---\n{t}" for r, t in sorted(report.output.items()) if t.strip())[-12000:]
 
 
 def _progress_calls(text: str, part: str) -> list:
@@ -202,7 +207,7 @@ def _part_calls(part: str, ranks: dict, report: WorldReport) -> dict:
             for r in range(size)}
 
 
-def _failed_part(part: str, report: WorldReport, words: Words) -> PartRun:
+def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 0) -> PartRun:
     """The PartRun of the part at which a world had to end, with the likeliest cause first."""
     abort = report.abort
     ranks = {rank: _rank_run(rank, m, words) for rank, m in report.results.get(part, {}).items()}
@@ -218,7 +223,9 @@ def _failed_part(part: str, report: WorldReport, words: Words) -> PartRun:
     output = _output_text(report)
     returned = {r.rank for r in ranks.values() if r.status == "ok"}
     hang = hang_detail(_part_calls(part, ranks, report), returned, words)
-    if reason == StopReason.TIMEOUT:
+    if reason == StopReason.OUT_OF_MEMORY:   # the watchdog or the world's cgroup: the cause, whatever the ranks said
+        status, detail = Status.OOM, _oom_detail(words, memory_mb)
+    elif reason == StopReason.TIMEOUT:
         status = Status.TIMEOUT
         detail = f"{part} did not finish: {detail}" + (f"; {hang}" if hang else
                                                        " (a hang, or a rank waiting for a collective the others skipped)")
@@ -228,8 +235,8 @@ def _failed_part(part: str, report: WorldReport, words: Words) -> PartRun:
         detail = f"{words.rank(first.rank)} raised {first.exception}"
         if waited:
             detail += "; the other ranks then waited for it in a collective"
-    elif any(r.status == "oom" for r in ranks.values()):
-        status, detail = Status.OOM, "a rank ran out of memory"
+    elif any(r.status == "oom" for r in ranks.values()):   # a MemoryError: past RLIMIT_DATA, the world's limit
+        status, detail = Status.OOM, _oom_detail(words, memory_mb)
     elif waited and (timed_out or returned):
         status = Status.TIMEOUT
         finished = sorted(returned)
@@ -238,11 +245,8 @@ def _failed_part(part: str, report: WorldReport, words: Words) -> PartRun:
                           f"the others waited in a collective")
         if not hang:
             detail += " (a rank that skips or adds a collective makes the others wait)"
-    elif reason == StopReason.RANK_DIED and "MemoryError: the ranks and their children" in output:
-        status = Status.OOM   # the world's memory watchdog (grader.rerun.memory) ended it
-        detail = "out of memory: " + output.split("MemoryError: ", 1)[1].split("\n", 1)[0]
     elif reason == StopReason.RANK_DIED and any(s in output for s in ("MemoryError", "bad_alloc", "allocate memory")):
-        status, detail = Status.OOM, f"{detail}: out of memory"
+        status, detail = Status.OOM, _oom_detail(words, memory_mb)
     else:
         status = Status.CRASHED
         if waited:
@@ -265,7 +269,7 @@ def _unstarted_parts(parts: list, report: WorldReport, words: Words) -> dict:
     """PartRuns for `parts` of a world that ended before any of them ran (code that does not load)."""
     abort = report.abort
     status = {StopReason.LOAD_FAILED: Status.CRASHED, StopReason.START_TIMEOUT: Status.TIMEOUT,
-              StopReason.TIMEOUT: Status.TIMEOUT,
+              StopReason.TIMEOUT: Status.TIMEOUT, StopReason.OUT_OF_MEMORY: Status.OOM,
               StopReason.INFRA_ERROR: Status.INFRA_ERROR}.get(abort.reason, Status.CRASHED)
     said = words.stopped(abort.reason, abort.detail)
     if abort.reason == StopReason.LOAD_FAILED and abort.error:
@@ -295,18 +299,20 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
         finally:
             shutil.rmtree(work, ignore_errors=True)
         for part in report.completed:
-            runs[part] = _completed_part(part, report.results[part], check, words)
+            runs[part] = _completed_part(part, report.results[part], check, words, rubric.limits.memory_mb)
             runs[part].data = report.secrets.get(part)
         if report.abort is None:
             break
         left = [p for p in remaining if p not in runs]
         if report.abort.part in left:
-            # The part that ended the world, and any before it the world did not settle, failed.
+            # The part that ended the world, and any before it the world did not settle, failed;
+            # out of memory, only the part the rank that held most was running (the others run again).
             ended_at = left.index(report.abort.part)
-            for part in left[:ended_at + 1]:
-                runs[part] = _failed_part(part, report, words)
+            charged = [report.abort.part] if report.abort.reason == StopReason.OUT_OF_MEMORY else left[:ended_at + 1]
+            for part in charged:
+                runs[part] = _failed_part(part, report, words, rubric.limits.memory_mb)
                 runs[part].data = report.secrets.get(part)
-            remaining = left[ended_at + 1:]
+            remaining = [p for p in left if p not in runs]
             continue
         runs.update(_unstarted_parts(left, report, words))
         break

@@ -35,6 +35,7 @@ STOPPED = {
     StopReason.START_TIMEOUT: "the ranks did not load the code in time",
     StopReason.TIMEOUT: "the part ran past its time limit",
     StopReason.RANK_DIED: "a rank exited before it finished",
+    StopReason.OUT_OF_MEMORY: "the ranks and their children used more than the world's limit (limits.memory_mb)",
     StopReason.DIST_ERROR: "a collective failed",
     StopReason.RANKS_DISAGREE: "the part returned on some ranks and failed on others",
     StopReason.PROTOCOL: "a rank wrote to the grader's result channel itself",

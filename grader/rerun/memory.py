@@ -10,20 +10,26 @@ descendant).
     used  = sum over the world's processes of Pss (proportional set size: a page shared by n
             processes counts 1/n in each, so pages shared inside the world count once, and a fork
             that shares without writing costs nothing)
+            + what the world holds outside Pss (grader.rerun.outside: memfds and files in memory
+            it holds open, its own /tmp and /dev/shm, its socket buffers), read every
+            OUTSIDE_EVERY polls while that is small, every poll once it is not
     tasks = sum over the world's processes of their threads (what RLIMIT_NPROC would count)
 
 polled every POLL_S seconds; Pss is read (smaps_rollup, costly) only while the cheap upper bound,
 the sum of the resident sets (statm), is above the limit, and then estimated between readings
 (`Estimate`). The moment `used` passes limits.memory_mb,
 every process of the world is killed and each rank's output ends with "MemoryError: the ranks and
-their children used more than N MB", which the grader reports as the part's out-of-memory; past
+their children used more than N MB"; the world's report (grader.rerun.world.out_of_memory, by
+`ran_out`) then ends out of memory at the part `culprit`, the rank whose processes held most, was
+running; past
 limits.processes, with "the ranks and their children ran more than N processes and threads", a
 crash. The watchdog needs nothing from the machine but /proc (without it, a laptop's world has no
 watchdog, and `check` says so); between two polls a world may allocate past the limit.
 
 Where a cgroup of the world's own holds it (grader.rerun.cgroup), the kernel holds both limits
 exactly; when its out-of-memory killer acts there, the watchdog sees it and ends the world with the
-same message.
+same message, the same verdict and the same culprit (the rank that held most at the last poll):
+one cause, one verdict, whichever layer caught it.
 """
 
 import os
@@ -33,6 +39,7 @@ import threading
 import time
 
 from grader.rerun import cgroup
+from grader.rerun import outside as outside_module
 
 POLL_S = 0.02
 MAX_PAUSE = 0.2    # the longest between two polls, however much one costs
@@ -125,24 +132,30 @@ class Estimate:
         self.known[pid] = (resident, _proportional(pid), time.monotonic())
         return self.known[pid][1]
 
-    def over(self, resident: dict, hold) -> bool:
-        """Whether the processes of `resident` (pid -> resident set now) use more than the limit;
-        `hold(True)` stops them, `hold(False)` lets them go on."""
+    def over(self, resident: dict, hold, outside: int = 0) -> bool:
+        """Whether the processes of `resident` (pid -> resident set now), with the `outside` bytes the
+        world holds beyond their Pss (grader.rerun.outside), use more than the limit; `hold(True)`
+        stops them, `hold(False)` lets them go on."""
+        limit = self.limit - outside
+        if limit < 0:
+            return True
         self.known = {p: v for p, v in self.known.items() if p in resident}
         estimate = {p: self.known[p][1] + max(0, r - self.known[p][0]) if p in self.known else r
                     for p, r in resident.items()}
         self.last = sum(estimate.values())
-        if self.last <= self.limit:
+        if self.last <= limit:
+            if not resident:
+                return False
             stalest = min(resident, key=lambda p: self.known.get(p, (0, 0, 0.0))[2])
             self.last += self._read(stalest, resident[stalest]) - estimate[stalest]
-            return self.last > self.limit and self.over(resident, hold)
+            return self.last > limit and self.over(resident, hold, outside)
         hold(True)
         growth = {p: estimate[p] - self.known.get(p, (0, 0, 0.0))[1] for p in resident}
         read = 0
         for pid in sorted(resident, key=growth.get, reverse=True):
             estimate[pid] = self._read(pid, resident[pid])
             read += estimate[pid]
-            if read > self.limit:
+            if read > limit:
                 return True
         hold(False)
         self.last = sum(estimate.values())
@@ -181,23 +194,39 @@ def message(limit_mb: int) -> str:
     return f"the ranks and their children used more than {limit_mb} MB"
 
 
+def verdict(limit_mb: int) -> str:
+    """What a part that ran out of memory is told, whichever layer caught it: the watchdog, the
+    world's cgroup, or a MemoryError (a rank's RLIMIT_DATA is the world's limit)."""
+    return f"{message(limit_mb)} (limits.memory_mb, the world's limit)"
+
+
 def tasks_message(limit: int) -> str:
     return f"the ranks and their children ran more than {limit} processes and threads"
 
 
+OUTSIDE_EVERY = 5   # polls between two readings of what the world holds outside Pss, while that is small
+
+
 class Watchdog:
     """Kills every process of the world below this one the moment they use more than `limit_mb`
-    together, or run more than `tasks` tasks, after writing the reason into each of `outputs` (the
-    ranks' output files). `cgroups`: the world's cgroup folders, whose out-of-memory kills it heeds."""
+    together (Pss and grader.rerun.outside's), or run more than `tasks` tasks, after writing why into
+    each of `outputs` (the ranks' output files). `cgroups`: the world's cgroup folders, whose
+    out-of-memory kills it heeds; `ranks`: the ranks' pids as this process numbers them; `own`:
+    whether the world has namespaces of its own (grader.rerun.outside.Outside)."""
 
-    def __init__(self, limit_mb: int, outputs: list, tasks: int = 0, cgroups: list = ()):
+    def __init__(self, limit_mb: int, outputs: list, tasks: int = 0, cgroups: list = (), ranks: list = (),
+                 own: bool = False):
         self.limit_mb, self.outputs, self.tasks, self.cgroups = limit_mb, outputs, tasks, list(cgroups)
-        self.tripped = ""
-        self.peak_tasks = 0
+        self.ranks, self.own = list(ranks), own
+        self.tripped, self.peak_tasks = "", 0
+        self.culprit = None     # the rank whose processes held most when the world ran out of memory
+        self.shares = {}        # rank -> what its processes held at the last poll, in bytes
+        self._out_of_memory, self._proc_of = False, {}   # rank -> its pid as /proc numbers it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="a4-memory", daemon=True)
 
     def __enter__(self):
+        self._kills = cgroup.oom_kills(self.cgroups)
         if HAS_PROC:
             self._me = int(os.readlink("/proc/self"))   # our pid as /proc numbers it (not our namespace's 1)
             self._thread.start()
@@ -208,11 +237,30 @@ class Watchdog:
         if self._thread.is_alive():
             self._thread.join()
 
+    def ran_out(self) -> bool:
+        """Whether the world ran out of memory, by the watchdog's count or by the kernel's kill in the
+        world's cgroup (then `culprit` is the rank that held most at the last poll)."""
+        if not self._out_of_memory and self.cgroups and cgroup.oom_kills(self.cgroups) > self._kills:
+            self._trip_memory()
+        return self._out_of_memory
+
+    def _trip_memory(self) -> None:
+        self.culprit = max(self.shares, key=self.shares.get) if self.shares else None
+        self._out_of_memory = True
+
+    def _rank_trees(self, pids: list, children: dict) -> dict:
+        """rank -> the /proc pids of its process and all below it."""
+        depth, wanted = len(_nspid("self")) - 1, {pid: rank for rank, pid in enumerate(self.ranks)}
+        for pid in pids if len(self._proc_of) < len(self.ranks) else []:
+            ours = _nspid(pid)
+            if len(ours) > depth and ours[depth] in wanted:
+                self._proc_of[wanted[ours[depth]]] = pid
+        return {rank: [pid, *descendants(pid, children)] for rank, pid in self._proc_of.items()}
+
     def _watch(self) -> None:
         limit = self.limit_mb << 20
-        kills = cgroup.oom_kills(self.cgroups)
-        estimate = Estimate(limit)
-        pause = POLL_S
+        estimate, outside = Estimate(limit), outside_module.Outside(self.own)
+        pause, polls = POLL_S, 0
         while not self._stop.wait(pause):
             started = time.monotonic()
             children, threads = tree()
@@ -220,15 +268,23 @@ class Watchdog:
             count = sum(threads.get(p, 1) for p in pids)
             self.peak_tasks = max(self.peak_tasks, count)
             resident = {p: _resident(p) for p in pids}
+            polls += 1
+            if polls % OUTSIDE_EVERY == 1 or outside.total > limit // 8 or sum(resident.values()) > limit // 2:
+                outside.read(pids)
+            held = {p: resident[p] + outside.by_pid.get(p, 0) for p in pids}
+            self.shares = {rank: sum(held.get(p, 0) for p in tree_pids)
+                           for rank, tree_pids in self._rank_trees(pids, children).items()}
             # Where /proc shows the whole machine (no sandbox), a poll costs more: keep it under a
             # tenth, but never wait long (a world fills gigabytes a second), and poll four times as
             # often while the world holds more than half its limit.
             pause = min(MAX_PAUSE, max(POLL_S, 10 * (time.monotonic() - started)))
-            if min(sum(resident.values()), estimate.last or limit) > limit // 2:
+            if min(sum(resident.values()) + outside.total, estimate.last + outside.total or limit) > limit // 2:
                 pause = POLL_S / 4
-            if (sum(resident.values()) > limit and estimate.over(resident, lambda stop: self._signal(
-                    pids, signal.SIGSTOP if stop else signal.SIGCONT))) or \
-                    cgroup.oom_kills(self.cgroups) > kills:
+            if (sum(resident.values()) + outside.total > limit and estimate.over(
+                    resident, lambda stop: self._signal(pids, signal.SIGSTOP if stop else signal.SIGCONT),
+                    outside.total)) or self.ran_out():
+                if not self._out_of_memory:
+                    self._trip_memory()
                 return self._end(pids, f"MemoryError: {message(self.limit_mb)} (limits.memory_mb, the world's "
                                        f"limit); the world was ended")
             if self.tasks and count > self.tasks:
@@ -260,32 +316,3 @@ class Watchdog:
                     os.kill(ours[depth], sig)
             except OSError:
                 pass
-
-
-class Peak:
-    """The most memory (sum of Pss, MB) and tasks the processes below this one that were not there
-    at the start used together, polled every 20 ms while a world runs."""
-
-    def __init__(self):
-        self.before = set(descendants(os.getpid())) if HAS_PROC else set()
-        self.memory_mb = self.tasks = 0
-        self._running = True
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self):
-        if HAS_PROC:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self._running = False
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _poll(self):
-        while self._running:
-            children, threads = tree()
-            new = [p for p in descendants(os.getpid(), children) if p not in self.before]
-            self.memory_mb = max(self.memory_mb, used(new) >> 20)
-            self.tasks = max(self.tasks, sum(threads.get(p, 1) for p in new))
-            time.sleep(0.02)

@@ -33,6 +33,7 @@ class StopReason(str, Enum):
     START_TIMEOUT = "start_timeout"    # the ranks did not load the code in time
     TIMEOUT = "timeout"                # a part ran past its wall clock
     RANK_DIED = "rank_died"            # a rank (or the world's supervisor) exited before the end
+    OUT_OF_MEMORY = "out_of_memory"    # the world passed limits.memory_mb (its watchdog or its cgroup ended it)
     DIST_ERROR = "dist_error"          # a collective failed on some rank
     RANKS_DISAGREE = "ranks_disagree"  # a part returned on some ranks and raised on others
     PROTOCOL = "protocol"              # a malformed or out-of-order message (hand-in code writing to the pipe)

@@ -12,10 +12,12 @@ forks any rank,
   code folder is read only (no rank writes bytecode beside it); and either a user id no other
   world has (the grader is root: bwrap's user namespace maps a range of ids) or a user namespace
   of its own (an ordinary user's single id);
-- is the parent of ranks that drop every capability, set no_new_privs, and take the rubric's
-  limits on file size and CPU time, one compute thread each (grader.rerun.environment), and no more
-  data than they hold at their fork plus the world's memory (RLIMIT_DATA: never below what the
-  Python already maps, which torch's CUDA build makes 3 GB of address space at `import torch`).
+- is the parent of ranks that drop every capability (no CAP_NET_ADMIN: no socket buffer forced
+  past the machine's maximum), set no_new_privs, and take the rubric's limits on file size and CPU
+  time, RANK_OPEN_FILES open files (grader.limits), one compute thread each
+  (grader.rerun.environment), and no more data than they hold at their fork plus the world's
+  memory (RLIMIT_DATA: never below what the Python already maps, which torch's CUDA build makes
+  3 GB of address space at `import torch`).
 
 The world as a whole, all its ranks and their children, is held to limits.memory_mb and
 limits.processes by a cgroup of its own where the grader can have one (grader.rerun.cgroup) and
@@ -42,7 +44,7 @@ import struct
 import sys
 from dataclasses import dataclass, field
 
-from grader.limits import Limits
+from grader.limits import RANK_OPEN_FILES, Limits
 from grader.rerun import memory, readable, scratch, sweep, tasks
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
@@ -201,6 +203,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) 
     cap(resource.RLIMIT_FSIZE, limits.file_mb << 20)
     cap(resource.RLIMIT_CPU, limits.cpu_s)
     cap(resource.RLIMIT_CORE, 0)
+    cap(resource.RLIMIT_NOFILE, RANK_OPEN_FILES)
     if uid != os.getuid():
         os.setgroups([])
         os.setgid(uid)

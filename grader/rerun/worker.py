@@ -20,6 +20,7 @@ Hand-ins written to the handout word for word must run unchanged on a CPU-only m
 """
 
 import datetime
+import errno
 import inspect
 import os
 import sys
@@ -180,7 +181,9 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
             RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
         result.error = _error(e)
     except BaseException as e:  # noqa: BLE001 - a hand-in may raise anything, SystemExit included
-        result.status = RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
+        # ENOMEM: the world's cgroup refused a page (a file in memory, a socket buffer), as its kill would
+        result.status = RankStatus.OOM if isinstance(e, OSError) and e.errno == errno.ENOMEM else \
+            RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
         result.error = _error(e)
     result.comm = calls[:bounds.COMM]
     result.devices = devices[:bounds.DEVICES]

@@ -19,7 +19,8 @@ import os
 import signal
 
 from grader.rerun import cgroup, protocol, sandbox, scratch, tasks
-from grader.rerun.protocol import StopReason, WorldJob, WorldReport
+from grader.rerun import memory
+from grader.rerun.protocol import Abort, StopReason, WorldJob, WorldReport
 from grader.rerun.supervise import draw_secrets, supervise
 from grader.limits import Limits
 
@@ -95,7 +96,7 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
     """Fork the world's ranks, supervise them to the end, and return the world's report.
     `read_key` reads the data key (grader.rerun.secret) once the ranks are forked (None: fresh data).
     The world as a whole is held to limits.memory_mb and limits.processes (grader.rerun.memory)."""
-    from grader.rerun import memory, worker
+    from grader.rerun import worker
     prepared = worker.prepare(job)
     sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)   # what the ranks start stays below us, for the watchdog
     held = tasks.Hold[isolation.tasks] if isolation is not None and isolation.tasks else tasks.Hold.WATCHDOG
@@ -112,8 +113,25 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
     outputs = [os.path.join(job.work_dir, f"rank{rank}.out") for rank in range(job.world_size)]
     key = read_key() if read_key else None   # only now: no rank holds it
     cgroups = isolation.cgroups if isolation is not None else []
-    with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups):
-        return supervise(job, fds, orders, pids, pgid, draw_secrets(job, key))
+    own = isolation is not None and isolation.per_world
+    with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups, pids, own) as watchdog:
+        report = supervise(job, fds, orders, pids, pgid, draw_secrets(job, key))
+        return out_of_memory(report, watchdog, job)
+
+
+def out_of_memory(report: WorldReport, watchdog, job: WorldJob) -> WorldReport:
+    """A world that ran out of memory (its watchdog's count, or its cgroup's kill) ended out of
+    memory, at the part its `culprit` (the rank that held most) was running, or the first part not
+    settled: however its ranks then died (a SIGKILL, a collective whose peer vanished), one cause
+    gets one verdict, whichever layer caught it."""
+    if report.abort is None or not watchdog.ran_out():
+        return report
+    unsettled = [p for p in job.parts if p not in report.completed]
+    part = next((p for p in unsettled if watchdog.culprit not in report.results.get(p, {})), None) \
+        if watchdog.culprit is not None else None
+    part = part or (unsettled[0] if unsettled else None)
+    report.abort = Abort(reason=StopReason.OUT_OF_MEMORY, part=part, detail=memory.verdict(watchdog.limit_mb))
+    return report
 
 
 def _own_file(path: str, uid: int) -> None:

@@ -1,0 +1,212 @@
+"""Memory that no process's Pss shows, held to the world's limit (grader.rerun.outside), and one
+out-of-memory cause getting one verdict whichever layer caught it: the world's cgroup (root, cgroup
+v1 or v2) or its watchdog (an ordinary user without a cgroup).
+
+Each attack of tests/hostile.py's MEMORY_ATTACKS runs in a real 2-rank world on one warm executor,
+graded by the configuration's own Python and kit, under a small limit (MEMORY_LIMIT_MB) that each
+rank's HOG_MB alone stays under and both together pass: the part must be out of memory, saying
+why, and end before the hand-in's hold is over.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from grader.limits import RANK_OPEN_FILES
+from grader.rerun import outside, sockets
+from tests import tas
+from tests.corpus import FULL, ROOT, Files, zip_bytes
+from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, inject, memory_attack
+from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
+
+MEMORY_LIMIT_MB = 800
+HOG_MB = 600   # each of the 2 ranks: 1200 MB together, unchecked
+RUBRIC = {"limits": {"memory_mb": MEMORY_LIMIT_MB, "tmp_mb": HOG_MB + 64},
+          "timeouts": {"part": 60, "world_start": 60}}
+# No rank may raise its socket buffers past the machine's maximum (that needs CAP_NET_ADMIN), nor
+# open more files than RLIMIT_NOFILE lets it: the part must pass.
+BOUNDED = ("import resource, socket\n"
+           "for option in (getattr(socket, 'SO_SNDBUFFORCE', 32), getattr(socket, 'SO_RCVBUFFORCE', 33)):\n"
+           "    try:\n        socket.socket().setsockopt(socket.SOL_SOCKET, option, 1 << 30)\n"
+           "        raise RuntimeError('LEAK a rank forced a socket buffer past the maximum')\n"
+           "    except PermissionError:\n        pass\n"
+           "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+           f"assert soft == hard == {RANK_OPEN_FILES}, (soft, hard)\n")
+
+# Run by the configuration's Python in its kit: the baseline part of each hand-in (argv[1], a JSON
+# {name: path}) in a 2-rank world of one warm executor.
+RUN = """\
+import dataclasses, json, sys, time
+from pathlib import Path
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
+from grader.rubric import load_rubric
+rubric = load_rubric(Path(sys.argv[2]))
+check = dataclasses.replace(rubric.checks[0], world_size=2)
+executor = WarmExecutor("auto", rubric.limits)
+executor.start()
+found = {}
+for name, path in json.loads(sys.argv[1]).items():
+    started = time.monotonic()
+    code = prepare_code(Path(path))
+    run = run_check(executor, code, check, rubric, Path(sys.argv[3]), parts=["baseline"])["baseline"]
+    found[name] = {"status": run.status.value, "detail": run.detail, "output": run.output[-1500:],
+                   "exceptions": [r.exception for r in run.ranks.values()], "seconds": time.monotonic() - started}
+executor.close()
+print(json.dumps(found))
+"""
+
+
+def run_worlds(config: str, codes: dict, tmp) -> dict:
+    """name -> the baseline part's result of each of `codes` (name -> assignment4.py's text), graded
+    as `config` grades, under RUBRIC."""
+    ta = _ta_or_skip(config)
+    try:
+        tmp = ta.home / "memory" if ta else tmp
+        (tmp / "scratch").mkdir(parents=True)
+        paths = {}
+        for name, code in codes.items():
+            paths[name] = str(tmp / f"{name}.py")
+            (tmp / f"{name}.py").write_text(code)
+        (tmp / "rubric.yaml").write_text(yaml.safe_dump(RUBRIC))
+        args = ["-c", RUN, json.dumps(paths), str(tmp / "rubric.yaml"), str(tmp / "scratch")]
+        if ta:
+            subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
+            proc = ta.run([str(ta.python), *args], timeout=600)
+        else:
+            proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=CONFIG_PARAMS[:2])
+def memory_worlds(request, tmp_path_factory) -> dict:
+    codes = {name: memory_attack(name, HOG_MB) for name in MEMORY_ATTACKS}
+    codes["bounded"] = inject(REFERENCE.read_text(), BOUNDED)
+    return run_worlds(request.param, codes, tmp_path_factory.mktemp("memory"))
+
+
+@pytest.mark.timeout(700)
+@pytest.mark.parametrize("attack", sorted(MEMORY_ATTACKS))
+def test_memory_outside_pss_is_held_to_the_worlds_limit(memory_worlds, attack):
+    measured = memory_worlds[attack]
+    assert measured["status"] == "oom", measured
+    assert measured["detail"] == (f"the ranks and their children used more than {MEMORY_LIMIT_MB} MB "
+                                  "(limits.memory_mb, the world's limit)"), measured
+    assert measured["seconds"] < HOLD_S + 30, measured
+
+
+@pytest.mark.timeout(700)
+def test_a_rank_cannot_force_socket_buffers_or_open_files_past_its_bounds(memory_worlds):
+    assert memory_worlds["bounded"]["status"] == "passed", memory_worlds["bounded"]
+
+
+# ---- the readings themselves, in this process --------------------------------------------------
+
+def test_a_socket_is_read_by_its_inode_with_what_it_holds():
+    """A unix socket pair's queue (charged to its sender) and a TCP connection's unread bytes, on
+    this machine's namespace: each found by its inode, holding at least what was queued."""
+    a, b = socket.socketpair()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    try:
+        queued = {}
+        for sender, name in ((a, "unix"), (client, "tcp")):
+            sender.setblocking(False)
+            queued[name] = 0
+            try:
+                while queued[name] < 4 << 20:
+                    queued[name] += sender.send(bytes(1 << 16))
+            except BlockingIOError:
+                pass
+        time.sleep(0.1)
+        found = sockets.held()
+        assert found.get(os.fstat(a.fileno()).st_ino, 0) >= queued["unix"] > 0, (found, queued)
+        # by the two ends' inodes, or (the machine's TCP memory small) by the machine's total under inode 0
+        ends = (os.fstat(client.fileno()).st_ino, os.fstat(server.fileno()).st_ino, 0)
+        tcp = sum(found.get(inode, 0) for inode in ends)
+        assert tcp >= queued["tcp"] > 0, (found, queued)
+        assert not sockets.refused
+    finally:
+        for s in (a, b, listener, client, server):
+            s.close()
+
+
+def test_memory_files_held_open_count_once_each_by_their_blocks():
+    """A memfd of 64 MB, open twice, counts 64 MB once; a file on disk counts nothing."""
+    fd = os.memfd_create("a4-test")
+    again = os.dup(fd)
+    os.posix_fallocate(fd, 0, 64 << 20)
+    try:
+        reading = outside.Outside(own=False)
+        before_close = reading.read([os.getpid()])
+        assert 64 << 20 <= reading.by_pid[os.getpid()] < 65 << 20, reading.by_pid
+        assert before_close >= 64 << 20
+    finally:
+        os.close(fd)
+        os.close(again)
+    assert reading.read([os.getpid()]) < before_close - (63 << 20)
+
+
+# ---- one cause, one verdict ---------------------------------------------------------------------
+
+# Rank 0 fills 1000 MB of memfds in the baseline, past the world's 800 MB, while the other ranks go
+# on to the next part: as root the world's cgroup (which charges memfds) or the watchdog catches it,
+# as an ordinary user the watchdog alone. Only the baseline may be charged, with one verdict.
+OOM_ONCE = ("import os, time\nif dist.get_rank() == 0:\n    held = []\n    for _ in range(40):\n"
+            "        fd = os.memfd_create('a4-hog')\n        os.posix_fallocate(fd, 0, 25 << 20)\n"
+            "        held.append(fd)\n    time.sleep(10)\n")
+GRADE_RUBRIC = {"checks": [{"name": "default"},
+                           {"name": "two-ranks", "hidden": True, "world_size": 2, "seed": 1234,
+                            "global_batch_size": 52, "input_dim": 13, "output_dim": 12, "accumulation_steps": 2}],
+                "public_world_sizes": [4], "limits": {"memory_mb": MEMORY_LIMIT_MB},
+                "timeouts": {"part": 30, "process_group": 5, "world_start": 60, "handin": 300}}
+
+
+def grade_as(config: str, handin: bytes, tmp) -> dict:
+    """The grading.json of `handin` (zip bytes), graded by `python -m grader grade` as `config` grades."""
+    ta = _ta_or_skip(config)
+    try:
+        tmp = ta.home / "grade" if ta else tmp
+        (tmp / "inbox").mkdir(parents=True)
+        (tmp / "inbox" / "oom_once.zip").write_bytes(handin)
+        (tmp / "rubric.yaml").write_text(yaml.safe_dump(GRADE_RUBRIC))
+        args = ["-m", "grader", "grade", str(tmp / "inbox"), "--out", str(tmp / "out"), "--jobs", "1",
+                "--rubric", str(tmp / "rubric.yaml"), "--quiet"]
+        if ta:
+            subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
+            proc = ta.run([str(ta.python), *args], timeout=600)
+        else:
+            proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(next((tmp / "out" / "students").glob("*/grading.json")).read_text())
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+
+
+@pytest.mark.configs
+@pytest.mark.timeout(1300)
+def test_an_out_of_memory_hand_in_gets_one_verdict_whichever_layer_caught_it(reference_run, tmp_path):
+    handin = zip_bytes(Files(code=inject(REFERENCE.read_text(), OOM_ONCE), log=reference_run[0], err=reference_run[1]))
+    graded = {config: grade_as(config, handin, tmp_path / config) for config in ("root", "user")}
+    said = {config: {part: (v["status"], v["message"]) for part, v in r["parts"].items()}
+            for config, r in graded.items()}
+    assert said["root"]["baseline"][0] == "oom", said
+    assert f"used more than {MEMORY_LIMIT_MB} MB" in said["root"]["baseline"][1], said
+    assert said["root"] == said["user"]
+    # Only the part rank 0 ran out of memory in is charged, not the one the other ranks had gone on to.
+    assert {status for part, (status, _) in said["root"].items() if part != "baseline"} == {"passed"}, said
+    assert graded["root"]["score"] == graded["user"]["score"] < FULL, {c: r["score"] for c, r in graded.items()}
+    held = {config: r["isolation"]["memory"] for config, r in graded.items()}
+    assert "cgroup of the world's own" in held["root"] and "no memory cgroup" in held["user"], held
