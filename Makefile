@@ -1,6 +1,6 @@
 # a4: the Assignment 4 kit, its Slurm jobs and its grader.
 #   make demo        run the reference on 4 CPU ranks as the Slurm job would, check it, package it, grade it
-#   make test        the test suite (real gloo worlds, real torchrun)
+#   make test        ruff (make lint), then the test suite (real gloo worlds, real torchrun)
 #   make test-configs  where the course runs beyond this checkout and root: an ordinary user (useradd),
 #                    no user namespaces, a tight ulimit -u, a module Python, the kit installed elsewhere,
 #                    a student's fresh folder (marker configs)
@@ -31,7 +31,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 DEMO := build/demo
 RELEASE := build/release
 
-.PHONY: venv demo test test-configs test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
+.PHONY: venv demo lint test test-configs test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
 
 $(STAMP): $(REQUIREMENTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,7 +71,13 @@ TIMED = t0=$$(date +%s); trap 'echo "suite $@ took $$(( $$(date +%s) - t0 )) s (
 # made once), the longest files first (tests/conftest.py: LONGEST_FIRST): the waits on hangs and
 # timeouts of one overlap the other's work, and both finish together.
 TEST_PROCESSES ?= 2
-test: $(STAMP)
+# ruff over the kit's Python (pyproject.toml's [tool.ruff]: pyflakes, blind excepts, stale noqa);
+# make test runs it first.
+LINTED := grader slurm lab benchmarks assignment_4/reference tests
+lint: $(STAMP)
+	$(PY) -m ruff check $(LINTED)
+
+test: $(STAMP) lint
 	@$(TIMED) $(PY) -m pytest -m "not slurm and not course and not configs" -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 # Where the course runs beyond this checkout and root (marker configs; run as root, as useradd is):

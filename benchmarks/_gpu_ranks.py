@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from lab.bandwidth import busbw  # noqa: E402
+from lab.bandwidth import busbw
 
 ELEMENTS = 16 << 20   # 64 MB of float32
 REPEATS = 5
@@ -61,7 +61,7 @@ def main(backend: str) -> int:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % gpus)
         torch.cuda.set_device(device)
         out.update(all_reduce_on_gpus(backend, rank, world_size, device))
-    except Exception as e:   # the figure is the refusal itself: say it, in one line
+    except Exception as e:  # noqa: BLE001 - the figure is the refusal itself: say it, in one line
         words = str(e).strip().splitlines()
         out.update(ok=False, error=f"{type(e).__name__}: {words[0][:300] if words else ''}")
     if rank == 0:

@@ -163,7 +163,7 @@ def report(cfg: gpt.GPTConfig, reference: list, runs: list, skipped: dict, other
         say(f"{name:<21}not run: {why}")
     base = {run.label.split(",")[0]: run for run in runs if run.label.endswith(", 1 rank")}
     differ = [r for r, theirs in enumerate(others) if theirs != others[0]]
-    say(f"memory of rank 0 after the first backward, bytes (x: of the same run on 1 rank); "
+    say("memory of rank 0 after the first backward, bytes (x: of the same run on 1 rank); "
         + (f"ranks {differ} hold other amounts:" if differ else f"the same on all {len(others)} ranks:"))
     say(f"{'run':<21}{'parameters':>20}{'gradients':>20}{'activations':>20}")
     for run in runs:

@@ -30,12 +30,12 @@ import cloudpickle
 # action kills a process: torchrun and its ranks would die early, with a wrong reason. URG is
 # ignored unless handled; NodeTask handles it. (Read by submitit when it is imported.)
 os.environ.setdefault("SUBMITIT_PREEMPT_SIGNAL", "URG")
-import submitit  # noqa: E402
-from submitit.slurm.slurm import SlurmExecutor  # noqa: E402
+import submitit
+from submitit.slurm.slurm import SlurmExecutor
 
-from slurm import node_task  # noqa: E402
-from slurm.node_task import NodeTask, run_id  # noqa: E402
-from slurm.profile import ClusterProfile, load_profile  # noqa: E402
+from slurm import node_task
+from slurm.node_task import NodeTask, run_id
+from slurm.profile import ClusterProfile, load_profile
 
 KIT = Path(__file__).resolve().parent.parent
 POLL_S = 1.0

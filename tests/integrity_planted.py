@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from tests.integrity_corpus import STYLES, fill, handout_fill
-from tests.integrity_disguise import DISGUISES  # noqa: F401  (the disguises a batch is planted with)
+from tests.integrity_disguise import DISGUISES
 
 # A TODO key left out of a student's answers gets the reference's answer (integrity_corpus.fill);
 # None leaves the TODO as it is (the part not done: Part 5, which most courses leave off).

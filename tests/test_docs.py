@@ -6,7 +6,6 @@ Torch-free: `make test-pythons` runs it under every Python.
 """
 
 import argparse
-import ast
 import functools
 import os
 import re

@@ -14,7 +14,6 @@ hang is told: hand-ins built for each, graded by the real grader in real gloo wo
 import dataclasses
 import json
 import re
-import tempfile
 from pathlib import Path
 
 import pytest

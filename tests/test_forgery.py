@@ -16,9 +16,8 @@ import textwrap
 import pytest
 
 from grader.batch.run import grade_batch
-from grader.names import result_files, student_dir
+from grader.names import result_files
 from grader.parts import CORE_PART_IDS
-from grader.pipeline.grade import judge_check
 from grader.rerun.check import prepare_code
 from grader.rerun.executor import WarmExecutor
 from grader.results import Status

@@ -4,7 +4,6 @@ included."""
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 
@@ -13,7 +12,6 @@ import pytest
 from grader.rerun import channel, protocol
 from grader.rerun.executor import WarmExecutor
 from grader.rerun.protocol import WorldJob, WorldReport
-from tests.corpus import ROOT
 
 
 def frame(world: int, message) -> bytes:

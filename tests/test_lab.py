@@ -362,7 +362,7 @@ def _gpt_step(rank, world_size, cfg, mode_name, planted=None):
         mappings.CALLS.clear()
         loss, activations = saved_bytes(lambda: gpt_parallel.loss_of(params, inputs, targets, cfg, mode), params)
         gpt_parallel.backward(loss, params, mode)
-    except Exception as e:                  # a planted mistake may break the shapes: that is caught too
+    except Exception as e:  # noqa: BLE001 - a planted mistake may break the shapes: that is caught too
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
         undo()

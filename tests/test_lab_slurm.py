@@ -45,7 +45,7 @@ def assert_whole_lab(text, nnodes, nproc, hosts):
 
 
 @pytest.mark.timeout(300)
-def test_lab_cpu_job_runs_the_whole_lab_on_4_ranks_of_one_node(workdir):
+def test_lab_cpu_job_runs_the_whole_lab_on_4_ranks_of_one_node(workdir):  # noqa: F811 - the fixture, imported
     job_id = sbatch(SBATCH_LAB_CPU, [], workdir, A4_LAB_OUT=str(workdir / "out"))
     assert wait_for_job(job_id) == "COMPLETED"
     text, err = job_files(workdir, job_id, name="lab")
@@ -56,7 +56,7 @@ def test_lab_cpu_job_runs_the_whole_lab_on_4_ranks_of_one_node(workdir):
 
 
 @pytest.mark.timeout(300)
-def test_the_launcher_runs_the_lab_on_4_nodes(workdir):
+def test_the_launcher_runs_the_lab_on_4_nodes(workdir):  # noqa: F811 - the fixture, imported
     proc = subprocess.run(submit_cli("--profile", str(LOCAL_PROFILE), "--script", str(RUN_ALL), "--name", "lab",
                                      cwd=workdir),
                           cwd=ROOT, env=job_env(A4_LAB_OUT=str(workdir / "out")), capture_output=True, text=True,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from grader.evidence.logfile import parse_log
+from tests.worlds import REFERENCE, ROOT
 from slurm.profile import ProfileError, load_profile, profile_from_dict, profile_keys
 
 # The keys of slurm/common.sh's [Job] header, in order: every run (sbatch, submitit, run-local.sh).
@@ -27,7 +28,6 @@ HEADER_KEYS = ["id", "name", "started", "nodes", "nnodes", "nproc_per_node", "wo
 def footer_status(log):
     """The status in the log's "[Job] finished" line, or None for a run killed before its end."""
     return int(log.job["status"]) if "status" in log.job else None
-from tests.worlds import REFERENCE, ROOT
 
 GOLDEN = ROOT / "tests" / "golden"
 CLUSTERS = ROOT / "slurm" / "clusters"

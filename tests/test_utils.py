@@ -13,7 +13,7 @@ import torch
 from tests.worlds import ROOT, UTILS_DIR, closed_form_step
 
 sys.path.insert(0, str(UTILS_DIR))
-import utils  # noqa: E402  (assignment_4/utils.py)
+import utils
 
 
 class CountingStdout(io.StringIO):

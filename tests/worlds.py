@@ -11,6 +11,7 @@ import datetime
 import importlib.util
 import multiprocessing as mp
 import os
+import queue
 import sys
 import tempfile
 import traceback
@@ -50,7 +51,7 @@ def _rank_main(rank, world_size, store_path, target, args, results):
         finally:
             dist.destroy_process_group()
         results.put((rank, True, value))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a rank reports whatever ended it, to the parent
         results.put((rank, False, traceback.format_exc()))
 
 
@@ -84,7 +85,7 @@ def run_world(world_size, target, *args, timeout=120):
                 try:
                     rank, ok, value = results.get(timeout=min(left, 1.0))
                     collected[rank] = (ok, value)
-                except Exception:
+                except queue.Empty:
                     dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in collected]
                     if dead:
                         raise RuntimeError(f"rank(s) {dead} died with exit codes "

@@ -45,7 +45,7 @@ from grader.intake import handin as handins
 from grader.intake.find import Unreadable, find_handins
 from grader import kit
 from grader.kit import write_json
-from grader.names import SEP, result_files, student_dir, student_of, students_dir
+from grader.names import SEP, result_files, student_dir, student_of
 from grader.pipeline import report
 from grader.rerun.executors import make_executor
 from grader.results import Status, grader_digest, new_result, ungradable, ungraded

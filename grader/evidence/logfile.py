@@ -14,9 +14,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from grader.parts import BY_ID, PART_IDS
-
-JOB_FIELDS = 40   # [Job] fields kept, and prefixes naming no part: a log cannot fill a report
 from grader.evidence.logtext import (
     CLAIM,
     EXCERPT_LINES,
@@ -47,6 +44,9 @@ from grader.evidence.logtext import (
     squash,
     timeout_flag,
 )
+from grader.parts import BY_ID, PART_IDS
+
+JOB_FIELDS = 40   # [Job] fields kept, and prefixes naming no part: a log cannot fill a report
 
 
 def _claims_by_part(comparisons):
@@ -140,7 +140,7 @@ def parse_log(data: bytes | str, min_world_size: int | None = None) -> LogReport
     except LogTimeout:      # this hand-in loses its log's evidence, nobody else waits
         report = LogReport()
         timeout_flag(report, "log")
-    except Exception as e:  # evidence only: a parser bug must not end the grading of a batch
+    except Exception as e:  # noqa: BLE001 - evidence only: a parser bug must not end the grading of a batch
         add_flag(report, "parse_error", f"The log could not be read completely ({e!r}).")
     return report
 

@@ -149,15 +149,17 @@ def same_run(p: _Pairs) -> None:
         for x, y in combinations(group, 2):
             p.add(x, y, Evidence("same_run", MODERATE, f"identical .err bytes (sha256 {short(digest)}, "
                                  f"{x.err_lines} lines)", [f"`{x.files.get('err')}`"], [f"`{y.files.get('err')}`"]))
-    job = (lambda f: (f.job.get("id"), f.job.get("nodes", ""), f.job.get("started"))
-           if f.job.get("id") and f.job.get("started") else None)
+    def job(f):
+        return (f.job.get("id"), f.job.get("nodes", ""), f.job.get("started")) \
+            if f.job.get("id") and f.job.get("started") else None
     for _, group in p.groups(job, "", capped=False):
         for x, y in combinations(group, 2):
             if not p.has(x, y, "same_run", ".log bytes"):
                 p.add(x, y, Evidence("same_run", STRONG, f"the same Slurm job: {_job_text(x)}",
                                      [_job_text(x)], [_job_text(y)]))
-    claims = (lambda f: hashlib.sha256("\n".join(f.claims).encode()).hexdigest()
-              if f.claims_run_specific and len(f.claims) > 1 else None)
+    def claims(f):
+        return hashlib.sha256("\n".join(f.claims).encode()).hexdigest() \
+            if f.claims_run_specific and len(f.claims) > 1 else None
     for _, group in p.groups(claims, CLAIMS):
         for x, y in combinations(group, 2):
             if not p.has(x, y, "same_run", ".log bytes"):

@@ -61,10 +61,10 @@ def hold_rank() -> None:
     original = torch.set_num_threads
     original(1)
 
-    def set_num_threads(n, *args, **kwargs):   # noqa: ARG001 - the ask is a hint; a rank computes on one thread
+    def set_num_threads(n, *args, **kwargs):
         original(1)
 
-    def set_num_interop_threads(n, *args, **kwargs):   # noqa: ARG001 - fixed in the zygote
+    def set_num_interop_threads(n, *args, **kwargs):
         return None
 
     torch.set_num_threads = set_num_threads

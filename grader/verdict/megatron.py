@@ -183,8 +183,8 @@ def _step_diagnosis(w1, w2, b: Block, p: int, tol, expected: tuple, rank: int = 
             return ("W2's updated shards were put side by side as columns (torch.cat(..., dim=1), as Part 4 "
                     "gathers W): a row-parallel layer's shards are blocks of W2's rows; concatenate along dim 0")
     if w1.shape != b.w1.shape or w2.shape != b.w2.shape:
-        return (f"the returned weights have the wrong shapes: (W1, W2) must be [input_dim, hidden_dim] and "
-                f"[hidden_dim, input_dim]")
+        return ("the returned weights have the wrong shapes: (W1, W2) must be [input_dim, hidden_dim] and "
+                "[hidden_dim, input_dim]")
     if close(w1, b.w1, tol) and close(w2, b.w2, tol):
         return "neither weight changed: no step was taken (optimizer.step() after loss.backward()?)"
     if p > 1 and b.copies:

@@ -8,7 +8,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "assignment_4"))
-from utils import init_distributed, log  # noqa: E402
+from utils import init_distributed, log
 
 rank, _, world_size = init_distributed()
 if rank == world_size - 1:
