@@ -41,7 +41,6 @@ from pathlib import PurePosixPath
 
 from grader.intake.listing import MAX_MEMBER_BYTES, BlobError, DownloadError, Listing, files_digest
 
-LMSS = ("canvas", "moodle", "gradescope", "blackboard")
 CANVAS = re.compile(r"^(?P<login>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_(?P<orig>.+)$")
 MOODLE = re.compile(r"^(?P<name>[^/]+?)_(?P<id>\d+)_assign(?:submission|feedback)_(?P<plugin>[a-z]+)(?:_(?P<orig>.*))?$")
 BLACKBOARD = re.compile(r"^(?P<assignment>[^/]+)_(?P<id>[^_/]+)_attempt_"
@@ -56,7 +55,7 @@ class Entry:
     """One student's hand-in as the download holds it: where its files are, never their bytes."""
     student: str               # the id from the LMS's names (not yet made safe as a folder name)
     name: str                  # where it is, e.g. "download.zip › Jane Doe_12345_assignsubmission_file_"
-    lms: str                   # one of LMSS
+    lms: str                   # canvas, moodle, gradescope or blackboard
     files: dict = field(default_factory=dict)   # its file names (as uploaded) -> grader.intake.listing.Blob
     where: dict = field(default_factory=dict)   # its file names -> where each is in the download
     upload: str = ""           # the download's name for the student, for feedback (Moodle's folder, Canvas's prefix)
@@ -81,7 +80,7 @@ class Stray:
 
 @dataclass
 class Shape:
-    lms: str                   # one of LMSS, or "" when the names are no LMS's
+    lms: str                   # canvas, moodle, gradescope or blackboard, or "" when the names are no LMS's
     entries: list = field(default_factory=list)   # Entry
     strays: list = field(default_factory=list)    # Stray
 

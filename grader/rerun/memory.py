@@ -218,7 +218,7 @@ class Watchdog:
                  own: bool = False):
         self.limit_mb, self.outputs, self.tasks, self.cgroups = limit_mb, outputs, tasks, list(cgroups)
         self.ranks, self.own = list(ranks), own
-        self.tripped, self.peak_tasks = "", 0
+        self.peak_tasks = 0
         self.culprit = None     # the rank whose processes held most when the world ran out of memory
         self.shares = {}        # rank -> what its processes held at the last poll, in bytes
         self._out_of_memory, self._proc_of = False, {}   # rank -> its pid as /proc numbers it
@@ -292,7 +292,6 @@ class Watchdog:
                                        f"the world was ended")
 
     def _end(self, pids: list, why: str) -> None:
-        self.tripped = why
         for path in self.outputs:
             try:
                 with open(path, "a") as f:
