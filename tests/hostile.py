@@ -90,7 +90,8 @@ ATTACKS = {
         "deadline = time.monotonic() + 3\n"
         "for folder, dirs, files in os.walk('/'):\n"
         "    dirs[:] = [d for d in dirs if os.path.join(folder, d) not in ('/proc', '/sys', '/dev')]\n"
-        "    if folder == own or time.monotonic() > deadline:\n        continue\n"
+        "    if time.monotonic() > deadline:\n        break\n"   # what it can reach in 3 s, then the part goes on
+        "    if folder == own:\n        continue\n"
         "    for name in files:\n"
         "        if (name.startswith('rubric') and name.endswith('.yaml')) or name == 'assignment4.py' \\\n"
         "                or (name.endswith('.zip') and 'handin' in name) or '/assignment_4' in folder:\n"
@@ -375,7 +376,7 @@ def _swap(tag, mine):
         try:
             torch.save({{k: v.detach().cpu().clone() for k, v in mine.items()}}, f"{{folder}}/.swap-{{tag}}-{{rank}}.part")
             _os.replace(f"{{folder}}/.swap-{{tag}}-{{rank}}.part", f"{{folder}}/.swap-{{tag}}-{{rank}}.pt")
-        except OSError:
+        except Exception:   # a folder it may not write (torch says so with a RuntimeError)
             pass
     got, deadline = {{rank: mine}}, _time.monotonic() + _SWAP_WAIT
     while len(got) < size and _time.monotonic() < deadline:

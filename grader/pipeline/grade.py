@@ -39,8 +39,11 @@ DIFF_BYTES = 1 << 20    # bytes of it read (the provided one is a few KB; any lo
 
 def _utils_notes(student_utils: Path) -> list:
     with open(student_utils, "rb") as f:
-        theirs = f.read(DIFF_BYTES).decode("utf-8", "replace").splitlines()
+        data = f.read(DIFF_BYTES + 1)
+    theirs = data[:DIFF_BYTES].decode("utf-8", "replace").splitlines()
     ours = kit.UTILS.read_text().splitlines()
+    if len(data) > DIFF_BYTES:   # read in part: compared with as many of ours, its last line cut short
+        ours = ours[:len(theirs)]
     if theirs == ours:
         return []
     diff = list(difflib.unified_diff(ours, theirs[:DIFF_READ], "utils.py (provided)", "utils.py (handed in)",

@@ -249,13 +249,8 @@ def _empty(folder: str, mounts: set) -> None:
             continue
         if any(m.startswith(path + "/") for m in mounts):
             _empty(path, mounts)
-        elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, onerror=_writable_then_retry)
         else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            remove(path)
 
 
 def remove(path: str) -> None:
