@@ -45,6 +45,13 @@ def memory_devices() -> set:
     return found
 
 
+def _device(path: str):
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
 def _used(path: str) -> int:
     try:
         st = os.statvfs(path)
@@ -83,6 +90,9 @@ class Outside:
                 except OSError:
                     pass
         self.total, self.by_pid = 0, {}
+        # Without a mount namespace of its own a world's ranks see the machine's /tmp and /dev/shm:
+        # never counted as the world's (grader.rerun.sweep removes what the world left there).
+        self.shared = set() if own else {_device(path) for path in OWN_SCRATCH}
 
     def _files(self, pids: list) -> tuple:
         """({pid: bytes of the memory files it was found holding first}, {socket inode: the pid holding it})."""
@@ -116,6 +126,23 @@ class Outside:
                 by_pid[pid] = by_pid.get(pid, 0) + st.st_blocks * 512
         return by_pid, sockets
 
+    def _ranks_scratch(self, pids: list) -> int:
+        """The used blocks of each rank's own /tmp and /dev/shm (grader.rerun.scratch.rank_view: a
+        tmpfs of its own, in its own mount namespace), each file system once, seen through
+        /proc/PID/root; where ranks have none, these are the world's, counted above."""
+        total, seen = 0, set(self.scratch)
+        for pid in pids:
+            for path in OWN_SCRATCH:
+                where = f"/proc/{pid}/root{path}"
+                try:
+                    device = os.stat(where).st_dev
+                except OSError:
+                    continue
+                if device not in seen and (self.own or device not in self.shared):
+                    seen.add(device)
+                    total += _used(where)
+        return total
+
     def read(self, pids: list) -> int:
         """What the world of `pids` (as /proc numbers them) holds outside Pss now, in bytes."""
         by_pid, holders = self._files(pids)
@@ -127,6 +154,7 @@ class Outside:
                 unowned += size
         if self.own:
             unowned += sum(_used(path) for path in OWN_SCRATCH) + _sysv_shm()
+        unowned += self._ranks_scratch(pids)
         self.by_pid = by_pid
         self.total = unowned + sum(by_pid.values())
         return self.total
