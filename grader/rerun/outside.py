@@ -5,7 +5,8 @@ shared memory, its socket buffers.
     outside = sum over the memory files its processes hold open (memfds, files on tmpfs or
                   ramfs, deleted or not; each inode once) of their allocated size (st_blocks x 512)
             + the used blocks of its own /tmp and /dev/shm (where the world has a mount namespace
-                  of its own; each is a tmpfs of limits.tmp_mb)
+                  of its own; each is a tmpfs of limits.tmp_mb), and of each rank's own
+                  (grader.rerun.scratch.rank_view), seen through /proc/PID/root
             + its SysV shared memory segments' resident bytes (where it has an IPC namespace of its own)
             + what its sockets hold in the kernel (grader.rerun.sockets: every socket of its own
                   network namespace, else those its processes hold open)
