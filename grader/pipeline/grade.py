@@ -22,6 +22,7 @@ from grader.evidence.runs import rule_of
 from grader.intake import handin as handins
 from grader.parts import PART_IDS
 from grader.rerun import check as rerun
+from grader.rerun import machine
 from grader.rerun.sandbox import scratch_dir
 from grader.results import CheckOutcome, HandinResult, Status, grading_crashed, new_result, ungraded
 from grader.verdict import backward, comm, compare, megatron
@@ -189,20 +190,12 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
     return outcomes
 
 
-def torch_build() -> str:
-    """The torch that grades, as grading.json and the staff report name it: its version (its local
-    part, +cpu, names the CPU wheel; the CUDA wheel may have none) and its build, CPU or CUDA."""
-    import torch   # loaded already: the verdict compares with it
-    cuda = getattr(torch.version, "cuda", None)
-    return f"{torch.__version__} ({f'CUDA {cuda} build' if cuda else 'CPU build'})"
-
-
 def grade_handin(handin, rubric, executor, scratch: Path, clocks: dict = None) -> HandinResult:
     """Grade `handin` (a grader.intake.handin.Handin) with `executor`; see the module docstring.
     `clocks`: check name -> each part's clock there (a batch's, from its canary); else the rubric's."""
     started = time.monotonic()
     result = new_result(handin.student, handin.name, handin.sha256, rubric)
-    result.torch = torch_build()
+    result.torch = machine.torch_version()
     work = Path(scratch_dir("handin-", scratch))
     try:
         try:

@@ -29,6 +29,14 @@ class Diagnosis:
         return self.cause + (f"; {self.fix}" if self.fix else "") + ("; or try again" if self.transient else "")
 
 
+def torch_version() -> str:
+    """"2.13.0+cpu (CPU build)", "2.13.0 (CUDA 13.0 build)": the torch that grades, as grading.json
+    and the staff report name it (its local part, +cpu, names the CPU wheel; the CUDA wheel may have none)."""
+    import torch
+    cuda = getattr(torch.version, "cuda", None)
+    return f"{torch.__version__} ({f'CUDA {cuda} build' if cuda else 'CPU build'})"
+
+
 def torch_build() -> str:
     """"torch 2.13.0+cu130 (CUDA 13.0 build), no GPU visible" and the like."""
     try:
@@ -36,13 +44,12 @@ def torch_build() -> str:
     except ImportError:
         return "torch is not installed in this Python"
     cuda = getattr(torch.version, "cuda", None)
-    kind = f"CUDA {cuda} build" if cuda else "CPU build"
     try:
         count = torch.cuda.device_count() if cuda else 0
     except Exception:  # noqa: BLE001 - a broken driver sees no GPU
         count = 0
     seen = f"{count} GPU{'s' if count != 1 else ''} visible" if count else "no GPU visible"
-    return f"torch {torch.__version__} ({kind}), {seen} (re-runs use the CPU either way)"
+    return f"torch {torch_version()}, {seen} (re-runs use the CPU either way)"
 
 
 TASKS = ("resource temporarily unavailable", "can't start new thread", "thread creation failed", "errno 11")
