@@ -432,6 +432,7 @@ def copy_out(batch, tmp_path) -> Path:
 
 @pytest.mark.timeout(300)
 @pytest.mark.torch
+@pytest.mark.stock_rubric   # its columns and scores are the stock course's (Part 5 off)
 def test_the_gradebook_covers_every_result_after_only_and_after_a_late_folder(batch, tmp_path):
     from grader.batch.run import grade_batch
     inbox, _, rubric = batch
@@ -453,6 +454,7 @@ def test_the_gradebook_covers_every_result_after_only_and_after_a_late_folder(ba
 
 @pytest.mark.timeout(300)
 @pytest.mark.torch
+@pytest.mark.stock_rubric   # its columns and scores are the stock course's (Part 5 off)
 def test_an_unreadable_zip_has_no_score_and_zeros_are_for_a_person(batch):
     _, out, _ = batch
     rows = rows_of(out / "grades.csv")
@@ -466,6 +468,7 @@ def test_an_unreadable_zip_has_no_score_and_zeros_are_for_a_person(batch):
 
 @pytest.mark.timeout(300)
 @pytest.mark.torch
+@pytest.mark.stock_rubric   # its columns and scores are the stock course's (Part 5 off)
 def test_two_handins_of_one_student_are_told_apart_by_source_and_ids_off_the_pattern_listed(batch, tmp_path):
     from grader.batch.run import grade_batch
     _, _, rubric = batch
