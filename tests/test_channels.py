@@ -135,6 +135,8 @@ from grader.rerun.executor import WarmExecutor
 from grader.rerun.sandbox import scratch_dir
 from grader.rubric import load_rubric
 rubric = load_rubric()
+# The world must still be running when the test kills this process, however loaded the machine.
+rubric = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=900, world_start=900))
 executor = WarmExecutor("off", rubric.limits)
 executor.start()
 print(json.dumps(list(executor._cgroup.folders.values()) if executor._cgroup else []), flush=True)
@@ -185,8 +187,10 @@ def test_a_killed_graders_cgroups_and_what_is_in_them_go_at_the_next_start(tmp_p
         pytest.skip("no cgroup for the worlds here: nothing of a killed grader's to remove")
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not any(_threads(pid) > 50 for pid in _in_cgroup(folders[0])):
+        while (time.monotonic() < deadline and grader.poll() is None
+               and not any(_threads(pid) > 50 for pid in _in_cgroup(folders[0]))):
             time.sleep(0.5)   # until the daemon has its threads
+        assert grader.poll() is None, f"the world ended before the test could kill its grader: {grader.stdout.read()}"
 
     finally:
         grader.kill()

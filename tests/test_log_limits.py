@@ -120,22 +120,23 @@ def test_no_generated_log_or_err_makes_a_reader_fail(data):
 
 def _seconds(parse, data) -> float:
     best = float("inf")
-    for _ in range(3):   # the least of three: a shared machine's pauses are not the parser's
-        started = time.monotonic()
+    for _ in range(3):   # the least of three, in this process's own CPU time: a shared machine's
+        started = time.process_time()   # other work and pauses are not the parser's
         parse(data)
-        best = min(best, time.monotonic() - started)
+        best = min(best, time.process_time() - started)
     return best
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=12).map(b"".join))
 def test_time_per_byte_stays_flat_as_a_generated_log_grows(unit):
-    # n and 8n bytes of the same text: linear is 8x the time, quadratic 64x; allow 3x for noise.
+    # A complexity check, not a speed goal: n and 32n bytes of the same text take 32x the time if
+    # the readers are linear and 1024x if quadratic; 4x of noise over linear still tells them apart.
     n = 1 << 16
-    small, large = unit * (n // len(unit) + 1), unit * (8 * n // len(unit) + 1)
+    small, large = unit * (n // len(unit) + 1), unit * (32 * n // len(unit) + 1)
     for parse in (parse_log, parse_err):
         t_small, t_large = _seconds(parse, small), _seconds(parse, large)
-        assert t_large < max(24 * t_small, 0.25), f"{parse.__name__}: {t_small:.4f} s -> {t_large:.4f} s"
+        assert t_large < max(128 * t_small, 0.5), f"{parse.__name__}: {t_small:.4f} s -> {t_large:.4f} s"
 
 
 def _zip_of(names) -> bytes:
