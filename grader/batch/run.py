@@ -25,8 +25,9 @@
   (grader.pipeline.record), whichever route graded it; the routes return only each hand-in's
   status. Then grades.csv, summary.md and report.html from every result in OUT, read back from
   disk, whatever this invocation graded (grader.batch.outputs). The canary's outcome is kept in
-  OUT/canary.json (grader.batch.local): when nothing in OUT could be graded, the summary's `ungradable` says why and what to do
-  (grader.results.ungradable), as report.html and summary.md do at their top.
+  OUT/canary.json (grader.batch.local): when nothing in OUT could be graded, the summary's
+  `ungradable` says why and what to do (grader.results.ungradable), as report.html and summary.md
+  do at their top.
 - A refused `grade` changes nothing in OUT: the paths, the rubric and (on this machine) the sandbox
   are checked before anything is written.
 """
@@ -48,7 +49,6 @@ from grader import kit
 from grader.kit import write_json
 from grader.names import SEP, result_files, student_dir, student_of
 from grader.pipeline import record
-from grader.pipeline.record import unreadable_into
 from grader.rerun.executors import make_executor
 from grader.results import grader_digest, ungradable
 from grader.rubric import load_rubric
@@ -192,7 +192,7 @@ def _todo(items: list, out: Path, rubric, sandbox: str, force: bool, summary: Ba
 
 def _unreadable(items: list, out: Path, rubric) -> dict:
     """Have the pipeline write the result of every hand-in that could not be read; {folder: status}."""
-    return {u.student: unreadable_into(u, rubric, out).status for u in items if isinstance(u, Unreadable)}
+    return {u.student: record.unreadable_into(u, rubric, out).status for u in items if isinstance(u, Unreadable)}
 
 
 def _write_outputs(out: Path, rubric, items: list, summary: BatchSummary) -> None:
