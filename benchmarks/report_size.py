@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from grader.analytics.page import write_report  # noqa: E402
-from grader.pipeline.report import write_handin  # noqa: E402
+from grader.pipeline.record import write_handin  # noqa: E402
 from grader.results import CheckOutcome, PartResult, Status, new_result  # noqa: E402
 from grader.rubric import load_rubric  # noqa: E402
 
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.keep or tmp) / "out"
         for i in range(args.handins):
-            write_handin(handin(f"s{i:04d}", rubric, rng), out)
+            write_handin(handin(f"s{i:04d}", rubric, rng), out, rubric)
         started = time.perf_counter()
         write_report(out)
         first = time.perf_counter() - started

@@ -45,12 +45,14 @@ room (tests/test_layout.py holds the map to that):
                  say (what a student may see of hidden checks), score (the points)
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its
-                 page from templates/); the reference re-run and judged at every check before a batch,
+                 page from templates/), written by record alone, the one way a batch, an array task
+                 and Gradescope grade a hand-in into its folder; the reference re-run and judged at every check before a batch,
                  and when it fails, why: its code, the rubric's limits, the machine (canary); doctor
                  runs a world of the reference here, says what holds, and checks its answers;
                  peak measures what a world of the reference used, from outside
     batch/       grade many: on this machine (local), as a Slurm job array (array), into OUT (run),
-                 grades.csv, summary.md and the staff report over every result in OUT (outputs);
+                 each collecting only statuses; grades.csv, summary.md and the staff report over
+                 every result in OUT, read back from disk (outputs);
                  commands (the `grade` command); the progress line and its ETA (progress)
     grades/      final grades from graded results: the course policy (deadline, late penalty,
                  extensions, overrides), submission times, roster (book, policy, sources), the grade

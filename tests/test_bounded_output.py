@@ -11,7 +11,7 @@ import yaml
 from grader import kit
 from grader.batch.run import grade_batch
 from grader.names import student_dir, students_dir
-from grader.pipeline import report
+from grader.pipeline import record
 from grader.rerun.executor import SandboxUnavailable
 from grader.rubric import RubricError
 from tests.corpus import REFERENCE, UTILS, Files, fast_rubric, refingerprint, skeleton, write_zip
@@ -106,7 +106,7 @@ def test_a_refused_grade_leaves_out_byte_for_byte_and_a_replaced_result_moves_on
     earlier = {k: v for k, v in before.items() if k.startswith("students/alice/")}
     summary = grade_batch([newer / "alice.zip"], out, rubric_path=rubric, progress=False)
     assert summary.replaced and summary.statuses.get("graded", 0) >= 2
-    aside = next((students_dir(out) / report.REPLACED).iterdir())
+    aside = next((students_dir(out) / record.REPLACED).iterdir())
     assert {f"students/alice/{k}": v for k, v in _snapshot(aside).items()} == earlier
-    assert [p.name for p in (students_dir(out) / report.REPLACED).iterdir()] == [aside.name]   # nothing staged left
+    assert [p.name for p in (students_dir(out) / record.REPLACED).iterdir()] == [aside.name]   # nothing staged left
     assert (student_dir(out, "alice") / "grading.json").read_bytes() != earlier["students/alice/grading.json"]

@@ -2,7 +2,7 @@
 policy (deadline, late days, extensions, overrides, roster, submission times), `diff` after a
 regrade, the LMS files, and what Gradescope shows before the due date.
 
-The final-gradebook tests write results as grading would (grader.pipeline.report.write_handin)
+The final-gradebook tests write results as grading would (grader.pipeline.record.write_handin)
 and need no re-run; the batch tests grade a few tiny hand-ins for real with a fast rubric."""
 
 import csv
@@ -23,7 +23,8 @@ from grader.grades.commands import make_gradebook
 from grader.grades.policy import PolicyError
 from grader.grades.sources import lms_marks
 from grader.intake.handin import student_id
-from grader.pipeline.report import gradescope_results, limited_results, write_handin
+from grader.pipeline.record import write_handin
+from grader.pipeline.report import gradescope_results, limited_results
 from grader.results import CheckOutcome, PartResult, Status, new_result
 from grader.rubric import load_rubric, rubric_from_dict
 from tests.corpus import REFERENCE, Files, fast_rubric, skeleton, write_zip

@@ -270,3 +270,66 @@ def test_a_stale_name_is_found():
     assert stale_names("enforced by the sandbox (grader/sandbox.py), see grader.rerun.nowhere") == \
         ["grader/sandbox.py", "grader.rerun.nowhere"]
     assert stale_names("grader.pipeline.grade.grade_handin, grader/rerun/sandbox.py, grader.rerun.protocol") == []
+
+
+# A hand-in's files: the pipeline alone writes them (grader.pipeline.record); the routes collect statuses.
+HANDIN_FILES = ("grading.json", "results.json", "feedback.md", "feedback.html")
+FILE_TEXT = {"grader.pipeline.report", "grader.pipeline.feedback"}   # what makes those files' text
+WRITERS = {"atomic_write", "atomic_path", "write_json", "write_text", "write_bytes", "copy", "copy2", "copyfile",
+           "copyfileobj", "rename", "replace", "link", "symlink_to", "move"}
+
+
+def _writes_a_handin_file(call: ast.Call) -> bool:
+    """Whether `call` writes to a path it names by one of HANDIN_FILES (open() only with a mode that writes)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if name == "open":
+        modes = [a for a in call.args[1:2] + [k.value for k in call.keywords if k.arg == "mode"]
+                 if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if not any(set(m.value) & set("wax+") for m in modes):
+            return False
+    elif name not in WRITERS:
+        return False
+    named = [n.value for a in [*call.args, *(k.value for k in call.keywords)] for n in ast.walk(a)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return any(text.endswith(HANDIN_FILES) for text in named)
+
+
+def handin_file_writes(path: Path) -> list:
+    """Where `path` writes a hand-in's file itself, or imports what makes one's text: "line N: why"."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and _writes_a_handin_file(node):
+            found.append(f"line {node.lineno}: writes {ast.unparse(node)[:80]}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = {a.name for a in node.names} if isinstance(node, ast.Import) else \
+                {node.module or ""} | {f"{node.module}.{a.name}" for a in node.names}
+            found += [f"line {node.lineno}: imports {n}" for n in sorted(names & FILE_TEXT)]
+    return found
+
+
+def test_only_the_pipeline_writes_a_handins_files():
+    """grading.json, results.json, feedback.md and feedback.html are written by grader.pipeline.record
+    alone: the batch, an array task, Gradescope and the benchmarks call it and collect a status; none
+    writes those names or imports what renders them (grades.csv's view is read back from disk)."""
+    beside = [p for d in ("slurm", "lab", "benchmarks") for p in sorted((GRADER.parent / d).rglob("*.py"))]
+    elsewhere = [p for m, p in modules().items() if room_of(m) != "pipeline"] + beside
+    wrong = {str(p.relative_to(GRADER.parent)): handin_file_writes(p) for p in elsewhere if handin_file_writes(p)}
+    assert not wrong, f"have grader.pipeline.record write these: {wrong}"
+
+
+def test_a_handin_file_written_outside_the_pipeline_is_found(tmp_path):
+    code = tmp_path / "writer.py"
+    code.write_text("from grader.pipeline.report import gradescope_results\nfrom grader.pipeline import feedback\n"
+                    "write_json(folder / 'results.json', doc)\nopen(out / 'feedback.md', 'w')\n"
+                    "open(out / 'grading.json')\n(folder / 'grading.json').stat()\natomic_write(out / 'grades.csv', text)\n")
+    assert [w.split(":")[0] for w in handin_file_writes(code)] == ["line 1", "line 2", "line 3", "line 4"]
+
+
+def test_the_gradebook_view_is_built_in_one_place_from_disk():
+    """grades.csv's view of a result is made by grader.batch.outputs.load_views from the grading.json
+    the pipeline wrote, for every route; no route builds it from a result in memory."""
+    users = sorted(m for m, p in modules().items() if m != "grader.batch.outputs"
+                   and "gradebook_view" in {getattr(n, "id", getattr(n, "attr", getattr(n, "name", "")))
+                                            for n in ast.walk(ast.parse(p.read_text()))})
+    assert not users, f"read the results back with grader.batch.outputs.load_views instead: {users}"

@@ -251,3 +251,48 @@ def test_nothing_one_handin_does_reaches_the_next(reference_run, tmp_path):
     assert {p["status"] for p in poisoner["parts"].values()} == {"failed"}
     assert all("the weight did not change" in p["message"] for p in poisoner["parts"].values())
     assert reference["score"] == FULL and reference["flags"] == []
+
+
+class _Task:
+    """A finished array task as submitit hands it back: its id, state and returned {student: status}."""
+
+    def __init__(self, job_id, state, returned=None, error=None):
+        self.job_id, self.state, self.returned, self.error = job_id, state, returned, error
+
+    def result(self):
+        if self.error:
+            raise RuntimeError(self.error)
+        return self.returned
+
+
+def test_the_array_collection_reads_what_the_pipeline_wrote_and_records_what_no_task_did(tmp_path):
+    """The Slurm collection trusts a task's returned {student: status}, or a grading.json of the
+    hand-in's bytes whose identity changed while the task ran (a task that died after grading part of
+    its chunk); every other hand-in gets an infra_error, written by the pipeline; grades.csv's view is
+    read back from disk alone."""
+    from grader.batch.array import _collect, _mark
+    from grader.batch.outputs import load_views
+    from grader.pipeline.record import write_handin
+    from grader.results import mark_not_run, new_result
+
+    rubric, out = load_rubric(None), tmp_path / "out"
+    hands = {s: Handin(name=f"{s}.zip", student=s, sha256=s * 64) for s in ("vouched", "died_after", "none", "other")}
+
+    def graded(h, sha256=None):
+        r = new_result(h.student, h.name, sha256 or h.sha256, rubric)
+        mark_not_run(r, rubric, "not run here")
+        r.status, r.score = Status.GRADED, 0.0
+        return write_handin(r, out, rubric)
+
+    graded(hands["vouched"])
+    graded(hands["other"], sha256="f" * 64)   # an earlier hand-in's result: not this one's bytes
+    marks = {s: _mark(out, h) for s, h in hands.items()}
+    graded(hands["died_after"])               # written by the task before it died
+    tasks = [_Task("7_0", "COMPLETED", {"vouched": "graded"}), _Task("7_1", "FAILED", error="boom\nmore")]
+    chunks = [[hands["vouched"]], [hands["died_after"], hands["none"], hands["other"]]]
+    statuses = _collect(tasks, chunks, out, rubric, marks)
+    assert statuses == {"vouched": "graded", "died_after": "graded", "none": "infra_error", "other": "infra_error"}
+    views = {v["student"]: v for v in load_views(out)}
+    assert {s: v["status"] for s, v in views.items()} == statuses
+    assert views["none"]["message"] == "not graded: array task 7_1 ended failed: boom; grade it again"
+    assert views["other"]["sha256"] == hands["other"].sha256

@@ -4,8 +4,8 @@
                                    [--chunk N] [--slurm-time MIN] [--slurm-cluster local]
 
 Each array task grades its chunk on its node exactly as a TA's machine would (the warm executor,
-the sandbox, the canary first) and writes each hand-in's files into DIR as soon as it is graded,
-so DIR must be on a file system the nodes share. The submitting process waits, showing progress,
+the sandbox, the canary first; the pipeline writes each hand-in's files into DIR as soon as it is
+graded, grader.pipeline.record), so DIR must be on a file system the nodes share. The submitting process waits, showing progress,
 then records `infra_error` for every hand-in of a task that failed, was cancelled or ran out of
 time before grading it; the next run grades exactly those again. `--slurm-cluster local` runs the
 same array through submitit's local executor, on this machine.
@@ -19,10 +19,10 @@ from datetime import datetime
 from pathlib import Path
 
 from grader import kit
-from grader.batch.local import grade_handins, infra_result
+from grader.batch.local import grade_handins
 from grader.limits import slurm_task
 from grader.names import student_dir
-from grader.pipeline import report
+from grader.pipeline.record import infra_into
 from grader.rubric import load_rubric
 
 
@@ -31,10 +31,11 @@ class ScaleError(RuntimeError):
 
 
 def grade_chunk(chunk: list, out: str, rubric_path, sandbox: str, jobs: int) -> dict:
-    """One array task: grade `chunk` into `out`; return {student: status}."""
+    """One array task: grade `chunk` into `out` (the pipeline writes each hand-in's files); return
+    {student: status}."""
     rubric = load_rubric(rubric_path)
-    results, _, _ = grade_handins(chunk, Path(out), rubric, jobs=jobs, sandbox=sandbox, progress=False)
-    return {student: r["status"] for student, r in results.items()}
+    statuses, _, _ = grade_handins(chunk, Path(out), rubric, jobs=jobs, sandbox=sandbox, progress=False)
+    return statuses
 
 
 def _mark(out: Path, h):
@@ -48,18 +49,18 @@ def _mark(out: Path, h):
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _result(out: Path, h, before, vouched: bool):
-    """The result of `h` a task wrote, or None: one of `h`'s bytes that the task said it graded
-    (`vouched`: its return value names `h`), or one written since `before` (a task that died after
-    grading part of its chunk returns nothing, and what it wrote still stands). No clock is read:
-    a node's clock may be minutes off the submitting machine's."""
+def _status(out: Path, h, before, vouched: bool):
+    """The status in the result of `h` a task wrote, or None: a result of `h`'s bytes that the task
+    said it graded (`vouched`: its return value names `h`), or one written since `before` (a task
+    that died after grading part of its chunk returns nothing, and what it wrote still stands). No
+    clock is read: a node's clock may be minutes off the submitting machine's."""
     try:
         data = json.loads((student_dir(out, h.student) / "grading.json").read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("sha256") != h.sha256:
         return None
-    return data if vouched or _mark(out, h) != before else None
+    return data.get("status") if vouched or _mark(out, h) != before else None
 
 
 def _parameters(rubric, jobs: int, chunk: int, partition, array_parallelism: int, time_min, mem_gb) -> dict:
@@ -111,9 +112,9 @@ def _wait(array: list, out: Path, todo: list, marks: dict, progress: bool) -> No
 
 
 def _collect(array: list, chunks: list, out: Path, rubric, marks: dict) -> dict:
-    """{student: gradebook view} for every hand-in of every task: what the task graded, else an
-    infra_error saying how its task ended (written into OUT, so the next run grades it again)."""
-    results = {}
+    """{student: status} for every hand-in of every task: what the task graded, else an infra_error
+    saying how its task ended (written into OUT by the pipeline, so the next run grades it again)."""
+    statuses = {}
     for job, hands in zip(array, chunks):
         failure, vouched = "", {}
         try:
@@ -122,20 +123,18 @@ def _collect(array: list, chunks: list, out: Path, rubric, marks: dict) -> dict:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             failure = f"array task {job.job_id} ended {job.state.lower()}: {first[:300]}"
         for h in hands:
-            result = _result(out, h, marks[h.student], h.student in vouched)
-            if result is None:
-                infra = infra_result(h, rubric, failure or f"array task {job.job_id} left no result for it")
-                report.write_handin(infra, out)
-                result = infra.to_dict()
-            results[h.student] = report.gradebook_view(result)
-    return results
+            status = _status(out, h, marks[h.student], h.student in vouched)
+            if status is None:
+                status = infra_into(h, rubric, out, failure or f"array task {job.job_id} left no result for it").status
+            statuses[h.student] = status
+    return statuses
 
 
 def grade_on_slurm(todo: list, out: Path, rubric_path, rubric, sandbox: str = "auto", jobs: int = kit.TASK_JOBS,
                    progress: bool = True, partition: str = None, array_parallelism: int = kit.ARRAY_PARALLELISM,
                    chunk: int = kit.ARRAY_CHUNK, time_min: int = None, mem_gb: int = None, cluster: str = None) -> dict:
-    """Grade `todo` through a job array (submit, wait, collect); return {student: result dict} for
-    every hand-in in it."""
+    """Grade `todo` through a job array (submit, wait, collect); return {student: status} for every
+    hand-in in it (its result is in `out`)."""
     if not todo:
         return {}
     out = Path(out).resolve()

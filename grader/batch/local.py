@@ -5,7 +5,8 @@ canary, grader.pipeline.canary), and its outcome kept in OUT/canary.json (grader
 reads it). If it does not pass, nothing can be trusted: every hand-in is recorded `infra_error` with
 the canary's cause (the reference is wrong, the rubric's limits are too small for it, or the machine
 cannot run a world) and its fix, and no score is written. A crash while grading one hand-in becomes that hand-in's result; the batch
-goes on. Every hand-in's files are written as soon as it is graded. Every world of a batch runs on
+goes on. Every hand-in's files are written by the pipeline as soon as it is graded
+(grader.pipeline.record); this module collects only each one's status. Every world of a batch runs on
 the data of OUT's data key (OUT/.data-key, grader.rerun.secret), so the same code gives the same
 weight in every hand-in and every regrade into OUT.
 """
@@ -20,13 +21,12 @@ from pathlib import Path
 from grader import kit
 from grader.batch.progress import Progress
 from grader.limits import Jobs, default_jobs, read_machine
-from grader.pipeline import report
 from grader.pipeline.canary import canary
-from grader.pipeline.grade import grade_handin
+from grader.pipeline.record import grade_into, infra_into
 from grader.rerun import secret
 from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
-from grader.results import Cause, Status, new_result, ungraded, write_canary
+from grader.results import Cause, Status, write_canary
 
 
 DATA_KEY = ".data-key"
@@ -70,19 +70,13 @@ def batch_jobs(jobs, rubric) -> Jobs:
     return default_jobs(read_machine(), max(c.world_size for c in rubric.checks), rubric.limits.memory_mb)
 
 
-def infra_result(h, rubric, message: str, again: bool = True):
-    """The result of a hand-in the machinery could not grade: no score; `again`: a second try may
-    help (else the message says what to fix first)."""
-    return ungraded(new_result(h.student, h.name, h.sha256, rubric), rubric, Status.INFRA_ERROR,
-                    f"not graded: {message}" + ("; grade it again" if again else ""), "not run: infrastructure failure")
-
-
 def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor: str = "warm", sandbox: str = "auto",
                   progress: bool = True, first=None) -> tuple:
-    """Grade the hand-ins in `todo` on this machine, writing each one's files into `out` as soon as
-    it is graded, every world on the data of OUT's data key (`data_key`). Returns ({student: its
-    gradebook view}, worlds run, their seconds). `first`: an executor already started (the batch's
-    probe of the sandbox), used and closed here. `jobs`: None, as many as the machine holds (`batch_jobs`)."""
+    """Grade the hand-ins in `todo` on this machine, each one's files written into `out` by the
+    pipeline as soon as it is graded (grader.pipeline.record), every world on the data of OUT's data
+    key (`data_key`). Returns ({student: status}, worlds run, their seconds): the results themselves
+    are read back from `out`. `first`: an executor already started (the batch's probe of the
+    sandbox), used and closed here. `jobs`: None, as many as the machine holds (`batch_jobs`)."""
     results, worlds, world_seconds = {}, 0, 0.0
     if not todo:
         if first is not None:
@@ -109,23 +103,21 @@ def grade_handins(todo: list, out: Path, rubric, jobs: int = kit.JOBS, executor:
 
         def grade_one(h):
             if broken:
-                result = infra_result(h, rubric, broken, again=False)   # the canary's cause says when
+                written = infra_into(h, rubric, out, broken, again=False)   # the canary's cause says when
             else:
                 ex = idle.get()
                 bar.begin(h.student)
                 try:
-                    result = grade_handin(h, rubric, ex, scratch, clocks=tried.clocks)
+                    written = grade_into(h, rubric, ex, scratch, out, clocks=tried.clocks)
                 finally:
                     idle.put(ex)
-            report.write_handin(result, out, {c.name: c.weight for c in rubric.checks})
-            score = "no score" if result.score is None else f"{result.score:g}/{result.max_score:g}"
-            bar.step(h.student, f"{result.status}, {score}")
-            return result.student, report.gradebook_view(result.to_dict())
+            bar.step(h.student, str(written))
+            return written
 
         with ThreadPoolExecutor(max_workers=len(executors)) as pool:
             for future in as_completed([pool.submit(grade_one, h) for h in todo]):
-                student, view = future.result()
-                results[student] = view
+                written = future.result()
+                results[written.student] = written.status
     finally:
         bar.close()
         for ex in executors:

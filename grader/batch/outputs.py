@@ -35,15 +35,26 @@ from grader.intake.handin import id_match
 from grader.kit import atomic_write
 from grader.names import cell, inert, result_files, student_of
 from grader.parts import BY_ID, PART_IDS, PARTS
-from grader.pipeline.report import gradebook_view
 from grader.results import ungradable
 
 CSV_COLUMNS = ["student", "score", "max_score", "status", *PART_IDS, "flags", "source"]
 MARKED = re.compile(r"<!-- ([\w-]+): begin -->.*?<!-- \1: end -->", re.S)   # other commands' sections
 
 
+def gradebook_view(result: dict) -> dict:
+    """What grades.csv and summary.md need of a result (its grading.json)."""
+    keep_check = ("check", "hidden", "status", "message", "diagnosis", "flaky")
+    parts = {p: {**{k: v for k, v in part.items() if k not in ("checks", "log")},
+                 "checks": [{k: o.get(k) for k in keep_check} for o in part.get("checks", [])]}
+             for p, part in result.get("parts", {}).items()}
+    keep = ("student", "source", "sha256", "status", "score", "max_score", "message", "flags", "penalties")
+    return {k: result.get(k) for k in keep} | {"parts": parts,
+                                                 "sandbox": (result.get("isolation") or {}).get("mode", "")}
+
+
 def load_views(out: Path) -> list:
-    """The gradebook view of every result in `out`, in folder order."""
+    """The gradebook view of every result in `out`, in folder order: the one place the batch's
+    view is built, from what the pipeline wrote (grader.pipeline.record), whichever route graded it."""
     views = []
     for path in result_files(out):
         try:

@@ -21,11 +21,13 @@
 - Every world runs on the data of OUT's data key (OUT/.data-key, made by the first `grade` into OUT,
   readable by its owner alone; grader.rerun.secret): the same wrong code gives the same weight in
   every hand-in and every regrade into OUT. Deleting it gives the next run new data.
-- Every hand-in's files are written as soon as it is graded, atomically; then grades.csv,
-  summary.md and report.html from every result in OUT, whatever this invocation graded
-  (grader.batch.outputs). The canary's outcome is kept in OUT/canary.json (grader.batch.local):
-  when nothing in OUT could be graded, the summary's `ungradable` says why and what to do
-  (grader.results.ungradable), as report.html and summary.md do at their top.
+- Every hand-in's files are written by the pipeline as soon as it is graded, atomically
+  (grader.pipeline.record), whichever route graded it; the routes return only each hand-in's
+  status. Then grades.csv, summary.md and report.html from every result in OUT, read back from
+  disk, whatever this invocation graded (grader.batch.outputs). The canary's outcome is kept in
+  OUT/canary.json (grader.batch.local): when nothing in OUT could be graded, the summary's
+  `ungradable` says why and what to do (grader.results.ungradable), as report.html and summary.md
+  do at their top.
 - A refused `grade` changes nothing in OUT: the paths, the rubric and (on this machine) the sandbox
   are checked before anything is written.
 """
@@ -46,9 +48,9 @@ from grader.intake.find import Unreadable, find_handins
 from grader import kit
 from grader.kit import write_json
 from grader.names import SEP, result_files, student_dir, student_of
-from grader.pipeline import report
+from grader.pipeline import record
 from grader.rerun.executors import make_executor
-from grader.results import Status, grader_digest, new_result, ungradable, ungraded
+from grader.results import grader_digest, ungradable
 from grader.rubric import load_rubric
 
 STRAYS = "strays.json"
@@ -129,8 +131,8 @@ def _select(items: list, only) -> tuple:
 
 
 def _set_aside(out: Path, folder: str, sha256: str, h) -> str:
-    """What summary.md says of an earlier result that `h` replaces (report.write_handin moves it)."""
-    target = report.replaced_folder(out, folder, sha256)
+    """What summary.md says of an earlier result that `h` replaces (record.write_handin moves it)."""
+    target = record.replaced_folder(out, folder, sha256)
     return (f"{student_of(folder)}: {h.name} has other bytes than when it was graded; graded again, "
             f"the earlier result is in {target.relative_to(out)}/")
 
@@ -189,21 +191,14 @@ def _todo(items: list, out: Path, rubric, sandbox: str, force: bool, summary: Ba
 
 
 def _unreadable(items: list, out: Path, rubric) -> dict:
-    """Write the result of every hand-in that could not be read; {folder: its gradebook view}."""
-    weights, views = {c.name: c.weight for c in rubric.checks}, {}
-    for u in (i for i in items if isinstance(i, Unreadable)):
-        result = ungraded(new_result(u.student, u.name, u.sha256, rubric), rubric, Status.INVALID, u.message,
-                          "not run: the hand-in could not be read",
-                          score=0.0 if rubric.files.invalid_scores_zero else None)
-        report.write_handin(result, out, weights)
-        views[u.student] = report.gradebook_view(result.to_dict())
-    return views
+    """Have the pipeline write the result of every hand-in that could not be read; {folder: status}."""
+    return {u.student: record.unreadable_into(u, rubric, out).status for u in items if isinstance(u, Unreadable)}
 
 
 def _write_outputs(out: Path, rubric, items: list, summary: BatchSummary) -> None:
     """download.json beside each result this run wrote, then grades.csv, summary.md and the staff
     report over every result in `out`, and the summary's counts of them."""
-    # Beside the result, once it is written (a replaced result is moved aside whole, see report.write_handin).
+    # Beside the result, once it is written (a replaced result is moved aside whole, see record.write_handin).
     for h in (i for i in items if isinstance(i, handins.Handin)):
         if student_dir(out, h.student).is_dir():
             write_json(student_dir(out, h.student) / "download.json", h.intake(), sort_keys=True)
@@ -258,7 +253,7 @@ def grade_batch(paths, out, jobs: int = kit.JOBS, rubric_path=None, force: bool 
     finally:
         if first is not None:
             first.close()   # closing twice is harmless: grade_handins closes it too
-    summary.graded, summary.ran = len(graded), dict(Counter(v["status"] for v in graded.values()))
+    summary.graded, summary.ran = len(graded), dict(Counter(graded.values()))
     _write_outputs(out, rubric, items, summary)
     summary.seconds = round(time.monotonic() - started, 2)
     return summary

@@ -6,7 +6,8 @@
 
 Gradescope runs `setup.sh` once when the autograder is built and `run_autograder` for every
 submission, with the student's files in /autograder/submission; the result must be written to
-/autograder/results/results.json. It is written directly, always, even when grading failed.
+/autograder/results/results.json. The pipeline writes it (grader.pipeline.record), always, even
+when grading failed.
 
 The bundle holds the grader, the provided utils.py and the rubric, never the reference solution:
 student code runs in the same container, and anything there could end up in its feedback.
@@ -21,10 +22,9 @@ from pathlib import Path
 
 from grader import kit
 from grader.intake.handin import Handin, folder_digest
-from grader.kit import write_json
 from grader.names import gradescope_user
 from grader.pipeline.grade import grade_handin
-from grader.pipeline.report import gradescope_results, limited_results
+from grader.pipeline.record import gradescope_into, limited_into
 from grader.rerun.executors import make_executor
 from grader.rerun.sandbox import scratch_dir
 from grader.results import grading_crashed, new_result
@@ -75,13 +75,12 @@ def network_state(isolation: dict) -> str:
 def grade_submission(submission=kit.GRADESCOPE_SUBMISSION, results=kit.GRADESCOPE_RESULTS,
                      metadata=kit.GRADESCOPE_METADATA, rubric_path=None,
                      protect_files: bool = False) -> dict:
-    """Grade one Gradescope submission folder and write its results.json; return what was written."""
+    """Grade one Gradescope submission folder and have the pipeline write its results.json; return
+    what was written."""
     submission, results = Path(submission), Path(results)
     rubric = load_rubric(rubric_path)
-    limited = limited_results(Path(metadata), rubric.gradescope.max_submissions, rubric.gradescope.window_hours)
-    if limited is not None:    # over the course's limit of graded submissions: say so, run nothing
-        limited.setdefault("extra_data", {})["network"] = "no hand-in code ran"
-        write_json(results, limited)
+    limited = limited_into(results, rubric, Path(metadata))
+    if limited is not None:    # over the course's limit of graded submissions: said so, nothing run
         return limited
     handin = Handin(name=submission.name, student=_student(Path(metadata)), sha256="")
     result = new_result(handin.student, handin.name, handin.sha256, rubric)
@@ -101,11 +100,7 @@ def grade_submission(submission=kit.GRADESCOPE_SUBMISSION, results=kit.GRADESCOP
         if executor is not None:
             executor.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    graded = result.to_dict()
-    doc = gradescope_results(graded, {c.name: c.weight for c in rubric.checks})
-    doc["extra_data"]["network"] = network_state(graded.get("isolation") or {})
-    write_json(results, doc)
-    return doc
+    return gradescope_into(results, rubric, result, network=network_state(result.isolation or {}))
 
 
 def run(args) -> int:

@@ -1,7 +1,7 @@
-"""Write what grading found for one hand-in: grading.json (everything, for TAs), feedback.md and
-feedback.html (what the student reads, grader.pipeline.feedback) and Gradescope's results.json.
-Every file is written atomically (a temporary file, then a rename). (The batch's grades.csv and
-summary.md are grader.batch.outputs's.)
+"""What grading found for one hand-in, as the text of its files: grading.json (everything, for
+TAs), feedback.md and feedback.html (what the student reads, grader.pipeline.feedback) and
+Gradescope's results.json. grader.pipeline.record writes them, atomically (a temporary file, then a
+rename), and nothing else does. (The batch's grades.csv and summary.md are grader.batch.outputs's.)
 
 Hidden checks are named, never their values: their messages were said without them where they
 were made (grader.verdict.say), a rank's own words never reached them (grader.rerun.hidden), and
@@ -19,16 +19,12 @@ kit.FILE_BYTES, first loosely, then tighter, every cut marked "... (cut)".
 
 import json
 import re
-import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from grader.kit import FILE_BYTES, LEVELS, atomic_write, bounded, fit, fit_text
-from grader.names import student_dir, students_dir
+from grader.kit import FILE_BYTES, LEVELS, bounded, fit
 from grader.parts import BY_ID
 from grader.pipeline.feedback import check_line, feedback_html, feedback_markdown, public_view
-
-REPLACED = ".replaced"   # earlier results replaced by a student's newer hand-in, under OUT/students
 
 
 def _neutral_names(result: dict) -> dict:
@@ -149,7 +145,7 @@ def limited_results(metadata: Path, max_submissions: int, window_hours: float = 
     return fit(doc)
 
 
-def _fit_page(data: dict) -> str:
+def fit_page(data: dict) -> str:
     """feedback.html within kit.FILE_BYTES: a page is never cut mid-tag, so its result is cut first,
     at the loosest of kit.LEVELS whose page fits (else the tightest)."""
     for chars, items in LEVELS:
@@ -157,47 +153,3 @@ def _fit_page(data: dict) -> str:
         if len(page.encode()) <= FILE_BYTES:
             break
     return page
-
-
-def replaced_folder(out: Path, folder: str, sha256: str) -> Path:
-    """Where an earlier result of other bytes than its hand-in's newer version is kept."""
-    return students_dir(out) / REPLACED / f"{folder}-{(sha256 or 'unknown')[:8]}"
-
-
-def write_handin(result, out: Path, weights: dict = None) -> Path:
-    """Write grading.json, results.json, feedback.md and feedback.html of one hand-in into OUT/students/<student>/, each at
-    most kit.FILE_BYTES. An earlier result there of other bytes (the student's earlier hand-in) is set
-    aside into OUT/students/.replaced/ only once this one is written beside it, and then in one rename."""
-    data = fit(result.to_dict())
-    files = {"grading.json": json.dumps(data, indent=1, sort_keys=True) + "\n",
-             "results.json": json.dumps(gradescope_results(data, weights), indent=1) + "\n",
-             "feedback.md": fit_text(feedback_markdown(data)), "feedback.html": _fit_page(data)}
-    folder = student_dir(out, result.student)
-    try:
-        earlier = json.loads((folder / "grading.json").read_text()).get("sha256", "")
-    except (OSError, ValueError, AttributeError):
-        earlier = None
-    if earlier is None or earlier == data["sha256"]:   # new, or graded again: each file replaced atomically
-        for name, text in files.items():
-            atomic_write(folder / name, text)
-        return folder
-    staged = students_dir(out) / REPLACED / f".{result.student}.new"
-    shutil.rmtree(staged, ignore_errors=True)
-    for name, text in files.items():
-        atomic_write(staged / name, text)
-    aside = replaced_folder(out, result.student, earlier)
-    shutil.rmtree(aside, ignore_errors=True)
-    folder.rename(aside)
-    staged.rename(folder)
-    return folder
-
-
-def gradebook_view(result: dict) -> dict:
-    """What grades.csv and summary.md need of a result: the batch keeps only this in memory."""
-    keep_check = ("check", "hidden", "status", "message", "diagnosis", "flaky")
-    parts = {p: {**{k: v for k, v in part.items() if k not in ("checks", "log")},
-                 "checks": [{k: o.get(k) for k in keep_check} for o in part.get("checks", [])]}
-             for p, part in result.get("parts", {}).items()}
-    keep = ("student", "source", "sha256", "status", "score", "max_score", "message", "flags", "penalties")
-    return {k: result.get(k) for k in keep} | {"parts": parts,
-                                                 "sandbox": (result.get("isolation") or {}).get("mode", "")}
