@@ -179,14 +179,15 @@ def test_each_lms_gets_one_sentence_of_what_to_do_with_each_file_as_the_tas_guid
     """What gradebook prints beside each file it wrote is the guide's table (docs/tas.md), one
     sentence per LMS and file: Gradescope's grade file and feedback zip are never said to be imported
     or bulk-uploaded, and a student with no hand-in is said to be one."""
-    from grader.grades.commands import FEEDBACK_GOES, GRADES_GO
+    from grader.lmss import LMSS
     table = {row.split("|")[1].strip().lower(): row for row in
              (ROOT / "docs" / "tas.md").read_text().splitlines() if row.startswith("| ") and "FINAL-" in row}
-    for lms, said in GRADES_GO.items():
-        where = said.split(": ", 1)[1].split(" (")[0]
-        assert where in table[lms] or lms == "gradescope" and "Gradescope imports no grade file" in table[lms], lms
-    for lms, said in FEEDBACK_GOES.items():
-        assert said.split(": ", 1)[1].split(" (")[0].split(":")[0] in table[lms] or lms == "gradescope", lms
+    for lms in LMSS.values():
+        where = lms.grades_go.split(": ", 1)[1].split(" (")[0]
+        assert where in table[lms.name] or lms.name == "gradescope" and "Gradescope imports no grade file" \
+            in table[lms.name], lms.name
+        assert not lms.feedback_goes or lms.name == "gradescope" or \
+            lms.feedback_goes.split(": ", 1)[1].split(" (")[0].split(":")[0] in table[lms.name], lms.name
     out = out_with(tmp_path, result("s1"), result("s2"), result("e@uni.example"))
     (tmp_path / "grades.csv").write_text(GRADESCOPE)
     assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--allow-no-time", "--feedback",
