@@ -66,11 +66,11 @@ def load(ref: str):
 
 _FILES = "grader.intake.download"
 LMSS = {lms.name: lms for lms in (
-    Lms("canvas", "Canvas", f"{_FILES}:read_canvas", "grader.grades.lms.canvas:fill_canvas", "GRADEBOOK_EXPORT.csv",
+    Lms("canvas", "Canvas", f"{_FILES}:read_canvas", "grader.grades.lms.canvas:fill_canvas", "EXPORT.csv",
         "import it in Canvas: Grades > Import", per_assignment=True, feedback_flat=True,
         names=r"^(?P<login>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_", rest=r"(?P<orig>.+)$",
         feedback_goes="upload it in Canvas: Assignments > Re-Upload Submissions (each file becomes a comment)"),
-    Lms("moodle", "Moodle", f"{_FILES}:read_moodle", "grader.grades.lms.moodle:fill_moodle", "GRADING_WORKSHEET.csv",
+    Lms("moodle", "Moodle", f"{_FILES}:read_moodle", "grader.grades.lms.moodle:fill_moodle", "WORKSHEET.csv",
         "upload it in Moodle: Grading action > Upload grading worksheet",
         names=r"^(?P<name>[^/]+?)_(?P<id>\d+)_assign(?:submission|feedback)_",
         rest=r"(?P<plugin>[a-z]+)(?:_(?P<orig>.*))?$",
@@ -97,7 +97,7 @@ def titles() -> str:
 
 
 def specs() -> str:
-    """What `gradebook --lms` takes: "canvas:GRADEBOOK_EXPORT.csv, ... or gradescope:GRADES.csv"."""
+    """What `gradebook --lms` takes: "canvas:EXPORT.csv, ... or gradescope:GRADES.csv"."""
     said = [f"{lms.name}:{lms.export}" for lms in LMSS.values()]
     return ", ".join(said[:-1]) + " or " + said[-1] if len(said) > 1 else "".join(said)
 

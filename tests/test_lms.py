@@ -219,6 +219,88 @@ def test_feedback_html_and_markdown_are_inert_whatever_a_message_holds(tmp_path)
     assert "<script>" not in markdown(said) and r"\| x" in markdown(said)
 
 
+# --- an LMS is one record: every room takes it from there, and a new one needs nothing else -----------
+
+def test_every_registered_lms_is_accepted_read_stated_filled_and_in_the_guide():
+    """Each record of grader.lmss.LMSS: the command line takes its name (`grade --lms`, `gradebook
+    --lms NAME:FILE`), intake can read its download (a reader, and names or a marker to know it by),
+    gradebook can fill its grade file and say its grade, its feedback has a way back, and docs/tas.md
+    has its rows."""
+    from grader import cli
+    from grader.grades.book import Row
+    from grader.grades.lms import imports
+    from grader.grades.statement import statement
+    from grader.lmss import LMSS, load
+    guide = (ROOT / "docs" / "tas.md").read_text()
+    rows = [row.split("|")[1].strip() for row in guide.splitlines() if row.startswith("| ")]
+    assert f"`--lms {'|'.join(LMSS)}`" in guide
+    for lms in LMSS.values():
+        assert cli.build_parser().parse_args(["grade", "x", "--out", "o", "--lms", lms.name]).lms == lms.name
+        assert imports.parse([f"{lms.name}:grades.csv"]) == [(lms.name, Path("grades.csv"))]
+        assert callable(load(lms.reader)) and (lms.names or lms.marker), lms.name
+        assert callable(load(lms.filler)) and (not lms.times or callable(load(lms.times))), lms.name
+        said = statement(Row(student="s1", autograde=90.0, final=90.0), 100.0, lms.name, 20.0).headline()
+        assert said == f"Grade: 18.00 / 20 ({lms.shown_as}; 90 / 100 on the autograder's scale)"
+        assert bool(lms.feedback_goes) != bool(lms.feedback_column), lms.name   # files, or the import's column
+        assert rows.count(lms.title) == 2, f"{lms.title}: a row in each of docs/tas.md's two tables"
+
+
+def fill_quill(path: Path, book, feedback: dict = None, **_) -> tuple:
+    """Quill's grade sheet, `Login,Points`: Points gets the final grade out of 10."""
+    from grader.grades.lms.sheet import Filled, match_row, read_sheet
+    from grader.grades.statement import cell
+    sheet = read_sheet(path, "grade sheet")
+    login, points = sheet.index("Login"), sheet.index("Points")
+    filled, grades, seen, out = Filled("quill", "", "Points"), {r.student: r for r in book.rows}, set(), [sheet.rows[0]]
+    for row in sheet.body():
+        match = match_row(filled, [row[login].strip()], grades, seen, row[login])
+        if match is not None:
+            row[points], filled.points[match.student] = cell(match.final, book.max_score, 10.0), 10.0
+            filled.filled += 1
+        out.append(row)
+    filled.not_in_export = [r.student for r in book.rows if r.student not in seen]
+    return sheet.render(out), filled
+
+
+def test_a_new_lms_is_one_record_from_its_download_to_its_import(tmp_path, monkeypatch, capsys):
+    """docs/engine.md's recipe, as written: a record (here registered by the test) whose download is
+    a file per uploaded file named `quill-LOGIN-NAME`, read by the generic reader, and a filler of its
+    grade sheet. Intake recognises it, gradebook fills its sheet, the feedback upload says the grade
+    the import gives, and the command line names it: nothing else was told of it."""
+    from grader.intake.find import find_handins
+    from grader.lmss import LMSS, Lms
+    from grader.names import student_dir
+    monkeypatch.setitem(LMSS, "quill", Lms(
+        "quill", "Quill", "grader.intake.download:read_named", f"{__name__}:fill_quill", "MARKS.csv",
+        "upload it in Quill: Marks > Upload", names=r"^quill-(?P<id>[a-z]+)-", rest=r"(?P<orig>.+)$",
+        feedback_goes="upload it in Quill: Marks > Feedback"))
+    download = tmp_path / "quill-download"
+    download.mkdir()
+    for name, text in {"quill-ann-assignment4.py": "# ann", "quill-ann-utils.py": "# utils", "quill-bob-assignment4.py":
+                       "# bob", "index.html": "<html>"}.items():
+        (download / name).write_text(text)
+    found = find_handins([download])
+    assert found.shapes == [f"{download}: a Quill download of 2 hand-in(s), 1 file(s) that fit no student"]
+    assert [(h.student, h.lms, h.upload, sorted(h.files)) for h in found.handins] == [
+        ("ann", "quill", "quill-ann-", ["assignment4.py", "utils.py"]), ("bob", "quill", "quill-bob-", ["assignment4.py"])]
+    out = out_with(tmp_path, *(result(h.student, h.name, lost={"data_parallel": 15} if h.student == "bob" else None,
+                                      digest=h.sha256) for h in found.handins))
+    for h in found.handins:   # what grading writes beside each result (grader.batch.run)
+        (student_dir(out, h.student) / "download.json").write_text(json.dumps(h.intake()))
+    (tmp_path / "marks.csv").write_text("Login,Points\nann,\nbob,\ncid,\n")
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--allow-no-time", "--feedback",
+                 "--lms", f"quill:{tmp_path / 'marks.csv'}", "-o", str(tmp_path / "final.csv")]) == 0
+    written = (tmp_path / "final-quill-import.csv").read_bytes().decode()
+    assert written == "Login,Points\r\nann,10.00\r\nbob,8.50\r\ncid,\r\n"
+    printed = capsys.readouterr().out
+    assert "upload it in Quill: Marks > Upload" in printed and "upload it in Quill: Marks > Feedback" in printed
+    sent = feedback_of(out, "quill")
+    assert headline(sent["quill-bob-/assignment4-feedback.md"]) == \
+        "## Grade: 8.50 / 10 (as Quill shows it; 85 / 100 on the autograder's scale)"
+    from tests.test_cli import subcommands
+    assert "quill:MARKS.csv" in " ".join(subcommands()[0]["gradebook"].format_help().split())
+
+
 # --- a batch the machine could not grade, and earlier import files --------------------------------
 
 def test_an_infra_error_batch_writes_no_lms_file_unless_told_and_says_why_in_one_line(tmp_path, capsys):

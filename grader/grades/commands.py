@@ -46,8 +46,8 @@ ALLOW = "--allow-infra-error"
 ALLOW_NO_TIME = "--allow-no-time"
 
 NO_TIME = ("a submission time: the policy's `submissions:` (a CSV student,submitted_at[,source], Gradescope's "
-           "submission_metadata.json, or Canvas's submissions page saved from the browser), `--lms "
-           "moodle:WORKSHEET.csv` (its Last modified (submission)) or `--lms gradescope:GRADES.csv`, or "
+           "submission_metadata.json, or Canvas's submissions page saved from the browser), "
+           + " or ".join(f"`--lms {lms.name}:{lms.export}`" for lms in LMSS.values() if lms.times) + ", or "
            f"`--canvas ASSIGNMENT_URL` with {TOKEN_ENV}; Gradescope's export and Blackboard's attempts carry "
            "theirs when graded from the download; Canvas's download carries only its LATE marker")
 
