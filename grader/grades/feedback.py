@@ -66,11 +66,6 @@ def with_statement(text: str, said) -> str:
     return "\n".join(head) + ("\n" if head else "") + markdown(said) + "\n" + "\n".join(lines[len(head):])
 
 
-def zip_name(lms: str) -> str:
-    """The feedback upload of the LMS named `lms` (one whose record has `feedback_goes`)."""
-    return f"{lms}-feedback.zip"
-
-
 def _member(lms: str, upload: str) -> str:
     return f"{upload}_{NAME}" if LMSS[lms].feedback_flat else f"{upload}/{NAME}"
 
@@ -118,7 +113,7 @@ def write_uploads(out, book, results: list, filled: dict = None) -> Uploads:
                              f"the {LMSS[lms].feedback_column} column of {where}")
     for lms, files in members.items():
         if files:
-            target = out / FOLDER / zip_name(lms)
+            target = out / FOLDER / f"{lms}-feedback.zip"
             atomic_write(target, _zip(files))
             uploads.written[lms], uploads.counts[lms] = str(target), len(files)
     return uploads

@@ -26,8 +26,8 @@ from datetime import datetime
 from pathlib import Path
 
 from grader.grades.policy import PolicyError, parse_time
-from grader.names import gradescope_user, innermost
 from grader.lmss import LMSS
+from grader.names import gradescope_user, innermost
 
 CANVAS_GUARD = "while(1);"   # what Canvas puts before the JSON it shows a logged-in browser
 

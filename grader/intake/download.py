@@ -225,7 +225,8 @@ def recognise(listing: Listing, lms: str = None) -> str:
         return marked[0]
     tops = {rel.split("/")[0] for rel in listing.paths}
     counts = {one.name: sum(bool(one.match(top)) for top in tops) for one in LMSS.values()}
-    # Moodle's names match Canvas's pattern never, Blackboard's only with "_attempt_": the most wins.
+    # Moodle's names match Canvas's pattern never, Blackboard's only with "_attempt_": the most wins,
+    # and of a tie the LMS registered first.
     best = max(counts, key=counts.get)
     return best if counts[best] else ""
 
@@ -246,9 +247,10 @@ def read_shape(listing: Listing, lms: str = None) -> Shape:
 
 
 def read_named(listing: Listing, lms: Lms) -> Shape:
-    """A download whose every top-level file or folder is one student's, named by `lms.names`: a file
-    (`orig`, its name as uploaded, not empty) is that file of the student's hand-in; a folder (no
-    `orig`) holds their files. The upload name is the name before `orig`, or the folder's."""
+    """A download whose every top-level file or folder is one student's, named by the LMS's `names`
+    and `rest`: a file (`orig`, its name as uploaded, not empty) is that file of the student's
+    hand-in; a folder (no `orig`) holds their files. The upload name is the name before `orig`, or
+    the folder's."""
     shape, entries = Shape(lms.name), {}
     for rel in listing.paths:
         top = rel.split("/")[0]
