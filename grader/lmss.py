@@ -64,24 +64,24 @@ def load(ref: str):
     return getattr(importlib.import_module(module), function)
 
 
-_FILES = "grader.intake.download"
+_INTAKE = "grader.intake.download"
 LMSS = {lms.name: lms for lms in (
-    Lms("canvas", "Canvas", f"{_FILES}:read_canvas", "grader.grades.lms.canvas:fill_canvas", "EXPORT.csv",
+    Lms("canvas", "Canvas", f"{_INTAKE}:read_canvas", "grader.grades.lms.canvas:fill_canvas", "EXPORT.csv",
         "import it in Canvas: Grades > Import", per_assignment=True, feedback_flat=True,
         names=r"^(?P<login>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_", rest=r"(?P<orig>.+)$",
         feedback_goes="upload it in Canvas: Assignments > Re-Upload Submissions (each file becomes a comment)"),
-    Lms("moodle", "Moodle", f"{_FILES}:read_moodle", "grader.grades.lms.moodle:fill_moodle", "WORKSHEET.csv",
+    Lms("moodle", "Moodle", f"{_INTAKE}:read_moodle", "grader.grades.lms.moodle:fill_moodle", "WORKSHEET.csv",
         "upload it in Moodle: Grading action > Upload grading worksheet",
         names=r"^(?P<name>[^/]+?)_(?P<id>\d+)_assign(?:submission|feedback)_",
         rest=r"(?P<plugin>[a-z]+)(?:_(?P<orig>.*))?$",
         times="grader.grades.lms.moodle:read_moodle_times",
         feedback_goes="upload it in Moodle: Grading action > Upload multiple feedback files in a zip"),
-    Lms("blackboard", "Blackboard", f"{_FILES}:read_blackboard", "grader.grades.lms.blackboard:fill_blackboard",
+    Lms("blackboard", "Blackboard", f"{_INTAKE}:read_blackboard", "grader.grades.lms.blackboard:fill_blackboard",
         "GRADE_CENTER.csv (or .xls)", "upload it in Blackboard: Grade Center > Work Offline > Upload (its Feedback to "
         "Learner column carries the feedback)", per_assignment=True, feedback_column="Feedback to Learner",
         names=r"^(?P<assignment>[^/]+)_(?P<id>[^_/]+)_attempt_(?P<date>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)",
         rest=r"(?:_(?P<orig>.+)|(?P<txt>\.txt))$"),
-    Lms("gradescope", "Gradescope", f"{_FILES}:read_gradescope", "grader.grades.lms.gradescope:fill_gradescope",
+    Lms("gradescope", "Gradescope", f"{_INTAKE}:read_gradescope", "grader.grades.lms.gradescope:fill_gradescope",
         "GRADES.csv", "Gradescope imports no grade file: keep it wherever the course keeps its grades",
         marker="submission_metadata.yml", times="grader.grades.lms.gradescope:read_gradescope_times",
         # Gradescope takes no import: its grade export goes to the course's gradebook.
