@@ -2,7 +2,8 @@
 in the feedback against the grade the import gives (late, overridden, extended), the refusal of a
 batch the machine could not grade, no import file overwritten silently, and the submission times
 from Canvas (a page saved from the browser, and its API through canvasapi against a loopback server
-that answers as Canvas does).
+that answers as Canvas does). Every LMS is one record (grader.lmss): each record is held to what
+every room asks of it, and a made-up one, registered here, goes from its download to its import.
 
 The first tests write results as grading would (tests.test_gradebook's helpers) and need no re-run;
 the last ones grade each LMS's download, zipped and not, for real."""
@@ -279,7 +280,10 @@ def test_a_new_lms_is_one_record_from_its_download_to_its_import(tmp_path, monke
     for name, text in {"quill-ann-assignment4.py": "# ann", "quill-ann-utils.py": "# utils", "quill-bob-assignment4.py":
                        "# bob", "index.html": "<html>"}.items():
         (download / name).write_text(text)
+    from tests.test_cli import subcommands
+    assert subcommands()[0]["grade"].parse_args([str(download), "--out", "o", "--lms", "quill"]).lms == "quill"
     found = find_handins([download])
+    assert [h.intake() for h in find_handins([download], lms="quill").handins] == [h.intake() for h in found.handins]
     assert found.shapes == [f"{download}: a Quill download of 2 hand-in(s), 1 file(s) that fit no student"]
     assert [(h.student, h.lms, h.upload, sorted(h.files)) for h in found.handins] == [
         ("ann", "quill", "quill-ann-", ["assignment4.py", "utils.py"]), ("bob", "quill", "quill-bob-", ["assignment4.py"])]
@@ -297,7 +301,6 @@ def test_a_new_lms_is_one_record_from_its_download_to_its_import(tmp_path, monke
     sent = feedback_of(out, "quill")
     assert headline(sent["quill-bob-/assignment4-feedback.md"]) == \
         "## Grade: 8.50 / 10 (as Quill shows it; 85 / 100 on the autograder's scale)"
-    from tests.test_cli import subcommands
     assert "quill:MARKS.csv" in " ".join(subcommands()[0]["gradebook"].format_help().split())
 
 
