@@ -14,7 +14,8 @@ room (tests/test_layout.py holds the map to that):
                  deep stack under the size caps),
                  results (statuses and result dataclasses, where a batch keeps them, and whether a
                  batch could be graded at all: its canary, OUT/canary.json), names (where a hand-in's results live in OUT; names
-                 from a download made inert), typed (dataclasses from plain data and back: the one
+                 from a download made inert), lmss (every LMS, one record each: its download's names
+                 and reader, its grade file's filler, what the kit says of it), typed (dataclasses from plain data and back: the one
                  validator), plots (figures by matplotlib, loaded only to draw; the lab's bandwidth
                  plot uses it too), cli (the command line; __main__ runs it)
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox and bring back its

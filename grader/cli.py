@@ -13,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from grader import kit
+from grader import kit, lmss
 from grader.limits import JOBS_RULE, slurm_task
 
 HERE = Path(__file__).resolve().parent
@@ -72,9 +72,9 @@ def _address_space_hint() -> str:
 
 def _grade_arguments(p) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="an LMS download (Canvas, Moodle, Gradescope, Blackboard; zipped or unzipped), a folder "
+                   help=f"an LMS download ({lmss.titles()}; zipped or unzipped), a folder "
                         "of hand-in zips (or that folder zipped), hand-in zips or unpacked hand-in folders")
-    p.add_argument("--lms", choices=("canvas", "moodle", "gradescope", "blackboard"),
+    p.add_argument("--lms", choices=tuple(lmss.LMSS),
                    help="the LMS the download comes from (default: recognised from its file names)")
     p.add_argument("--out", required=True, metavar="DIR", help="where grades.csv, summary.md and per-student folders go")
     p.add_argument("--jobs", type=int, default=kit.JOBS, metavar="N",
@@ -176,17 +176,16 @@ def _gradebook_arguments(p) -> None:
     p.add_argument("--keep-stale-overrides", action="store_true",
                    help="apply overrides made for other bytes than the hand-in graded now (flagged override_stale)")
     p.add_argument("--lms", action="append", metavar="LMS:FILE",
-                   help="fill the final grades into the file the LMS exported: canvas:GRADEBOOK_EXPORT.csv, "
-                        "moodle:GRADING_WORKSHEET.csv, blackboard:GRADE_CENTER.csv (or .xls), "
-                        "gradescope:GRADES.csv; writes FINAL-<lms>-import.csv beside the final gradebook "
+                   help=f"fill the final grades into the file the LMS exported: {lmss.specs()}; "
+                        "writes FINAL-<lms>-import.csv beside the final gradebook "
                         "(FINAL: -o's name), keeping an earlier one of that name under its time")
     p.add_argument("--assignment", metavar="NAME",
-                   help="Canvas and Blackboard: the assignment column to fill (part of its name)")
+                   help=" and ".join(lms.title for lms in lmss.LMSS.values() if lms.per_assignment)
+                   + ": the assignment column to fill (part of its name)")
     p.add_argument("--feedback", action="store_true",
                    help="also write OUT/feedback-upload/: each LMS's feedback files, headed by the "
-                        "grade that LMS shows (Moodle's feedback files, Canvas's submission re-upload); with --lms "
-                        "moodle:FILE or blackboard:FILE the worksheet's Feedback comments or the Grade Center's "
-                        "Feedback to Learner too")
+                        "grade that LMS shows; with --lms LMS:FILE, the feedback column of that file too where it "
+                        "has one (docs/tas.md says each LMS's way)")
     p.add_argument("--canvas", metavar="ASSIGNMENT_URL",
                    help="read the submission times from Canvas's API: the assignment page's address "
                         "(https://CANVAS/courses/N/assignments/M); the token from CANVAS_API_TOKEN or --canvas-token")

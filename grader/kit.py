@@ -48,8 +48,8 @@ ARRAY_CHUNK = 10         # hand-ins per task
 FOLDERS = (GRADER, ASSIGNMENT, ROOT / "slurm", ROOT / "lab")
 
 # The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
-SHARED = ("__init__.py", "__main__.py", "cli.py", "feasible.py", "kit.py", "limits.py", "names.py", "outline.py",
-          "parts.py", "plots.py", "results.py", "rubric.py", "typed.py", "worth.py")
+SHARED = ("__init__.py", "__main__.py", "cli.py", "feasible.py", "kit.py", "limits.py", "lmss.py", "names.py",
+          "outline.py", "parts.py", "plots.py", "results.py", "rubric.py", "typed.py", "worth.py")
 ROOMS = ("rerun", "evidence", "intake", "verdict", "pipeline", "batch", "student", "gradescope", "instructor",
          "integrity", "grades", "analytics")
 

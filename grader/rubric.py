@@ -22,27 +22,12 @@ from pathlib import Path
 from grader import feasible, kit, typed
 from grader.limits import (CODE_KB, CODE_LINES, HANDIN_SECONDS, PART_SECONDS, PROCESS_GROUP_SECONDS,
                            WORLD_START_SECONDS, Limits)
+from grader.lmss import id_regex
 from grader.parts import BY_ID, CORE_PART_IDS, PART_IDS, PARTS
 from grader.worth import HiddenGroup, hidden_summary
 
 DEFAULT_RUBRIC = kit.RUBRIC
 PUBLIC_RUBRIC = kit.PUBLIC_RUBRIC
-
-
-# LMS bulk downloads name each hand-in after its student; `files.student_id_pattern` may name one.
-# Moodle: "Jane Doe_12345_assignsubmission_file_hw4.zip" or ".../Jane Doe_12345_assignsubmission_file/hw4.zip"
-# (12345: the participant id, "Participant 12345" in Moodle's grading worksheet). Canvas:
-# "doejane_12345_67890_hw4.zip", "doejane_LATE_12345_67890_hw4.zip" (12345: the Canvas user id, the
-# gradebook's `ID` column; 67890: the submission's file).
-ID_PATTERNS = {
-    "moodle": r"^(?P<name>[^_/]+)_(?P<id>\d+)_assign(?:submission|feedback)_",
-    "canvas": r"^(?P<name>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_",
-}
-
-
-def id_regex(pattern: str) -> str:
-    """`files.student_id_pattern` as a regex: a preset's (ID_PATTERNS) or the pattern itself."""
-    return ID_PATTERNS.get(pattern, pattern)
 
 
 class RubricError(ValueError):
@@ -116,7 +101,7 @@ class Files:
     penalty_missing_log: float = 0.0     # points off when the .log is missing (its log points are lost anyway)
     penalty_missing_err: float = 2.0     # points off when the .err is missing
     penalty_modified_utils: float = 0.0  # points off when utils.py differs from the provided one
-    student_id_pattern: str = r"(?P<id>.+)"  # regex on the hand-in's file name without extension, or moodle, canvas
+    student_id_pattern: str = r"(?P<id>.+)"  # regex on the hand-in's name without extension, or an LMS's (grader.lmss)
     invalid_scores_zero: bool = False    # an invalid hand-in (unreadable zip, no code) scores 0, not no score
     max_member_mb: float = 20.0          # largest single file in a zip
     max_total_mb: float = 100.0          # largest total unpacked size

@@ -2,7 +2,8 @@
 in the feedback against the grade the import gives (late, overridden, extended), the refusal of a
 batch the machine could not grade, no import file overwritten silently, and the submission times
 from Canvas (a page saved from the browser, and its API through canvasapi against a loopback server
-that answers as Canvas does).
+that answers as Canvas does). Every LMS is one record (grader.lmss): each record is held to what
+every room asks of it, and a made-up one, registered here, goes from its download to its import.
 
 The first tests write results as grading would (tests.test_gradebook's helpers) and need no re-run;
 the last ones grade each LMS's download, zipped and not, for real."""
@@ -179,14 +180,15 @@ def test_each_lms_gets_one_sentence_of_what_to_do_with_each_file_as_the_tas_guid
     """What gradebook prints beside each file it wrote is the guide's table (docs/tas.md), one
     sentence per LMS and file: Gradescope's grade file and feedback zip are never said to be imported
     or bulk-uploaded, and a student with no hand-in is said to be one."""
-    from grader.grades.commands import FEEDBACK_GOES, GRADES_GO
+    from grader.lmss import LMSS
     table = {row.split("|")[1].strip().lower(): row for row in
              (ROOT / "docs" / "tas.md").read_text().splitlines() if row.startswith("| ") and "FINAL-" in row}
-    for lms, said in GRADES_GO.items():
-        where = said.split(": ", 1)[1].split(" (")[0]
-        assert where in table[lms] or lms == "gradescope" and "Gradescope imports no grade file" in table[lms], lms
-    for lms, said in FEEDBACK_GOES.items():
-        assert said.split(": ", 1)[1].split(" (")[0].split(":")[0] in table[lms] or lms == "gradescope", lms
+    for lms in LMSS.values():
+        where = lms.grades_go.split(": ", 1)[1].split(" (")[0]
+        assert where in table[lms.name] or lms.name == "gradescope" and "Gradescope imports no grade file" \
+            in table[lms.name], lms.name
+        assert not lms.feedback_goes or lms.name == "gradescope" or \
+            lms.feedback_goes.split(": ", 1)[1].split(" (")[0].split(":")[0] in table[lms.name], lms.name
     out = out_with(tmp_path, result("s1"), result("s2"), result("e@uni.example"))
     (tmp_path / "grades.csv").write_text(GRADESCOPE)
     assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--allow-no-time", "--feedback",
@@ -216,6 +218,90 @@ def test_feedback_html_and_markdown_are_inert_whatever_a_message_holds(tmp_path)
     page = as_html(said, ["Part 1: failed: ValueError <img src=x onerror=alert(1)>"])
     assert "<script>" not in page and "<img" not in page and "&lt;img src=x" in page
     assert "<script>" not in markdown(said) and r"\| x" in markdown(said)
+
+
+# --- an LMS is one record: every room takes it from there, and a new one needs nothing else -----------
+
+def test_every_registered_lms_is_accepted_read_stated_filled_and_in_the_guide():
+    """Each record of grader.lmss.LMSS: the command line takes its name (`grade --lms`, `gradebook
+    --lms NAME:FILE`), intake can read its download (a reader, and names or a marker to know it by),
+    gradebook can fill its grade file and say its grade, its feedback has a way back, and docs/tas.md
+    has its rows."""
+    from grader import cli
+    from grader.grades.book import Row
+    from grader.grades.lms import imports
+    from grader.grades.statement import statement
+    from grader.lmss import LMSS, load
+    guide = (ROOT / "docs" / "tas.md").read_text()
+    rows = [row.split("|")[1].strip() for row in guide.splitlines() if row.startswith("| ")]
+    assert f"`--lms {'|'.join(LMSS)}`" in guide
+    for lms in LMSS.values():
+        assert cli.build_parser().parse_args(["grade", "x", "--out", "o", "--lms", lms.name]).lms == lms.name
+        assert imports.parse([f"{lms.name}:grades.csv"]) == [(lms.name, Path("grades.csv"))]
+        assert callable(load(lms.reader)) and (lms.names or lms.marker), lms.name
+        assert callable(load(lms.filler)) and (not lms.times or callable(load(lms.times))), lms.name
+        said = statement(Row(student="s1", autograde=90.0, final=90.0), 100.0, lms.name, 20.0).headline()
+        assert said == f"Grade: 18.00 / 20 ({lms.shown_as}; 90 / 100 on the autograder's scale)"
+        assert bool(lms.feedback_goes) != bool(lms.feedback_column), lms.name   # files, or the import's column
+        assert rows.count(lms.title) == 2, f"{lms.title}: a row in each of docs/tas.md's two tables"
+
+
+def fill_quill(path: Path, book, feedback: dict = None, **_) -> tuple:
+    """Quill's grade sheet, `Login,Points`: Points gets the final grade out of 10."""
+    from grader.grades.lms.sheet import Filled, match_row, read_sheet
+    from grader.grades.statement import cell
+    sheet = read_sheet(path, "grade sheet")
+    login, points = sheet.index("Login"), sheet.index("Points")
+    filled, grades, seen, out = Filled("quill", "", "Points"), {r.student: r for r in book.rows}, set(), [sheet.rows[0]]
+    for row in sheet.body():
+        match = match_row(filled, [row[login].strip()], grades, seen, row[login])
+        if match is not None:
+            row[points], filled.points[match.student] = cell(match.final, book.max_score, 10.0), 10.0
+            filled.filled += 1
+        out.append(row)
+    filled.not_in_export = [r.student for r in book.rows if r.student not in seen]
+    return sheet.render(out), filled
+
+
+def test_a_new_lms_is_one_record_from_its_download_to_its_import(tmp_path, monkeypatch, capsys):
+    """docs/engine.md's recipe, as written: a record (here registered by the test) whose download is
+    a file per uploaded file named `quill-LOGIN-NAME`, read by the generic reader, and a filler of its
+    grade sheet. Intake recognises it, gradebook fills its sheet, the feedback upload says the grade
+    the import gives, and the command line names it: nothing else was told of it."""
+    from grader.intake.find import find_handins
+    from grader.lmss import LMSS, Lms
+    from grader.names import student_dir
+    monkeypatch.setitem(LMSS, "quill", Lms(
+        "quill", "Quill", "grader.intake.download:read_named", f"{__name__}:fill_quill", "MARKS.csv",
+        "upload it in Quill: Marks > Upload", names=r"^quill-(?P<id>[a-z]+)-", rest=r"(?P<orig>.+)$",
+        feedback_goes="upload it in Quill: Marks > Feedback"))
+    download = tmp_path / "quill-download"
+    download.mkdir()
+    for name, text in {"quill-ann-assignment4.py": "# ann", "quill-ann-utils.py": "# utils", "quill-bob-assignment4.py":
+                       "# bob", "index.html": "<html>"}.items():
+        (download / name).write_text(text)
+    from tests.test_cli import subcommands
+    assert subcommands()[0]["grade"].parse_args([str(download), "--out", "o", "--lms", "quill"]).lms == "quill"
+    found = find_handins([download])
+    assert [h.intake() for h in find_handins([download], lms="quill").handins] == [h.intake() for h in found.handins]
+    assert found.shapes == [f"{download}: a Quill download of 2 hand-in(s), 1 file(s) that fit no student"]
+    assert [(h.student, h.lms, h.upload, sorted(h.files)) for h in found.handins] == [
+        ("ann", "quill", "quill-ann-", ["assignment4.py", "utils.py"]), ("bob", "quill", "quill-bob-", ["assignment4.py"])]
+    out = out_with(tmp_path, *(result(h.student, h.name, lost={"data_parallel": 15} if h.student == "bob" else None,
+                                      digest=h.sha256) for h in found.handins))
+    for h in found.handins:   # what grading writes beside each result (grader.batch.run)
+        (student_dir(out, h.student) / "download.json").write_text(json.dumps(h.intake()))
+    (tmp_path / "marks.csv").write_text("Login,Points\nann,\nbob,\ncid,\n")
+    assert main(["gradebook", str(out), "--policy", str(policy_file(tmp_path)), "--allow-no-time", "--feedback",
+                 "--lms", f"quill:{tmp_path / 'marks.csv'}", "-o", str(tmp_path / "final.csv")]) == 0
+    written = (tmp_path / "final-quill-import.csv").read_bytes().decode()
+    assert written == "Login,Points\r\nann,10.00\r\nbob,8.50\r\ncid,\r\n"
+    printed = capsys.readouterr().out
+    assert "upload it in Quill: Marks > Upload" in printed and "upload it in Quill: Marks > Feedback" in printed
+    sent = feedback_of(out, "quill")
+    assert headline(sent["quill-bob-/assignment4-feedback.md"]) == \
+        "## Grade: 8.50 / 10 (as Quill shows it; 85 / 100 on the autograder's scale)"
+    assert "quill:MARKS.csv" in " ".join(subcommands()[0]["gradebook"].format_help().split())
 
 
 # --- a batch the machine could not grade, and earlier import files --------------------------------

@@ -1,8 +1,7 @@
 """`python -m grader gradebook` and `python -m grader diff`: final grades, and what a regrade moved.
 
     python -m grader gradebook OUT --policy POLICY.yaml [-o FINAL.csv] [--keep-stale-overrides]
-                               [--lms canvas:EXPORT.csv | moodle:WORKSHEET.csv | blackboard:GRADE_CENTER.csv
-                                      | gradescope:GRADES.csv ...] [--assignment NAME] [--feedback]
+                               [--lms LMS:FILE ...] [--assignment NAME] [--feedback]
                                [--canvas ASSIGNMENT_URL [--canvas-token TOKEN]] [--allow-infra-error]
     python -m grader diff OLD_OUT NEW_OUT
 
@@ -39,6 +38,7 @@ from grader.grades.lms.sheet import LmsError
 from grader.grades.policy import PolicyError, load_policy
 from grader.grades.sources import read_roster, read_submissions
 from grader.kit import atomic_write
+from grader.lmss import LMSS
 from grader.names import plain
 
 ROUTINE = ("late", "extension", "no_time")   # flags that need no one's attention by themselves
@@ -46,8 +46,8 @@ ALLOW = "--allow-infra-error"
 ALLOW_NO_TIME = "--allow-no-time"
 
 NO_TIME = ("a submission time: the policy's `submissions:` (a CSV student,submitted_at[,source], Gradescope's "
-           "submission_metadata.json, or Canvas's submissions page saved from the browser), `--lms "
-           "moodle:WORKSHEET.csv` (its Last modified (submission)) or `--lms gradescope:GRADES.csv`, or "
+           "submission_metadata.json, or Canvas's submissions page saved from the browser), "
+           + " or ".join(f"`--lms {lms.name}:{lms.export}`" for lms in LMSS.values() if lms.times) + ", or "
            f"`--canvas ASSIGNMENT_URL` with {TOKEN_ENV}; Gradescope's export and Blackboard's attempts carry "
            "theirs when graded from the download; Canvas's download carries only its LATE marker")
 
@@ -143,21 +143,10 @@ def _report(book, output, out) -> None:
         print(f"  {r.student}: {said}" + "".join(f"\n    {n}" for n in r.notes))
 
 
-# One true sentence per LMS of what to do with each file gradebook wrote for it (docs/tas.md's table).
-GRADES_GO = {"moodle": "upload it in Moodle: Grading action > Upload grading worksheet",
-             "canvas": "import it in Canvas: Grades > Import",
-             "blackboard": "upload it in Blackboard: Grade Center > Work Offline > Upload (its Feedback to "
-                           "Learner column carries the feedback)",
-             "gradescope": "Gradescope imports no grade file: keep it wherever the course keeps its grades"}
-FEEDBACK_GOES = {"moodle": "upload it in Moodle: Grading action > Upload multiple feedback files in a zip",
-                 "canvas": "upload it in Canvas: Assignments > Re-Upload Submissions (each file becomes a comment)",
-                 "gradescope": "Gradescope takes no feedback upload: hand it out yourselves, a folder per "
-                               "submission (Gradescope's own page shows the autograder's results)"}
-
-
 def _report_files(filled, uploads) -> None:
+    """Each file written, with its LMS's one sentence of what to do with it (docs/tas.md's table)."""
     for f in filled:
-        print(f"wrote {f.written}: {f.filled} grade(s) in '{f.column}' ({f.lms}); {GRADES_GO[f.lms]}")
+        print(f"wrote {f.written}: {f.filled} grade(s) in '{f.column}' ({f.lms}); {LMSS[f.lms].grades_go}")
         if f.earlier:
             print(f"  kept the earlier file of that name as {f.earlier}")
         for line in f.notes + [f"left as it was: {k}" for k in f.kept] + [f"not in the {f.lms} file: {s}"
@@ -165,7 +154,7 @@ def _report_files(filled, uploads) -> None:
             print(f"  {line}")
     if uploads is not None:
         for lms, path in uploads.written.items():
-            print(f"wrote {path}: {uploads.counts[lms]} feedback file(s); {FEEDBACK_GOES[lms]}")
+            print(f"wrote {path}: {uploads.counts[lms]} feedback file(s); {LMSS[lms].feedback_goes}")
         for line in uploads.notes + [f"no feedback file for the LMS: {line}" for line in uploads.left_out]:
             print(f"  {line}")
 

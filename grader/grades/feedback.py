@@ -27,13 +27,12 @@ from pathlib import Path
 
 from grader.grades.statement import markdown, number, statement
 from grader.kit import atomic_write
+from grader.lmss import LMSS
 from grader.names import plain, student_dir
 from grader.parts import BY_ID, PART_IDS
 
 FOLDER = "feedback-upload"
 NAME = "assignment4-feedback.md"
-ZIPS = {"moodle": "moodle-feedback.zip", "canvas": "canvas-feedback.zip", "gradescope": "gradescope-feedback.zip"}
-IN_SHEET = {"blackboard": "Feedback to Learner"}   # LMSs whose feedback goes into the import's cells
 
 
 @dataclass
@@ -68,7 +67,7 @@ def with_statement(text: str, said) -> str:
 
 
 def _member(lms: str, upload: str) -> str:
-    return f"{upload}_{NAME}" if lms == "canvas" else f"{upload}/{NAME}"
+    return f"{upload}_{NAME}" if LMSS[lms].feedback_flat else f"{upload}/{NAME}"
 
 
 def _zip(files: dict) -> bytes:
@@ -83,7 +82,7 @@ def write_uploads(out, book, results: list, filled: dict = None) -> Uploads:
     """Write OUT/feedback-upload/<lms>-feedback.zip for each LMS the results came from; `filled`
     (lms -> grader.grades.lms.sheet.Filled) gives each student's points possible in that LMS."""
     out, uploads, filled = Path(out), Uploads(), filled or {}
-    members, chosen = {lms: {} for lms in ZIPS}, counted(book, results)
+    members, chosen = {lms.name: {} for lms in LMSS.values() if lms.feedback_goes}, counted(book, results)
     in_sheet = {}
     for row in book.rows:
         result = chosen.get(row.student)
@@ -93,10 +92,10 @@ def write_uploads(out, book, results: list, filled: dict = None) -> Uploads:
             continue
         download = result.get("download") or {}
         lms, upload = download.get("lms", ""), download.get("upload", "")
-        if lms in IN_SHEET:
+        if lms in LMSS and LMSS[lms].feedback_column:
             in_sheet[lms] = in_sheet.get(lms, 0) + 1
             continue
-        if lms not in ZIPS or not upload:
+        if lms not in members or not upload:
             uploads.left_out.append(f"{row.student}: {lms or 'not from an LMS download'}; its feedback is "
                                     f"{student_dir(out, result['student']) / 'feedback.md'}")
             continue
@@ -110,11 +109,11 @@ def write_uploads(out, book, results: list, filled: dict = None) -> Uploads:
         members[lms][_member(lms, plain(upload))] = with_statement(text, said)
     for lms, count in in_sheet.items():
         where = filled[lms].written if lms in filled else f"--lms {lms}:FILE"
-        uploads.notes.append(f"{lms.capitalize()} takes no feedback files: {count} student(s)' feedback goes in "
-                             f"the {IN_SHEET[lms]} column of {where}")
+        uploads.notes.append(f"{LMSS[lms].title} takes no feedback files: {count} student(s)' feedback goes in "
+                             f"the {LMSS[lms].feedback_column} column of {where}")
     for lms, files in members.items():
         if files:
-            target = out / FOLDER / ZIPS[lms]
+            target = out / FOLDER / f"{lms}-feedback.zip"
             atomic_write(target, _zip(files))
             uploads.written[lms], uploads.counts[lms] = str(target), len(files)
     return uploads

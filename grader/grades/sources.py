@@ -11,7 +11,7 @@
   per `user_id`. With an API token `gradebook --canvas` reads the same (grader.grades.lms.canvas).
 - the LMS files `gradebook --lms` fills: Moodle's worksheet, Gradescope's grade export
   (grader.grades.lms.imports.times).
-- LMS bulk-download file names (grader.rubric.ID_PATTERNS): Moodle's
+- LMS bulk-download file names (each LMS's `names`, grader.lmss): Moodle's
   `Full Name_12345_assignsubmission_file_...` and Canvas's `name_12345_67890_file.zip`, whose
   `LATE` marker (`name_LATE_12345_67890_file.zip`) says the LMS saw it after the due date; it is
   reported, never turned into a time.
@@ -26,8 +26,8 @@ from datetime import datetime
 from pathlib import Path
 
 from grader.grades.policy import PolicyError, parse_time
+from grader.lmss import LMSS
 from grader.names import gradescope_user, innermost
-from grader.rubric import ID_PATTERNS
 
 CANVAS_GUARD = "while(1);"   # what Canvas puts before the JSON it shows a logged-in browser
 
@@ -145,12 +145,12 @@ def read_roster(path: Path) -> tuple:
 
 
 def lms_marks(source: str) -> dict:
-    """What an LMS bulk-download name says of a hand-in: {"lms": "moodle"|"canvas", "id", "late"} or {}."""
+    """What an LMS bulk-download name says of a hand-in: {"lms": its name, "id", "late"} or {}."""
     name = innermost(source)
-    for lms, pattern in ID_PATTERNS.items():
-        match = re.search(pattern, name)
+    for lms in LMSS.values():
+        match = re.search(lms.names, name) if lms.names else None
         if match:
-            return {"lms": lms, "id": match.group("id"), "late": bool(match.groupdict().get("late"))}
+            return {"lms": lms.name, "id": match.group("id"), "late": bool(match.groupdict().get("late"))}
     return {}
 
 

@@ -19,11 +19,8 @@ none in it) the grade is shown on the rubric's scale.
 import html
 from dataclasses import dataclass, field
 
+from grader.lmss import LMSS
 from grader.names import inert, plain
-
-# Where the import's grade is read: Gradescope takes no import, its grade export goes to the course's gradebook.
-SHOWN = {"canvas": "as Canvas shows it", "moodle": "as Moodle shows it", "blackboard": "as Blackboard shows it",
-         "gradescope": "as the course's grades from Gradescope's export give it"}
 
 
 def number(value) -> str:
@@ -40,7 +37,7 @@ def cell(final: float, max_score: float, points_possible=None) -> str:
 @dataclass
 class Statement:
     """A student's grade as one LMS shows it, and each reason it is not the autograde."""
-    lms: str                     # "" when no LMS file was filled: the rubric's scale
+    lms: str                     # its name (grader.lmss); "" when no LMS file was filled: the rubric's scale
     shown: str = ""              # the LMS's cell ("20.00"); "" when there is no grade yet
     out_of: str = ""             # the LMS's points possible ("25"), or the rubric's maximum
     final: float = None          # on the rubric's scale
@@ -56,7 +53,7 @@ class Statement:
     def headline(self) -> str:
         if self.final is None:
             return f"No grade yet: {self.pending}"
-        said = [SHOWN[self.lms]] if self.lms else []
+        said = [LMSS[self.lms].shown_as] if self.lms else []
         if self.scaled:
             said.append(f"{number(self.final)} / {number(self.max_score)} on the autograder's scale")
         return f"Grade: {self.shown} / {self.out_of}" + (f" ({'; '.join(said)})" if said else "")

@@ -29,7 +29,10 @@ The LMSs name their downloads so (`ORIG` is the file's name as the student uploa
 - **A plain folder of hand-ins**: each zip, and each folder holding assignment4.py, is one
   hand-in, its id from its name by `files.student_id_pattern`.
 
-The LMS is recognised from the names (the one whose pattern most top-level names match), or named
+Each LMS's patterns (`names`, `marker`) and reader are its record in grader.lmss, which the
+readers here (`read_canvas` ...) are named by; a download of a file or a folder per student, named
+by a pattern alone, needs no reader of its own (`read_named`). The LMS is recognised from the
+names (its `marker` file, else the one whose pattern most top-level names match), or named
 (`grade --lms`). A file that fits no student is a `Stray`: said, never graded as anybody. A download
 lists at most MAX_FILES files; a member over MAX_MEMBER_BYTES is that student's refusal, named.
 """
@@ -40,12 +43,8 @@ from datetime import datetime
 from pathlib import PurePosixPath
 
 from grader.intake.listing import MAX_MEMBER_BYTES, BlobError, DownloadError, Listing, files_digest
+from grader.lmss import LMSS, Lms
 
-CANVAS = re.compile(r"^(?P<login>[^_/]+)_(?:(?P<late>LATE)_)?(?P<id>\d+)_(?P<submission>\d+)_(?P<orig>.+)$")
-MOODLE = re.compile(r"^(?P<name>[^/]+?)_(?P<id>\d+)_assign(?:submission|feedback)_(?P<plugin>[a-z]+)(?:_(?P<orig>.*))?$")
-BLACKBOARD = re.compile(r"^(?P<assignment>[^/]+)_(?P<id>[^_/]+)_attempt_"
-                        r"(?P<date>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)(?:_(?P<orig>.+)|(?P<txt>\.txt))$")
-GRADESCOPE_META = "submission_metadata.yml"
 GRADESCOPE_FOLDER = re.compile(r"^submission_\d+$")
 RESUBMITTED = re.compile(r"^(?P<stem>.+)-(?P<n>\d+)(?P<ext>\.[^.]+)$")   # Canvas's "assignment4-1.py"
 CODE_NAMES = ("assignment4.py", "utils.py")
@@ -55,7 +54,7 @@ class Entry:
     """One student's hand-in as the download holds it: where its files are, never their bytes."""
     student: str               # the id from the LMS's names (not yet made safe as a folder name)
     name: str                  # where it is, e.g. "download.zip › Jane Doe_12345_assignsubmission_file_"
-    lms: str                   # canvas, moodle, gradescope or blackboard
+    lms: str                   # the LMS's name (grader.lmss.LMSS)
     files: dict = field(default_factory=dict)   # its file names (as uploaded) -> grader.intake.listing.Blob
     where: dict = field(default_factory=dict)   # its file names -> where each is in the download
     upload: str = ""           # the download's name for the student, for feedback (Moodle's folder, Canvas's prefix)
@@ -80,7 +79,7 @@ class Stray:
 
 @dataclass
 class Shape:
-    lms: str                   # canvas, moodle, gradescope or blackboard, or "" when the names are no LMS's
+    lms: str                   # the LMS's name (grader.lmss.LMSS), or "" when the names are no LMS's
     entries: list = field(default_factory=list)   # Entry
     strays: list = field(default_factory=list)    # Stray
 
@@ -109,16 +108,16 @@ def _add(entry: Entry, name: str, listing: Listing, rel: str, notes: list) -> No
         entry.error = entry.error or str(e)
 
 
-def _canvas(listing: Listing) -> Shape:
-    shape, entries = Shape("canvas"), {}
+def read_canvas(listing: Listing, lms: Lms) -> Shape:
+    shape, entries = Shape(lms.name), {}
     for rel in sorted(listing.paths, key=_resubmission):   # a later upload ("-2") replaces an earlier
-        match = CANVAS.match(rel) if "/" not in rel else None
+        match = lms.match(rel) if "/" not in rel else None
         if not match:
-            shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not named as Canvas names a "
+            shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not named as {lms.title} names a "
                                       f"student's file (login_userid_submissionid_name); not graded"))
             continue
         prefix = f"{match['login']}_{'LATE_' if match['late'] else ''}{match['id']}_{match['submission']}"
-        entry = entries.setdefault(match["id"], Entry(match["id"], listing.where(prefix), "canvas", upload=prefix,
+        entry = entries.setdefault(match["id"], Entry(match["id"], listing.where(prefix), lms.name, upload=prefix,
                                                       late=bool(match["late"])))
         name = _orig(match["orig"])
         if name != match["orig"]:
@@ -128,35 +127,35 @@ def _canvas(listing: Listing) -> Shape:
     return shape
 
 
-def _moodle(listing: Listing) -> Shape:
-    shape, entries = Shape("moodle"), {}
+def read_moodle(listing: Listing, lms: Lms) -> Shape:
+    shape, entries = Shape(lms.name), {}
     for rel in listing.paths:
         top = rel.split("/")[0]
-        match = MOODLE.match(top)
+        match = lms.match(top)
         inside = rel[len(top) + 1:] if "/" in rel else ""
         if not match or bool(inside) == bool(match["orig"]):   # a file in a student's folder, or a flat file
-            shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not named as Moodle names a "
+            shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not named as {lms.title} names a "
                                       f"student's file (Full Name_id_assignsubmission_file_...); not graded"))
             continue
         folder = f"{match['name']}_{match['id']}_assignsubmission_file_"
-        entry = entries.setdefault(match["id"], Entry(match["id"], listing.where(folder), "moodle", upload=folder))
+        entry = entries.setdefault(match["id"], Entry(match["id"], listing.where(folder), lms.name, upload=folder))
         _add(entry, inside or match["orig"], listing, rel, shape.strays)
     shape.entries = list(entries.values())
     return shape
 
 
-def _blackboard(listing: Listing) -> Shape:
-    shape, entries = Shape("blackboard"), {}
+def read_blackboard(listing: Listing, lms: Lms) -> Shape:
+    shape, entries = Shape(lms.name), {}
     for rel in listing.paths:
-        match = BLACKBOARD.match(rel) if "/" not in rel else None
+        match = lms.match(rel) if "/" not in rel else None
         if not match:
-            shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not named as Blackboard names "
+            shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not named as {lms.title} names "
                                       f"an attempt's file (Assignment_user_attempt_date_name); not graded"))
             continue
         date = match["date"]
         when = f"{date[:10]}T{date[11:].replace('-', ':')}"
         attempt = f"{match['assignment']}_{match['id']}_attempt_{date}"
-        entry = entries.setdefault((match["id"], date), Entry(match["id"], listing.where(attempt), "blackboard",
+        entry = entries.setdefault((match["id"], date), Entry(match["id"], listing.where(attempt), lms.name,
                                                               upload=attempt, submitted_at=when))
         if not match["txt"]:
             _add(entry, match["orig"], listing, rel, shape.strays)
@@ -184,9 +183,9 @@ def _gradescope_metadata(text: str, where: str) -> dict:
     return found
 
 
-def _gradescope(listing: Listing) -> Shape:
-    shape = Shape("gradescope")
-    meta = next(rel for rel in listing.paths if PurePosixPath(rel).name == GRADESCOPE_META)
+def read_gradescope(listing: Listing, lms: Lms) -> Shape:
+    shape = Shape(lms.name)
+    meta = next(rel for rel in listing.paths if PurePosixPath(rel).name == lms.marker)
     base = str(PurePosixPath(meta).parent)
     base = "" if base == "." else base + "/"
     known = _gradescope_metadata(listing.read(meta).decode("utf-8", "replace"), listing.where(meta))
@@ -202,28 +201,32 @@ def _gradescope(listing: Listing) -> Shape:
         folder = parts[0]
         if folder not in entries:
             ids, when = known.get(folder, ([], ""))
-            entries[folder] = Entry(ids[0] if ids else folder, listing.where(base + folder), "gradescope",
+            entries[folder] = Entry(ids[0] if ids else folder, listing.where(base + folder), lms.name,
                                     upload=folder, submitted_at=when, also=ids[1:])
             if not ids:
                 shape.strays.append(Stray(listing.where(base + folder), f"{listing.where(base + folder)}: not in "
-                                          f"{GRADESCOPE_META} (or no sid or email): graded under the folder's name"))
+                                          f"{lms.marker} (or no sid or email): graded under the folder's name"))
         _add(entries[folder], "/".join(parts[1:]), listing, rel, shape.strays)
     shape.entries = list(entries.values())
     return shape
 
 
-MATCHERS = {"canvas": CANVAS.match, "moodle": MOODLE.match, "blackboard": BLACKBOARD.match}
+def _marked(listing: Listing, lms: Lms) -> bool:
+    """Whether the listing holds the file only `lms`'s downloads hold."""
+    return bool(lms.marker) and any(PurePosixPath(rel).name == lms.marker for rel in listing.paths)
 
 
 def recognise(listing: Listing, lms: str = None) -> str:
     """The LMS whose names the listing's top-level names are, or "" for none."""
     if lms:
         return lms
-    if any(PurePosixPath(rel).name == GRADESCOPE_META for rel in listing.paths):
-        return "gradescope"
+    marked = [one.name for one in LMSS.values() if _marked(listing, one)]
+    if marked:
+        return marked[0]
     tops = {rel.split("/")[0] for rel in listing.paths}
-    counts = {name: sum(bool(match(top)) for top in tops) for name, match in MATCHERS.items()}
-    # Moodle's names match Canvas's pattern never, Blackboard's only with "_attempt_": the most wins.
+    counts = {one.name: sum(bool(one.match(top)) for top in tops) for one in LMSS.values()}
+    # Moodle's names match Canvas's pattern never, Blackboard's only with "_attempt_": the most wins,
+    # and of a tie the LMS registered first.
     best = max(counts, key=counts.get)
     return best if counts[best] else ""
 
@@ -231,16 +234,38 @@ def recognise(listing: Listing, lms: str = None) -> str:
 def read_shape(listing: Listing, lms: str = None) -> Shape:
     """The students of a download whose LMS is `lms` or recognised from its names."""
     tops = {rel.split("/")[0] for rel in listing.paths}
-    if len(tops) == 1 and not any(match(next(iter(tops))) for match in MATCHERS.values()):
+    if len(tops) == 1 and not any(one.match(next(iter(tops))) for one in LMSS.values()):
         listing = listing.stripped()   # a download unzipped into a folder of its own; never a student's folder
-    found = recognise(listing, lms)
-    if found == "gradescope" and not any(PurePosixPath(r).name == GRADESCOPE_META for r in listing.paths):
-        raise DownloadError(f"{listing.label}: --lms gradescope, but no {GRADESCOPE_META} in it; give the "
-                            f"export's folder or zip as Gradescope made it")
-    readers = {"canvas": _canvas, "moodle": _moodle, "blackboard": _blackboard, "gradescope": _gradescope}
-    shape = readers[found](listing) if found else Shape("")
+    found = LMSS.get(recognise(listing, lms))
+    if found is not None and found.marker and not _marked(listing, found):
+        raise DownloadError(f"{listing.label}: --lms {found.name}, but no {found.marker} in it; give the "
+                            f"export's folder or zip as {found.title} made it")
+    shape = found.read(listing) if found is not None else Shape("")
     for entry in shape.entries:
         _seal(entry, listing)
+    return shape
+
+
+def read_named(listing: Listing, lms: Lms) -> Shape:
+    """A download whose every top-level file or folder is one student's, named by the LMS's `names`
+    and `rest`: a file (`orig`, its name as uploaded, not empty) is that file of the student's
+    hand-in; a folder (no `orig`) holds their files. The upload name is the name before `orig`, or
+    the folder's."""
+    shape, entries = Shape(lms.name), {}
+    for rel in listing.paths:
+        top = rel.split("/")[0]
+        match = lms.match(top)
+        inside = rel[len(top) + 1:] if "/" in rel else ""
+        orig = (match.groupdict().get("orig") or "") if match else ""
+        if not match or bool(inside) == bool(orig):
+            shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not named as {lms.title} names "
+                                      f"a student's file; not graded"))
+            continue
+        upload = top[:match.start("orig")] if orig else top
+        entry = entries.setdefault(match["id"], Entry(match["id"], listing.where(upload), lms.name, upload=upload,
+                                                      late=bool(match.groupdict().get("late"))))
+        _add(entry, inside or orig, listing, rel, shape.strays)
+    shape.entries = list(entries.values())
     return shape
 
 
@@ -254,7 +279,6 @@ def _seal(entry: Entry, listing: Listing) -> None:
             files_digest(entry.files, listing.z, MAX_MEMBER_BYTES)
     except BlobError as e:
         entry.error = f"{entry.where.get(e.name) or next(iter(entry.where.values()))}: {e}"
-
 
 
 def latest_attempt(said: list):

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from grader.intake import download
 from grader.intake.handin import Handin, folder_digest, safe_id, student_id
 from grader.intake.listing import JUNK, MAX_MEMBER_BYTES, Blob, BlobError, DownloadError, Listing, files_digest
+from grader.lmss import LMSS
 from grader.names import inside
 
 
@@ -93,7 +94,7 @@ def _add_download(found: Found, path: Path, shape) -> None:
     found.handins.extend(_from_entry(e) for e in shape.entries if not e.error)
     found.unreadable.extend(Unreadable(e.name, safe_id(e.student), "", e.error) for e in shape.entries if e.error)
     found.strays.extend(shape.strays)
-    found.shapes.append(f"{path}: a {shape.lms.capitalize()} download of {len(shape.entries)} hand-in(s)"
+    found.shapes.append(f"{path}: a {LMSS[shape.lms].title} download of {len(shape.entries)} hand-in(s)"
                         + (f", {len(shape.strays)} file(s) that fit no student" if shape.strays else ""))
 
 

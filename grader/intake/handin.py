@@ -23,8 +23,8 @@ from pathlib import Path, PurePosixPath
 
 from grader.evidence import runs as run_logs
 from grader.intake.listing import CHUNK, JUNK, MAX_MEMBER_BYTES, Blob, BlobError
+from grader.lmss import id_regex
 from grader.names import inside, innermost
-from grader.rubric import id_regex
 
 
 class HandinError(ValueError):

@@ -1,33 +1,21 @@
 """Every LMS's way back: which file of the LMS `gradebook --lms LMS:FILE` fills, and where the import goes.
 
-- canvas:FILE, Grades > Export > Export Entire Gradebook: FINAL-canvas-import.csv, for Grades > Import;
-- moodle:FILE, View all submissions > Download grading worksheet: FINAL-moodle-import.csv, for View all
-  submissions > Upload grading worksheet;
-- blackboard:FILE, Grade Center > Work Offline > Download (.csv, or the tab-delimited .xls):
-  FINAL-blackboard-import.csv (or .xls), for Grade Center > Work Offline > Upload;
-- gradescope:FILE, Review Grades > Download Grades > CSV: FINAL-gradescope-import.csv, for wherever
-  the course keeps its grades (Gradescope itself imports none).
-
-FINAL is the final gradebook's name (`-o`, default OUT/final.csv), so an import file is named by
-the run that wrote it; one of that name written earlier with other content is kept, renamed with
-its time (`keep_earlier`), and said. Each LMS's format: grader.grades.lms.canvas, .moodle,
-.blackboard, .gradescope. Moodle's worksheet and Gradescope's grade export also carry submission
-times (`times`).
+Each LMS's record (grader.lmss) names the file it exports and the function that fills it, in the
+LMS's own format (grader.grades.lms.canvas, .moodle, .blackboard, .gradescope), and the function
+that reads the submission times that file carries, where it carries them (`times`); docs/tas.md
+says per LMS what to export and where the import goes. The import is FINAL-<lms>-import.csv (or
+.xls, .txt, as the file came), FINAL being the final gradebook's name (`-o`, default OUT/final.csv),
+so an import file is named by the run that wrote it; one of that name written earlier with other
+content is kept, renamed with its time (`keep_earlier`), and said.
 """
 
 from datetime import datetime
 from pathlib import Path
 
-from grader.grades.lms.blackboard import fill_blackboard
-from grader.grades.lms.canvas import fill_canvas
-from grader.grades.lms.gradescope import fill_gradescope, read_gradescope_times
-from grader.grades.lms.moodle import fill_moodle, read_moodle_times
+from grader import lmss
 from grader.grades.lms.sheet import LmsError
 from grader.kit import atomic_write
-
-FILLERS = {"canvas": fill_canvas, "moodle": fill_moodle, "blackboard": fill_blackboard, "gradescope": fill_gradescope}
-TIMES = {"moodle": read_moodle_times, "gradescope": read_gradescope_times}
-SPECS = "canvas:EXPORT.csv, moodle:WORKSHEET.csv, blackboard:GRADE_CENTER.csv (or .xls) or gradescope:GRADES.csv"
+from grader.lmss import LMSS, load
 
 
 def parse(specs) -> list:
@@ -35,8 +23,8 @@ def parse(specs) -> list:
     found = []
     for spec in specs or ():
         lms, _, path = spec.partition(":")
-        if lms not in FILLERS or not path:
-            raise LmsError(f"--lms {spec}: expected {SPECS}")
+        if lms not in LMSS or not path:
+            raise LmsError(f"--lms {spec}: expected {lmss.specs()}")
         if any(lms == other for other, _ in found):
             raise LmsError(f"--lms {spec}: a second {lms} file; fill one at a time (each writes "
                            f"FINAL-{lms}-import)")
@@ -46,7 +34,7 @@ def parse(specs) -> list:
 
 def times(specs, zone) -> list:
     """The submission times the LMS files of `specs` carry (Moodle's worksheet, Gradescope's grades)."""
-    return [s for lms, path in parse(specs) if lms in TIMES for s in TIMES[lms](path, zone)]
+    return [s for lms, path in parse(specs) if LMSS[lms].times for s in load(LMSS[lms].times)(path, zone)]
 
 
 def import_path(output: Path, lms: str, source: Path) -> Path:
@@ -75,7 +63,7 @@ def keep_earlier(target: Path, data: bytes) -> str:
 def fill(lms: str, path: Path, book, output: Path, assignment: str = None, feedback: dict = None):
     """Fill the LMS file `path` of `lms` with `book`'s final grades (with `feedback`, student ->
     lines, the LMS's feedback cells too) and write its import beside `output`; the Filled."""
-    data, filled = FILLERS[lms](path, book, assignment=assignment, feedback=feedback)
+    data, filled = LMSS[lms].fill(path, book, assignment=assignment, feedback=feedback)
     target = import_path(output, lms, path)
     if target.resolve() == path.resolve():
         raise LmsError(f"{path}: the import would be written over the file it is made from; give -o elsewhere")
