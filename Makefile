@@ -1,6 +1,10 @@
 # a4: the Assignment 4 kit, its Slurm jobs and its grader.
 #   make demo        run the reference on 4 CPU ranks as the Slurm job would, check it, package it, grade it
-#   make test        ruff (make lint), then the test suite (real gloo worlds, real torchrun)
+#   make test        ruff (make lint), then the test suite (real gloo worlds, real torchrun) but for
+#                    the long suites below, each its own target
+#   make test-hostile  a hand-in's attacks, each graded in a real batch beside correct hand-ins
+#   make test-scale  batches at scale and through failure: job arrays, a killed grader, hangs, --jobs
+#   make test-student  the student's side: torchrun runs, the lab, check, package, the release
 #   make test-configs  where the course runs beyond this checkout and root: an ordinary user (useradd),
 #                    no user namespaces, a tight ulimit -u, a module Python, the kit installed elsewhere,
 #                    a student's fresh folder (marker configs)
@@ -31,7 +35,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 DEMO := build/demo
 RELEASE := build/release
 
-.PHONY: venv demo lint test test-configs test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
+.PHONY: venv demo lint test test-hostile test-scale test-student test-configs test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
 
 $(STAMP): $(REQUIREMENTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -77,15 +81,36 @@ LINTED := grader slurm lab benchmarks assignment_4/reference tests
 lint: $(STAMP)
 	$(PY) -m ruff check $(LINTED)
 
+# The suites with targets of their own (markers: tests/conftest.py's APART says what each holds),
+# so that make test stays under ten minutes on two cores; .ci/run runs every one of them.
+APART := slurm or course or configs or hostile or scale or student
+PYTEST_FILES := $(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+
 test: $(STAMP) lint
-	@$(TIMED) $(PY) -m pytest -m "not slurm and not course and not configs" -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	@$(TIMED) $(PYTEST_FILES) -m "not ($(APART))"
+
+# A hand-in's attacks (marker hostile): on the sandbox, the grader's files and processes, other
+# hand-ins and the verdict (file swaps, forged logs, parse bombs, memory no Pss shows), each graded
+# in a real batch beside correct hand-ins, as root (make test-configs: as an ordinary user).
+test-hostile: $(STAMP)
+	@$(TIMED) $(PYTEST_FILES) -m "hostile and not configs"
+
+# Batches at scale and through failure (marker scale): job arrays, a grader killed mid-batch and
+# resumed, hangs under a loaded machine, --jobs from the machine.
+test-scale: $(STAMP)
+	@$(TIMED) $(PYTEST_FILES) -m "scale and not configs"
+
+# The student's side (marker student): torchrun runs on several ranks, the lab, check and package,
+# the Slurm job run locally, the release followed from a fresh copy.
+test-student: $(STAMP)
+	@$(TIMED) $(PYTEST_FILES) -m "student and not configs"
 
 # Where the course runs beyond this checkout and root (marker configs; run as root, as useradd is):
 # the sandbox's attacks as an ordinary user made with useradd (the system's Python, and a Python in
 # that user's home), the machines' configurations of tests/test_machines.py, the kit installed into
 # a venv elsewhere (tests/test_install.py), and a student following the release from a fresh folder.
 test-configs: $(STAMP)
-	@$(TIMED) $(PY) -m pytest -m configs -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	@$(TIMED) $(PYTEST_FILES) -m configs
 
 # The kit's suite run again in an instructor's changed copy of the kit, Part 5 off and on
 # (tests/test_course_rubric.py, marker course): one copy per process.

@@ -51,8 +51,10 @@ def pytest_configure(config):
 # seconds). `make test` hands whole files to its two processes in collection order
 # (--dist loadfile --no-loadscope-reorder), so the long ones start at once and the short ones fill
 # in around them: both processes finish together instead of one running a long file handed out last.
-LONGEST_FIRST = ("test_sandbox.py", "test_grader.py", "test_machines.py", "test_scale.py", "test_release.py",
-                 "test_reliability.py", "test_forgery.py", "test_parse_bomb.py", "test_reference.py", "test_megatron.py")
+LONGEST_FIRST = ("test_grader.py", "test_reliability.py", "test_collectives.py", "test_release.py", "test_sandbox.py",
+                 "test_scale.py", "test_machines.py", "test_megatron.py", "test_forgery.py", "test_package.py",
+                 "test_report.py", "test_integrity_planted.py", "test_handin_failures.py", "test_parse_bomb.py",
+                 "test_channels.py", "test_hangs.py", "test_gradescope.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -119,16 +121,35 @@ def pytest_runtest_logreport(report):
         STOCK_REPORTED.append(report.nodeid)
 
 
+# The suites `make test` leaves to targets of their own (each a marker; the Makefile's APART), and
+# what each holds: its summary says what it left out and which target runs it.
+APART = {
+    "slurm": "the Slurm tests against a local cluster; make test-slurm runs them",
+    "course": "the suite run again in an instructor's changed copy of the kit (tests/test_course_rubric.py); "
+              "make test-course runs it",
+    "configs": "grading as an ordinary user, on other machines' configurations, installed elsewhere and from a "
+               "student's fresh folder; make test-configs runs them",
+    "hostile": "a hand-in's attacks on the sandbox, the grader and other hand-ins; make test-hostile runs them",
+    "scale": "batches at scale and through failure (job arrays, a killed grader, hangs under load, --jobs); "
+             "make test-scale runs them",
+    "student": "the student's side (torchrun runs, the lab, check and package, the release from a fresh copy); "
+               "make test-student runs them",
+}
+LEFT_OUT = {}   # marker -> how many tests -m left out that carry it
+
+
+def pytest_deselected(items):
+    for item in items:
+        for marker in APART:
+            if item.get_closest_marker(marker):
+                LEFT_OUT[marker] = LEFT_OUT.get(marker, 0) + 1
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Say what `-m "not course"` and `-m "not configs"` left out, and name the stock-course tests, so that after a change
+    """Say what -m left out, suite by suite, and name the stock-course tests, so that after a change
     of the rubric their skips are expected."""
-    if "not course" in (config.option.markexpr or ""):
-        terminalreporter.write_line('left out by -m "not course": the suite run again in an instructor\'s changed '
-                                    'copy of the kit (tests/test_course_rubric.py); make test-course runs it')
-    if "not configs" in (config.option.markexpr or ""):
-        terminalreporter.write_line('left out by -m "not configs": grading as an ordinary user, on other machines\' '
-                                    'configurations, installed elsewhere and from a student\'s fresh folder (marker '
-                                    'configs); make test-configs runs them')
+    for marker, count in LEFT_OUT.items():
+        terminalreporter.write_line(f"left out by -m, {count} test(s) marked {marker}: {APART[marker]}")
     tests = list(dict.fromkeys(getattr(config, "stock_tests", []) + STOCK_REPORTED))
     if not tests:
         return

@@ -16,6 +16,8 @@ from grader.rerun.executor import SandboxUnavailable
 from grader.rubric import RubricError
 from tests.corpus import REFERENCE, UTILS, Files, fast_rubric, refingerprint, skeleton, write_zip
 
+pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
+
 LOGS = Path(__file__).parent / "data" / "logs"
 MB = 1 << 20
 

@@ -23,6 +23,8 @@ from tests.conftest import skip_unless_required
 from tests.hostile import OUTLIVE, build
 from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip, leftover_processes
 
+pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
+
 # Run by root's or the TA's own Python in the kit: the hand-ins named on the command line, one after
 # another, on one warm executor (one slot) in the given sandbox mode, each at one check's baseline.
 GRADE_IN_ORDER = """\

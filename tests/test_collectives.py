@@ -31,11 +31,13 @@ from tests.hostile import file_swap
 from tests.test_feedback import leaked, student_facing
 from tests.test_sandbox import _ta_or_skip
 
+pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
+
 STOCK = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
 ON = {k: v for k, v in with_part5(STOCK).items() if k in ("parts", "checks")}   # the course with Part 5 on
 FULL_ON = sum(p.log + p.rerun for p in load_rubric().parts.values()) + PART5["megatron_mlp"]["log"] + \
     PART5["megatron_mlp"]["rerun"]
-# Where TAs grade: as root (`make test`), and as an ordinary user (marker configs, `make test-configs`).
+# Where TAs grade: as root (`make test-hostile`), and as an ordinary user (marker configs, `make test-configs`).
 CONFIGS = ["root", pytest.param("user", marks=pytest.mark.configs)]
 NAMED = {"data_parallel": "all-reduce", "tensor_parallel": "all-gather", "megatron_mlp": "all-reduce"}
 

@@ -12,6 +12,8 @@ import pytest
 from grader.rubric import load_rubric
 from tests.worlds import REFERENCE, ROOT, SKELETON
 
+pytestmark = pytest.mark.student   # make test-student runs these; make test leaves them out
+
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 PREFIXES = ["Baseline", "GradAccumulation", "DataParallel", "FullColumnParallel", "MegatronMLP"]
 

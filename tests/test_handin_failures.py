@@ -33,6 +33,8 @@ from tests.hostile import ATTACKS, build, returns_huge
 from tests.test_sandbox import CONFIG_PARAMS, RUBRIC, _ta_or_skip
 from tests import tas
 
+pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
+
 SIGNALS = ("signal_the_leader", "interrupt_everyone", "stop_everyone")
 DEFAULT = {"input_dim": 64, "output_dim": 32, "hidden_dim": 128, "global_batch_size": 128}
 

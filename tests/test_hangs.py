@@ -23,6 +23,8 @@ from grader.results import Status, read_canary
 from grader.rubric import load_rubric
 from tests.corpus import REFERENCE, Files, write_zip
 
+pytestmark = pytest.mark.scale   # make test-scale runs these; make test leaves them out
+
 # Part 2's loop over micro-batches, made one that never ends (the issue's Canvas batch had one).
 ACC_FOREVER = ("    for i in range(accumulation_steps):\n", "    for i in iter(int, 1):   # never ends\n")
 

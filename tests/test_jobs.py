@@ -11,6 +11,8 @@ import yaml
 from grader.limits import HELPER_MB, Machine, default_jobs, read_machine
 from tests.corpus import REFERENCE, ROOT, Files, write_zip
 
+pytestmark = pytest.mark.scale   # make test-scale runs these; make test leaves them out
+
 GB = 1024
 
 

@@ -20,6 +20,8 @@ from lab import bandwidth as bw
 from lab.common import parse_results
 from tests.worlds import ROOT, run_world
 
+pytestmark = pytest.mark.student   # make test-student runs these; make test leaves them out
+
 LAB = ROOT / "lab"
 CHUNK = 3                                   # odd, so a chunk is never a power of two
 MLP = dict(batch_size=12, dim=20, num_layers=4, num_micro_batches=3, seed=7)   # at 4 ranks: 5 columns, 3 rows, 1 layer each

@@ -18,6 +18,8 @@ from grader.rubric import Files as Limits
 from grader.student.package import DEFAULT_ZIP, PackageError, collect, package, runs
 from tests.corpus import DATA, REFERENCE, ROOT, UTILS, mutate, refingerprint
 
+pytestmark = pytest.mark.student   # make test-student runs these; make test leaves them out
+
 RUN_AGAIN = "run it again with this code (slurm/run-local.sh)"   # the session's run is run-local.sh's
 
 

@@ -31,6 +31,8 @@ from tests.corpus import FULL, REFERENCE, ROOT, Files, zip_bytes
 from tests.hostile import parse_bombs
 from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
 
+pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
+
 # A public check and a hidden one: a hidden check is where the grader parses a hand-in's code.
 RUBRIC = {"checks": [{"name": "default"},
                      {"name": "two-ranks", "hidden": True, "world_size": 2, "seed": 1234,

@@ -28,6 +28,8 @@ from grader.parts import BY_ID, OPTIONAL_PART_IDS
 from grader.rubric import load_rubric, public_rubric, rubric_from_dict
 from tests.corpus import FULL_CSV, REFERENCE, ROOT, fast_rubric, with_part5
 
+pytestmark = pytest.mark.student   # make test-student runs these; make test leaves them out
+
 SKELETON = ROOT / "assignment_4" / "assignment4.py"
 SHIPPED_THIRD_PARTY = {"torch", "yaml", "numpy"}
 # Imported only inside a function, by code the student tools never run: grader/plots.py (the lab's

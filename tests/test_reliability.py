@@ -25,6 +25,8 @@ from grader.rubric import load_rubric
 from tests.corpus import FULL, FULL_CSV, REFERENCE, ROOT, Files, mutate, refingerprint, skeleton, write_zip
 from tests.test_sandbox import leftover_processes
 
+pytestmark = pytest.mark.scale   # make test-scale runs these; make test leaves them out
+
 FAST = {"checks": [{"name": "default"},
                    {"name": "two-ranks", "hidden": True, "world_size": 2, "seed": 1234,
                     "global_batch_size": 52, "input_dim": 13, "output_dim": 12, "accumulation_steps": 2}],

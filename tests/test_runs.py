@@ -14,6 +14,8 @@ from grader.evidence.runs import LogRule, choose, modified, rule_problems
 from grader.rubric import load_rubric
 from tests.corpus import DATA, FULL, REFERENCE, Files, fast_rubric, refingerprint, write_zip
 
+pytestmark = pytest.mark.student   # make test-student runs these; make test leaves them out
+
 LOGS = DATA / "logs"
 SHA = "14615a42c430141688f305735e1bd68951738b89180124d86f52859d873f1d8f"   # the samples' code
 HANDOUT = LogRule(min_world_size=4, min_nodes=4, slurm_job=True)

@@ -20,6 +20,8 @@ from tests.conftest import own_processes, skip_unless_required
 from tests.corpus import FULL, REFERENCE, ROOT, Files, refingerprint, zip_bytes
 from tests.hostile import ATTACKS, MARKER, all_handins, build, inject, zip_attacks
 
+pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
+
 # Two worlds per hand-in: the public check at 4 ranks only (what each world size finds is
 # tests/test_grader.py's), and a hidden check, whose messages must hold no value either.
 RUBRIC = {"checks": [{"name": "default"},
@@ -86,7 +88,7 @@ def leftover_processes() -> list:
 # Where TAs grade: as root (CI), as an ordinary user with the system's Python, and as an ordinary
 # user whose Python and packages live in their private home directory (pyenv, conda, a venv in ~).
 CONFIGS = ("root", "user", "user_home")
-# root's runs in `make test`; an ordinary user's two in `make test-configs` (marker configs).
+# root's runs in `make test-hostile`; an ordinary user's two in `make test-configs` (marker configs).
 CONFIG_PARAMS = [c if c == "root" else pytest.param(c, marks=pytest.mark.configs) for c in CONFIGS]
 # What the TA configurations run: every attack on isolation, and the reference.
 ISOLATION_ATTACKS = ("reference", "network", "port_from_graders_environment", "read_secrets", "read_kit_through_proc",

@@ -13,6 +13,8 @@ import pytest
 from grader.batch.run import grade_batch
 from tests.corpus import FULL, REFERENCE, Files, fast_rubric, mutate, refingerprint, skeleton, write_zip
 
+pytestmark = pytest.mark.scale   # make test-scale runs these; make test leaves them out
+
 
 @pytest.fixture(scope="module")
 def inbox(reference_run, tmp_path_factory):

@@ -20,6 +20,8 @@ from grader.evidence.logfile import parse_log
 from tests.worlds import REFERENCE, ROOT
 from slurm.profile import ProfileError, load_profile, profile_from_dict, profile_keys
 
+pytestmark = pytest.mark.student   # make test-student runs these; make test leaves them out
+
 # The keys of slurm/common.sh's [Job] header, in order: every run (sbatch, submitit, run-local.sh).
 HEADER_KEYS = ["id", "name", "started", "nodes", "nnodes", "nproc_per_node", "world_size", "backend",
                "torch", "nccl", "python"]

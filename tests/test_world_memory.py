@@ -25,6 +25,8 @@ from tests.corpus import FULL, ROOT, Files, zip_bytes
 from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, inject, memory_attack
 from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
 
+pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
+
 MEMORY_LIMIT_MB = 800
 HOG_MB = 600   # each of the 2 ranks: 1200 MB together, unchecked
 RUBRIC = {"limits": {"memory_mb": MEMORY_LIMIT_MB, "tmp_mb": HOG_MB + 64},
