@@ -149,7 +149,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Say what -m left out, suite by suite, and name the stock-course tests, so that after a change
     of the rubric their skips are expected."""
     for marker, count in LEFT_OUT.items():
-        terminalreporter.write_line(f"left out by -m, {count} test(s) marked {marker}: {APART[marker]}")
+        terminalreporter.write_line(f"left out, {count} test(s) marked {marker}: {APART[marker]}")
     tests = list(dict.fromkeys(getattr(config, "stock_tests", []) + STOCK_REPORTED))
     if not tests:
         return

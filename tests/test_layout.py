@@ -184,6 +184,35 @@ def test_modules_stay_readable_in_one_sitting():
     assert not long, f"split these by what they do: {long}"
 
 
+FUNCTION_LINES = 60   # a function is read at a glance, as a module is in one sitting
+OUR_PYTHON = ("grader", "slurm", "lab", "benchmarks", "assignment_4/reference", "tests")
+
+
+def long_functions(paths, root: Path = GRADER.parent) -> list:
+    """"file:function (lines)" for every function or method of `paths` (below `root`) over
+    FUNCTION_LINES lines."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > FUNCTION_LINES:
+                    found.append(f"{path.relative_to(root)}:{node.name} ({lines})")
+    return found
+
+
+def test_no_function_is_over_sixty_lines():
+    paths = [p for top in OUR_PYTHON for p in sorted((GRADER.parent / top).rglob("*.py"))
+             if "data" not in p.relative_to(GRADER.parent).parts]
+    assert not long_functions(paths), f"split these by what they do: {long_functions(paths)}"
+
+
+def test_a_long_function_is_found(tmp_path):
+    (tmp_path / "long.py").write_text("def f():\n" + "    x = 1\n" * FUNCTION_LINES)
+    (tmp_path / "short.py").write_text("def g():\n" + "    x = 1\n" * (FUNCTION_LINES - 1))
+    assert [f.split(":")[1] for f in long_functions([tmp_path / "long.py", tmp_path / "short.py"], tmp_path)] == ["f (61)"]
+
+
 def test_a_module_named_after_a_command_lives_in_that_commands_room():
     """`grader/batch/gradebook.py` beside the `gradebook` command of grader/grades/ sent readers to
     the wrong room: a module may take a command's name only in the room that runs the command.

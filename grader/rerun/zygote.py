@@ -81,12 +81,9 @@ def _hide_command_line() -> None:
     ctypes.memmove(start, b"python3\0-m\0grader.rerun.zygote\0"[:end - start].ljust(end - start, b"\0"), end - start)
 
 
-def _zygote(mode: str, sandbox_name: str) -> None:
-    """The warm helper: for each world, fork a leader that reads the job, runs it and reports.
-
-    The zygote itself never reads a job: no check's values are ever in its memory, and so none in
-    the memory of the ranks forked after it.
-    """
+def _boot() -> int:
+    """Make this process the zygote: its signals, its path, torch and the engine imported once (and
+    so inherited by every rank), its heap frozen. Returns the control pipe's file descriptor."""
     import gc
     _hide_command_line()
     from grader.rerun.world import SHIELDED
@@ -97,7 +94,7 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     sys.dont_write_bytecode = True
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
     # torch is imported once here, inherited by every rank
-    from grader.rerun import environment, sandbox, scratch, sweep, world, worker
+    from grader.rerun import environment, sandbox, scratch, sweep, world, worker  # noqa: F401 - every fork's
     environment.bound_zygote()   # before the first fork: every pool of every rank has one thread
     worker.warm_up()
     # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
@@ -111,6 +108,17 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     if not os.environ.get("A4_IN_SANDBOX"):   # a world's orphans come back here, never to init (grader.rerun.sweep)
         sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)
     import encodings.idna  # noqa: F401 - a hand-in's socket to "127.0.0.1" needs it; load it once here
+    return control_out
+
+
+def _zygote(mode: str, sandbox_name: str) -> None:
+    """The warm helper: for each world, fork a leader that reads the job, runs it and reports.
+
+    The zygote itself never reads a job: no check's values are ever in its memory, and so none in
+    the memory of the ranks forked after it.
+    """
+    control_out = _boot()
+    from grader.rerun import sandbox, scratch, sweep, world
     cgroups = [c for c in os.environ.get("A4_CGROUPS", "").split(os.pathsep) if c]
     _, start = receive_framed((protocol.Setup,))
     isolation = sandbox.probe(mode, start.kit if start else "", sandbox_name, cgroups)
