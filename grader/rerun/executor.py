@@ -285,6 +285,7 @@ class WarmExecutor(Counted):
             return infra_report(job, f"the world's cgroup limits could not be set ({e.strerror})")
         self._numbered += 1
         number = self._numbered
+        sent = time.monotonic()
         try:
             # The zygote forks on the first; the world's own process reads the job, then its ranks forked, the key.
             for message in (protocol.WorldRequest(), job, protocol.DataKey(key=self.key.hex())):
@@ -299,6 +300,7 @@ class WarmExecutor(Counted):
         if isinstance(report, protocol.Hello):   # the zygote is fine, the world's own frame torn: the hand-in's
             return lost_report(job, "the world ended without a whole report (its leader was stopped or killed)")
         self._settling = number
+        report.timeline["round_trip"] = round(time.monotonic() - sent, 4)   # from the request sent to the report read
         return report
 
     def close(self):

@@ -212,6 +212,7 @@ class WorldReport:
                                                              # JSON line each, written before each call
     skipped_lines: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    # seconds: "forked" from the leader's start, "ready", "done", "ended" from the ranks' fork, "round_trip" the grader's
     timeline: dict[str, float] = field(default_factory=dict)
     isolation: dict = field(default_factory=dict)
     secrets: dict[str, PartSecret] = field(default_factory=dict)   # part -> the data its ranks were served

@@ -17,6 +17,7 @@ so a part that crashes or hangs costs only that part.
 import dataclasses
 import os
 import signal
+import time
 
 from grader.rerun import cgroup, protocol, sandbox, scratch, tasks
 from grader.rerun import memory
@@ -92,10 +93,12 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
     return pid, read_fd, data_write
 
 
-def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=None) -> WorldReport:
+def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=None, began=None) -> WorldReport:
     """Fork the world's ranks, supervise them to the end, and return the world's report.
     `read_key` reads the data key (grader.rerun.secret) once the ranks are forked (None: fresh data).
-    The world as a whole is held to limits.memory_mb and limits.processes (grader.rerun.memory)."""
+    The world as a whole is held to limits.memory_mb and limits.processes (grader.rerun.memory).
+    The report's timeline gets "forked": seconds from `began` (the leader's start) to every rank forked."""
+    began = time.monotonic() if began is None else began
     from grader.rerun import worker
     prepared = worker.prepare(job)
     sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)   # what the ranks start stays below us, for the watchdog
@@ -111,11 +114,13 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
         pgid = pgid or pid
         pids.append(pid)
     outputs = [os.path.join(job.work_dir, f"rank{rank}.out") for rank in range(job.world_size)]
+    forked = round(time.monotonic() - began, 4)
     key = read_key() if read_key else None   # only now: no rank holds it
     cgroups = isolation.cgroups if isolation is not None else []
     own = isolation is not None and isolation.per_world
     with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups, pids, own) as watchdog:
         report = supervise(job, fds, orders, pids, pgid, draw_secrets(job, key))
+        report.timeline["forked"] = forked
         return out_of_memory(report, watchdog, job)
 
 
@@ -176,7 +181,7 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups
     `uid`: the ranks' user id (sandbox.world_uid by default); `cgroups`: the folders the world runs
     in (the executor's by default; without the sandbox, one of the world's own below each).
     Never returns."""
-    report = None
+    report, began = None, time.monotonic()
     try:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
@@ -196,7 +201,7 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups
             if uid != os.getuid():
                 os.chown(job.work_dir, uid, uid)
             sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
-            report = run_world(job, uid, limits, read_key, isolation)
+            report = run_world(job, uid, limits, read_key, isolation, began)
     except sandbox.SandboxError as e:
         report = infra_report(job, f"the sandbox could not be set up: {e}")
     except BaseException as e:  # noqa: BLE001 - the grader must always get a report

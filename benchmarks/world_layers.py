@@ -1,0 +1,102 @@
+"""What one world costs, layer by layer: the reference re-run at the rubric's default check by the warm
+executor, with the sandbox and without, each world's timeline split into its leader's set-up, the
+ranks joining gloo, the parts, the ranks' end and the rest (the report, the pipes, the zygote's
+sweep between worlds), beside the fork-and-gloo floor measured in the same run.
+
+    python benchmarks/world_layers.py [--worlds 40] [--rubric FILE]
+
+Each figure is the median over the worlds, in milliseconds; the first worlds of each executor warm
+it and are not counted. As root with the sandbox, each world has a cgroup, namespaces and a user of
+its own, and each rank a mount and IPC namespace of its own (docs/security.md); without it
+(`--sandbox off`), a cgroup of its own and per-rank views where the machine allows them.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.grading_throughput import fork_gloo_floor
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import SandboxUnavailable, WarmExecutor
+from grader.rerun.sandbox import scratch_dir
+from grader.rubric import load_rubric
+
+REFERENCE = Path(__file__).resolve().parent.parent / "assignment_4" / "reference" / "assignment4.py"
+WARM_UP = 3   # worlds run first and not counted
+
+# (name, what it is, its milliseconds from a world's timeline)
+LAYERS = (
+    ("set-up", "the leader: cgroup, namespaces, code, every rank forked with its own view",
+     lambda t: t["forked"]),
+    ("gloo", "the ranks joined gloo and said ready", lambda t: t["ready"]),
+    ("parts", "every part run, its data served and its results sent", lambda t: t["done"] - t["ready"]),
+    ("end", "the ranks ended and were reaped", lambda t: t["ended"] - t["done"]),
+    ("rest", "the report, the pipes, the zygote's sweep between worlds", lambda t: t["round_trip"] - t["forked"] - t["ended"]),
+    ("world", "the round trip, from the request sent to the report read", lambda t: t["round_trip"]),
+)
+
+
+def timelines(mode: str, worlds: int, rubric) -> list:
+    """The timelines of `worlds` worlds of the reference at the default check, by an executor of `mode`."""
+    executor = WarmExecutor(mode, rubric.limits)
+    executor.start()
+    code = prepare_code(REFERENCE)
+    scratch = Path(scratch_dir("a4-layers-"))
+    seen = []
+    real = executor.run_world
+
+    def run_world(job):
+        report = real(job)
+        seen.append(dict(report.timeline))
+        return report
+
+    executor.run_world = run_world
+    try:
+        while len(seen) < worlds + WARM_UP:
+            run_check(executor, code, rubric.default_check, rubric, scratch)
+    finally:
+        executor.close()
+    return [t for t in seen[WARM_UP:] if all(k in t for k in ("forked", "ready", "done", "ended", "round_trip"))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, default=40)
+    parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
+    args = parser.parse_args()
+    rubric = load_rubric(args.rubric) if args.rubric else load_rubric()
+    check = rubric.default_check
+    print(f"a world of the reference at the default check ({check.world_size} ranks, parts "
+          f"{', '.join(rubric.part_ids)}), as {'root' if os.geteuid() == 0 else 'an ordinary user'}, "
+          f"median of {args.worlds} worlds each, in ms; load average before: {os.getloadavg()[0]:.1f}")
+    columns = {}
+    for mode, name in (("auto", "sandbox"), ("off", "--sandbox off")):
+        started = time.monotonic()
+        try:
+            columns[name] = timelines(mode, args.worlds, rubric)
+        except SandboxUnavailable as e:
+            print(f"{name}: cannot run here ({e})")
+            continue
+        print(f"{name}: {len(columns[name])} worlds in {time.monotonic() - started:.1f} s")
+    floor = fork_gloo_floor(repeats=args.worlds)
+    print(f"{'layer':8s} " + " ".join(f"{name:>14s}" for name in columns) + "  what")
+    for layer, what, of in LAYERS:
+        cells = [f"{1000 * statistics.median(of(t) for t in rows):14.1f}" for rows in columns.values()]
+        print(f"{layer:8s} " + " ".join(cells) + f"  {what}")
+    print(f"{'floor':8s} " + " ".join(f"{1000 * floor:14.1f}" for _ in columns) +
+          f"  fork {check.world_size} ranks from a warm process, join gloo, one all-reduce, exit")
+    for name, rows in columns.items():
+        world = statistics.median(t["round_trip"] for t in rows)
+        setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
+        print(f"{name}: a world is {world / floor:.2f}x the floor; the layers around the ranks' own work "
+              f"(set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
