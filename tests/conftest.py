@@ -15,6 +15,7 @@ sandbox configuration that cannot be made here (`skip_unless_required`).
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,21 +136,25 @@ APART = {
     "student": "the student's side (torchrun runs, the lab, check and package, the release from a fresh copy); "
                "make test-student runs them",
 }
-LEFT_OUT = {}   # marker -> how many tests -m left out that carry it
-
-
-def pytest_deselected(items):
-    for item in items:
-        for marker in APART:
-            if item.get_closest_marker(marker):
-                LEFT_OUT[marker] = LEFT_OUT.get(marker, 0) + 1
+def left_out(markexpr: str) -> list:
+    """The markers of APART whose tests `-m markexpr` leaves out: the expression is false for a test
+    that carries that marker alone (markers are names; and, or, not and parentheses join them)."""
+    tokens = re.findall(r"[()]|[A-Za-z_]\w*", markexpr or "")
+    if not tokens:
+        return []
+    out = []
+    for marker in APART:
+        said = " ".join(t if t in ("(", ")", "and", "or", "not") else str(t == marker) for t in tokens)
+        if not eval(said, {"__builtins__": {}}):   # only True, False, and, or, not and parentheses
+            out.append(marker)
+    return out
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Say what -m left out, suite by suite, and name the stock-course tests, so that after a change
     of the rubric their skips are expected."""
-    for marker, count in LEFT_OUT.items():
-        terminalreporter.write_line(f"left out, {count} test(s) marked {marker}: {APART[marker]}")
+    for marker in left_out(config.option.markexpr):
+        terminalreporter.write_line(f"left out by -m, the tests marked {marker}: {APART[marker]}")
     tests = list(dict.fromkeys(getattr(config, "stock_tests", []) + STOCK_REPORTED))
     if not tests:
         return
