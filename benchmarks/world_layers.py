@@ -5,6 +5,9 @@ sweep between worlds), beside the fork-and-gloo floor measured in the same run.
 
     python benchmarks/world_layers.py [--worlds 40] [--rubric FILE]
 
+As root where useradd and runuser are at hand, a third column: the same worlds graded by an ordinary
+user made for the run (tests/tas.py: its own venv, the kit copied into its home), with the sandbox.
+
 Each figure is the median over the worlds, in milliseconds; the first worlds of each executor warm
 it and are not counted. As root with the sandbox, each world has a cgroup, namespaces and a user of
 its own, and each rank a mount and IPC namespace of its own (docs/security.md); without it
@@ -12,7 +15,9 @@ its own, and each rank a mount and IPC namespace of its own (docs/security.md); 
 """
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -20,7 +25,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.grading_throughput import fork_gloo_floor
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import SandboxUnavailable, WarmExecutor
 from grader.rerun.sandbox import scratch_dir
@@ -64,12 +68,36 @@ def timelines(mode: str, worlds: int, rubric) -> list:
     return [t for t in seen[WARM_UP:] if all(k in t for k in ("forked", "ready", "done", "ended", "round_trip"))]
 
 
+def as_a_user(worlds: int) -> list:
+    """The timelines of `worlds` sandboxed worlds graded by an ordinary user made for the run; [] where
+    none can be made here (not root, no useradd)."""
+    from tests import tas
+    if tas.available():
+        print(f"an ordinary user: not measured ({tas.available()})")
+        return []
+    ta = tas.ta_setup("user")
+    try:
+        (ta.kit / "benchmarks").mkdir()
+        shutil.copy2(__file__, ta.kit / "benchmarks" / "world_layers.py")
+        done = ta.run([str(ta.python), "benchmarks/world_layers.py", "--worlds", str(worlds), "--json"], timeout=900)
+        if done.returncode != 0:
+            print(f"an ordinary user: failed ({done.stderr.strip()[-300:]})")
+            return []
+        return json.loads(done.stdout.splitlines()[-1])
+    finally:
+        tas.remove(ta)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, default=40)
     parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
+    parser.add_argument("--json", action="store_true", help="print the sandbox's timelines as JSON, and nothing else")
     args = parser.parse_args()
     rubric = load_rubric(args.rubric) if args.rubric else load_rubric()
+    if args.json:   # the run as an ordinary user (as_a_user)
+        print(json.dumps(timelines("auto", args.worlds, rubric)))
+        return 0
     check = rubric.default_check
     print(f"a world of the reference at the default check ({check.world_size} ranks, parts "
           f"{', '.join(rubric.part_ids)}), as {'root' if os.geteuid() == 0 else 'an ordinary user'}, "
@@ -83,6 +111,11 @@ def main() -> int:
             print(f"{name}: cannot run here ({e})")
             continue
         print(f"{name}: {len(columns[name])} worlds in {time.monotonic() - started:.1f} s")
+    if os.geteuid() == 0 and not args.rubric:
+        user = as_a_user(args.worlds)
+        if user:
+            columns["user, sandbox"] = user
+    from benchmarks.grading_throughput import fork_gloo_floor
     floor = fork_gloo_floor(repeats=args.worlds)
     print(f"{'layer':8s} " + " ".join(f"{name:>14s}" for name in columns) + "  what")
     for layer, what, of in LAYERS:
@@ -93,7 +126,7 @@ def main() -> int:
     for name, rows in columns.items():
         world = statistics.median(t["round_trip"] for t in rows)
         setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
-        print(f"{name}: a world is {world / floor:.2f}x the floor; the layers around the ranks' own work "
+        print(f"{name}: a world of {len(rubric.part_ids)} parts is {world / floor:.2f}x the floor's one all-reduce; the layers around the ranks' own work "
               f"(set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
     return 0
 
