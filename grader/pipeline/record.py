@@ -27,7 +27,6 @@ from pathlib import Path
 from grader.kit import atomic_write, fit, fit_text, write_json
 from grader.names import student_dir, students_dir
 from grader.pipeline.feedback import feedback_markdown
-from grader.pipeline.grade import grade_handin
 from grader.pipeline.report import fit_page, gradescope_results, limited_results
 from grader.results import Status, new_result, ungraded
 
@@ -90,6 +89,7 @@ def write_handin(result, out: Path, rubric=None) -> Written:
 def grade_into(handin, rubric, executor, scratch: Path, out: Path, clocks: dict = None) -> Written:
     """Grade `handin` (grade.grade_handin, which never raises for the hand-in's sake) and write its
     files into its folder in `out`."""
+    from grader.pipeline.grade import grade_handin   # torch: only where a hand-in is graded, not where one is written
     return write_handin(grade_handin(handin, rubric, executor, scratch, clocks=clocks), out, rubric)
 
 
