@@ -89,7 +89,7 @@ def test_every_part_has_every_hook(part: Part):
     for hook in ("factors", "mistakes", "run_mistake"):
         assert callable(getattr(part, hook))
     assert set(part.arguments) | set(part.own_sizes) <= set(kit_check_keys())
-    assert part.handout_log in ("", "changed", "matches")
+    assert part.handout_log in ("", parts.CHANGED, parts.MATCHES)
     assert all((kit.ROOT / path).is_file() for path in part.lab)
     assert part.layer or part.kinds == ("step",), "a part run alone at a check names the class it runs"
 

@@ -69,6 +69,9 @@ class Moves:
 
 
 B, OUT_SHARE, HIDDEN_SHARE = "global_batch_size", "output_dim/world_size", "hidden_dim/world_size"
+# How the handout's run logs a part unprefixed on rank 0 (`handout_log`): the initial and the updated
+# weight compared (they must differ), or the updated weight against the expected one.
+CHANGED, MATCHES = "changed", "matches"
 
 
 def _none(*_args, **_kwargs):
@@ -107,8 +110,7 @@ class Part:
     run_mistake: Callable = _none   # (run, failing, say) -> a sentence or None: seen in every rank's weights
     aliases: tuple = ()        # words of an invented "[Prefix]" that name it (evidence.logtext)
     alias_rank: int = 0        # aliases are tried lowest rank first (a prefix with two parts' words)
-    handout_log: str = ""      # the handout's run logs it unprefixed, on rank 0: "changed" (the initial and
-                               # the updated weight compared: they must differ) or "matches"; "" prefixed
+    handout_log: str = ""      # CHANGED or MATCHES: the handout's run logs it unprefixed on rank 0; "" prefixed
     lab: dict = field(default_factory=dict)   # lab file -> what of this part's TODOs it shows
 
     def kind_said(self, kind: str) -> str:

@@ -6,11 +6,11 @@ judged against the closed form (grader.verdict.compare). Its mistakes are those 
 handout's run logs it unprefixed on rank 0, comparing the initial weight with the updated one.
 """
 
-from grader.parts import STEP, Part
+from grader.parts import CHANGED, STEP, Part
 from grader.parts.common import WHOLE, one_weight, weight_room, weight_should
 
 PART = Part(
     "baseline", "Part 1: single-device baseline", "Baseline", "single_step", ("single_step",),
     layouts={STEP: WHOLE}, runs={STEP: one_weight}, judging={STEP: "grader.verdict.compare:STEP_JUDGING"},
     room=weight_room, should=weight_should,
-    aliases=("baseline", "single", "reference"), alias_rank=3, handout_log="changed")
+    aliases=("baseline", "single", "reference"), alias_rank=3, handout_log=CHANGED)

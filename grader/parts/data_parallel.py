@@ -75,8 +75,8 @@ def run_mistake(run, failing: list, say):
     ops = {c.get("op") for r in run.ranks.values() for c in r.comm}
     if "reduce" not in ops or "all_reduce" in ops or len(right) != 1:
         return None
-    return (f"only {say.rank(right[0], 'one rank')} ends with the right weight: the gradients went through dist.reduce, which "
-            f"leaves the sum on its destination alone; the other ranks stepped on what they had. "
+    return (f"only {say.rank(right[0], 'one rank')} ends with the right weight: the gradients went through "
+            f"dist.reduce, which leaves the sum on its destination alone; the other ranks stepped on what they had. "
             f"dist.all_reduce leaves the sum on every rank")
 
 

@@ -8,7 +8,7 @@ mistakes, each told by the weight it makes (grader.verdict.diagnose calls them):
     every step on the same micro-batch; a gradient replaced, not added; the loop left early
 """
 
-from grader.parts import STEP, Part
+from grader.parts import MATCHES, STEP, Part
 from grader.parts.common import WHOLE, close, one_weight, weight_room, weight_should
 
 
@@ -50,5 +50,6 @@ PART = Part(
     room=weight_room, should=weight_should,
     splits=(("global_batch_size", "accumulation_steps", "the batch into micro-batches"),),
     arguments=("accumulation_steps",), fixed=("accumulation_steps", "each micro-batch loss"),
-    factors=factors, mistakes=mistakes, aliases=("accum", "micro"), alias_rank=0, handout_log="matches",
-    lab={"lab/pipeline_parallel.py": "each micro-batch's loss divided by the number of micro-batches before backward()"})
+    factors=factors, mistakes=mistakes, aliases=("accum", "micro"), alias_rank=0, handout_log=MATCHES,
+    lab={"lab/pipeline_parallel.py": "each micro-batch's loss divided by the number of micro-batches "
+                                     "before backward()"})

@@ -1,8 +1,9 @@
 """Judge a backward check: Part 4's layer, forward and backward, against the single-device layer.
 
-The re-run (grader.parts.tensor_parallel.forward_and_backward) runs the hand-in's `FullColumnParallelLinear(W0, p, rank)` on an
-X that requires a gradient and starts backward from a fixed gradient G of the output. A column-
-parallel layer must give, on rank r of p, with W = [W_0 | ... | W_{p-1}] and G = [G_0 | ... | G_{p-1}]:
+The re-run (grader.parts.tensor_parallel.forward_and_backward) runs the hand-in's
+`FullColumnParallelLinear(W0, p, rank)` on an X that requires a gradient and starts backward from
+a fixed gradient G of the output. A column-parallel layer must give, on rank r of p, with
+W = [W_0 | ... | W_{p-1}] and G = [G_0 | ... | G_{p-1}]:
 
     output       X @ W                       [B, output_dim], gathered on every rank
     input_grad   G @ W^T = sum_r G_r @ W_r^T [B, input_dim]: f (BroadcastParallel) all-reduces the
