@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 
 from grader.parts import BY_ID, kind_of
-from grader.parts.common import BLOCK, COLUMNS, ROWS, SHARDS, WEIGHT, WHOLE  # noqa: F401 - the layouts drawn here
+from grader.parts.common import BLOCK, ROWS, SHARDS, WEIGHT, WHOLE
 from grader.rerun.protocol import PartSecret
 
 

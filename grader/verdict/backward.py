@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grader.parts.common import close, output_gradient
+from grader.parts.common import WEIGHT, close, output_gradient
 from grader.rerun import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import collectives, unfinished
@@ -48,7 +48,7 @@ class ExpectedLayer:
 
 def expected_layer(check, data) -> ExpectedLayer:
     """The real W0 and X of `data` (the protocol.PartSecret the check ran on) and G, in float64."""
-    real = secret.tensors(data, secret.WEIGHT, check.global_batch_size, check.input_dim, check.output_dim)
+    real = secret.tensors(data, WEIGHT, check.global_batch_size, check.input_dim, check.output_dim)
     w, x = real.w0.double(), real.x.double()
     return ExpectedLayer(x=x, w=w, g=output_gradient(check.seed, check.global_batch_size, check.output_dim).double())
 
