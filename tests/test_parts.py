@@ -13,10 +13,9 @@ import pytest
 
 from grader import kit, parts
 from grader.parts import BY_ID, KINDS, PARTS, Part
-from grader.parts.common import BLOCK, COLUMNS, ROWS, SHARDS, WEIGHT, WHOLE
+from grader.parts.common import LAYOUTS
 
 GRADER = kit.GRADER
-LAYOUTS = {WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK}   # what grader.rerun.secret draws
 
 
 def _docstrings(tree) -> set:

@@ -16,6 +16,7 @@ Layouts, each drawn by grader.rerun.secret (its docstring says what a rank sees 
 from grader.parts import BACKWARD
 
 WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK = "whole", "rows", "columns", "weight", "shards", "block"
+LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK)   # every layout grader.rerun.secret draws
 HIDDEN_DIM = 128   # the rubric's default hidden width: a check mapping without one
 
 
