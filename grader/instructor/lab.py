@@ -1,6 +1,7 @@
 """What of the lecture's lab (lab/) a students' release holds: not the files that answer the assignment.
 
-The lab shows in working code what several of the assignment's TODOs ask for (ANSWERS):
+The lab shows in working code what several of the assignment's TODOs ask for (ANSWERS, gathered
+from each part's record, grader.parts: `lab`):
 
     lab/data_parallel.py      Part 3: the all-reduce of every gradient, then the division by n
     lab/tensor_parallel.py    Part 4: f and the gather around a column-parallel layer;
