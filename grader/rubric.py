@@ -88,8 +88,6 @@ class Check:
                 f"{self.accumulation_steps} micro-batches{what})")
 
 
-
-
 @dataclass
 class Tolerance:
     """The re-run's tolerance. The log's check (utils.compare_tensors, rtol = atol = 1e-5) compares a
