@@ -3,7 +3,7 @@
 The house, one room per job; a hand-in travels down the list. Every module is named under its
 room (tests/test_layout.py holds the map to that):
 
-    shared       kit (paths, atomic writes, the source digest), parts, rubric (the loader, and
+    shared       kit (paths, atomic writes, the source digest), parts (below), rubric (the loader, and
                  the public rubric derived from it; feasible: what no rubric can have and whether
                  the kit can run its checks, every problem refused at once; worth: what a check
                  is worth, the one rounding of scores, what the hidden checks hold) and limits (what
@@ -18,13 +18,18 @@ room (tests/test_layout.py holds the map to that):
                  and reader, its grade file's filler, what the kit says of it), typed (dataclasses from plain data and back: the one
                  validator), plots (figures by matplotlib, loaded only to draw; the lab's bandwidth
                  plot uses it too), cli (the command line; __main__ runs it)
+    parts/       shared too: the parts of the assignment, a module each holding all the grader knows of
+                 that part, as its record's data and hooks (baseline, grad_accumulation,
+                 data_parallel, tensor_parallel, megatron_mlp); common (the layouts' names, the usual
+                 hooks and what the hooks share); the registry and the kinds of check in its __init__
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox and bring back its
                  weights. The executors (executor, executors, torchrun) start zygote, the warm
                  helper, inside the sandbox bwrap builds; a world (world) forks its ranks in the
                  namespaces sandbox enters, with scratch's fresh /tmp and memory's cgroup and
                  watchdog, and supervise runs its parts; in each rank worker loads the code (source)
-                 and runs a step, Part 4's layer alone (layer) or Part 5's block (block), wrapped in
-                 hooks; secret derives each part's data; protocol types the messages and channel
+                 and runs what the part's record says at the check's kind (a step, a layer alone),
+                 wrapped in hooks; secret derives each part's data by its layout; protocol types the
+                 messages and channel
                  frames them, bounds holds what a rank sends back to its part's size; check runs a
                  hand-in's parts at one check; hidden keeps a hidden check's results free of a
                  rank's words. What holds a world: memory (its watchdog; outside: what the world
@@ -40,7 +45,8 @@ room (tests/test_layout.py holds the map to that):
     evidence/    the logs, as evidence and never the verdict: runs (a run's stdout and stderr,
                  found by what they hold, and which run counts), logfile and errfile (what they
                  say), logtext (the patterns and reports both share)
-    verdict/     the re-run judged in the grader's own process: compare and diagnose (the weights),
+    verdict/     the re-run judged in the grader's own process, each part as its record names
+                 (judging): compare and diagnose (the weights),
                  backward (the tensor-parallel layer's gradients), megatron (the optional Part 5's
                  block), comm (a parallel part's collectives: right values count only with them),
                  say (what a student may see of hidden checks), score (the points)
@@ -76,7 +82,8 @@ room (tests/test_layout.py holds the map to that):
                  command); it runs no code
 
 Import rules (tests/test_layout.py holds the code to them):
-- shared modules import no torch and no room; nothing imports cli, and cli imports a command's room
+- shared modules import no torch and no room (a part's hooks import torch when called, never at the
+  top); nothing imports cli, and cli imports a command's room
   only when that command runs;
 - rerun and evidence import only shared modules; intake adds evidence (a hand-in's runs are found
   by what they hold); verdict adds rerun and evidence; pipeline adds all four;

@@ -47,9 +47,10 @@ ARRAY_CHUNK = 10         # hand-ins per task
 # The kit's own folders under ROOT: what a sandbox hides when ROOT is a site-packages it binds.
 FOLDERS = (GRADER, ASSIGNMENT, ROOT / "slurm", ROOT / "lab")
 
-# The shared vocabulary every room may import (grader/__init__.py has the map), and the rooms.
+# The shared vocabulary every room may import (grader/__init__.py has the map; a folder: a shared
+# package, every Python file in it), and the rooms.
 SHARED = ("__init__.py", "__main__.py", "cli.py", "feasible.py", "kit.py", "limits.py", "lmss.py", "names.py",
-          "outline.py", "parts.py", "plots.py", "results.py", "rubric.py", "typed.py", "worth.py")
+          "outline.py", "parts", "plots.py", "results.py", "rubric.py", "typed.py", "worth.py")
 ROOMS = ("rerun", "evidence", "intake", "verdict", "pipeline", "batch", "student", "gradescope", "instructor",
          "integrity", "grades", "analytics")
 
@@ -118,7 +119,10 @@ def grader_files(rooms, grader: Path = GRADER) -> list:
     tree ships the one it needs."""
     unknown = sorted(set(rooms) - set(ROOMS))
     assert not unknown, f"no room {unknown}"
-    files = [Path(name) for name in SHARED]
+    files = []
+    for name in SHARED:
+        folder = grader / name
+        files += sorted(p.relative_to(grader) for p in folder.glob("*.py")) if folder.is_dir() else [Path(name)]
     for room in rooms:
         files += sorted(p.relative_to(grader) for p in (grader / room).rglob("*")
                         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")

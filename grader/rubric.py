@@ -23,7 +23,7 @@ from grader import feasible, kit, typed
 from grader.limits import (CODE_KB, CODE_LINES, HANDIN_SECONDS, PART_SECONDS, PROCESS_GROUP_SECONDS,
                            WORLD_START_SECONDS, Limits)
 from grader.lmss import id_regex
-from grader.parts import BY_ID, CORE_PART_IDS, PART_IDS, PARTS
+from grader.parts import BY_ID, CORE_PART_IDS, KIND_BY_NAME, KINDS, OWN_SIZES, PART_IDS, PARTS
 from grader.worth import HiddenGroup, hidden_summary
 
 DEFAULT_RUBRIC = kit.RUBRIC
@@ -67,13 +67,10 @@ class Check:
         if self.hidden:
             return f"hidden check '{self.name}'"
         layout = f", {self.nodes} nodes" if self.nodes > 1 else ""
-        what = ", the layer's backward" if self.kind == "backward" else ""
+        what = KIND_BY_NAME[self.kind].label if self.kind in KIND_BY_NAME else ""
         return (f"check '{self.name}' (world size {self.world_size}{layout}, seed {self.seed}, batch "
                 f"{self.global_batch_size}, W {self.input_dim}x{self.output_dim}, "
                 f"{self.accumulation_steps} micro-batches{what})")
-
-
-KINDS = ("step", "backward")
 
 
 @dataclass
@@ -162,8 +159,8 @@ class Rubric:
         """sha256 of the rubric's content (a cache key); a course without Part 5 keeps its old digest."""
         data = dataclasses.asdict(self)
         data["parts"] = {k: {n: v for n, v in p.items() if n != "bonus" or v} for k, p in data["parts"].items()}
-        data["checks"] = [{n: v for n, v in c.items() if n != "hidden_dim" or "megatron_mlp" in self.parts}
-                          for c in data["checks"]]
+        read = {s for p in self.parts for s in BY_ID[p].own_sizes}   # a size only a part that is off reads: none
+        data["checks"] = [{n: v for n, v in c.items() if n not in OWN_SIZES or n in read} for c in data["checks"]]
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 

@@ -26,7 +26,7 @@ The student release carries it in its public rubric, which has no hidden checks 
 
 from dataclasses import dataclass, field
 
-from grader.parts import BY_ID
+from grader.parts import BY_ID, OWN_SIZES
 
 SIZES = ("global_batch_size", "input_dim", "output_dim", "accumulation_steps", "hidden_dim")
 # How a hidden check differs from the public checks of its kind, in the order the students' check says it.
@@ -47,7 +47,7 @@ class HiddenGroup:
 
 def kind_said(part: str, kind: str) -> str:
     """What a check of `kind` runs of `part`, for students: "the step", "MegatronMLP alone, ..."."""
-    return f"{BY_ID[part].layer} alone, forward and backward" if kind == "backward" else "the step"
+    return BY_ID[part].kind_said(kind)
 
 
 def runs(rubric, part: str) -> list:
@@ -93,7 +93,7 @@ def earned(rubric, part: str, outcomes: list) -> dict:
 def _differences(check, public: list, part: str) -> list:
     """How hidden `check` differs from the public checks of its kind that run `part`."""
     twins = [c for c in public if c.kind == check.kind]
-    sizes = [k for k in SIZES if k != "hidden_dim" or part == "megatron_mlp"]
+    sizes = [k for k in SIZES if k not in OWN_SIZES or k in BY_ID[part].own_sizes]   # the sizes it reads
     said = [] if twins else [UNCHECKED]
     said += [NODES] if check.nodes > 1 else []
     said += [WORLD_SIZE] if check.world_size not in {c.world_size for c in twins} else []

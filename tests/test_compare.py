@@ -11,7 +11,8 @@ from grader.rerun.check import PartRun, RankRun
 from grader.results import Status
 from grader.rubric import DEFAULT_RUBRIC, Check, RubricError, Tolerance, load_rubric, public_rubric, rubric_from_dict
 from grader.verdict.compare import diagnose, expected, judge
-from grader.verdict.diagnose import local_ranks, tp_step
+from grader.parts.common import local_ranks
+from grader.parts.tensor_parallel import tp_step
 from grader.verdict.say import Say
 from tests.worlds import closed_form_step
 
@@ -146,7 +147,7 @@ def ranks_with(weight, comm=(), n=4):
 @pytest.fixture(scope="module")
 def served():
     """Parts 3 and 4 at CHECK on data drawn as a world's leader draws it."""
-    return {part: expected(CHECK, 0.5, secret.draw(part, 4, False), part) for part in ("data_parallel", "tensor_parallel")}
+    return {part: expected(CHECK, 0.5, secret.draw(part, 4, "step"), part) for part in ("data_parallel", "tensor_parallel")}
 
 
 def test_each_rank_is_served_real_data_only_where_it_is_its_own(served):

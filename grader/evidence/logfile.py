@@ -44,7 +44,7 @@ from grader.evidence.logtext import (
     squash,
     timeout_flag,
 )
-from grader.parts import BY_ID, PART_IDS
+from grader.parts import BY_ID, CHANGED, PART_IDS
 
 JOB_FIELDS = 40   # [Job] fields kept, and prefixes naming no part: a log cannot fill a report
 
@@ -190,7 +190,8 @@ def _parse_log(data, min_world_size, report: LogReport, budget: Budget) -> None:
             report.parts.pop(p, None)   # an optional part the run never reached: no evidence either way
             continue
         handout = p in unprefixed or (report.dialect is Dialect.HANDOUT and p in HANDOUT_RANK0_PARTS)
-        report.parts[p] = _judge(p, per[p], [0] if handout else everyone, handout and p == "baseline")
+        changed = handout and BY_ID[p].handout_log == CHANGED   # initial vs updated weight: must differ
+        report.parts[p] = _judge(p, per[p], [0] if handout else everyone, changed)
     _log_flags(report, inits, stated, header_ws, min_world_size, statuses, footer_missing,
                evidence=bool(inits or claims or job_lines))
 

@@ -50,11 +50,9 @@ SRUN_HOST = re.compile(rb"\bhost=([\w.-]{1,200})")
 SLURM_JOB_ID = re.compile(r"\d+(?:_\d+)?")             # "48187", an array task's "48187_3"
 JOB_STATUS = re.compile(rb"finished status=(-?\w+)")
 KEY_VALUE = re.compile(r"\b(\w{1,60})=(\S{0,200})")
-# Invented prefixes, by keyword, tried in this order after the exact prefixes of grader.parts.
-PREFIX_KEYWORDS = (("grad_accumulation", ("accum", "micro")),
-                   ("tensor_parallel", ("tensor", "column", "tp", "modelparallel")),
-                   ("data_parallel", ("data", "dp")),
-                   ("baseline", ("baseline", "single", "reference")))
+# Invented prefixes, by keyword (each part's `aliases`), tried after the exact prefixes of
+# grader.parts in the order of the parts' `alias_rank`.
+PREFIX_KEYWORDS = tuple((p.id, p.aliases) for p in sorted(PARTS, key=lambda p: p.alias_rank) if p.aliases)
 
 TRACEBACK = re.compile(rb"Traceback \(most recent call last\):")
 SYNTAX_ERROR = re.compile(rb"(?:SyntaxError|IndentationError|TabError): [^\r\n]*")  # no "Traceback" line
@@ -77,7 +75,8 @@ COLLECTIVE_TIMEOUT = re.compile(rb"Watchdog caught collective operation timeout|
 NEEDLES = {NCCL: (b"NCCL", b"nccl", b"Watchdog"), SLURM: (b"slurmstepd", b"srun"),
            OOM: (b"emory", b"oom", b"Killed"), COLLECTIVE_TIMEOUT: (b"Watchdog", b"Timed out")}
 
-HANDOUT_RANK0_PARTS = ("baseline", "grad_accumulation")   # in this order, unprefixed in the handout
+# The parts the handout's run logs unprefixed on rank 0, in this order (each part's `handout_log`)
+HANDOUT_RANK0_PARTS = tuple(p.id for p in PARTS if p.handout_log)
 EXCERPT_LINES = 8      # claim lines quoted per part
 REPORT_LINES = 10      # lines kept per kind of .err evidence
 TRACEBACK_HEAD = 15    # cleaned lines kept of a traceback, its exception line the last

@@ -1,6 +1,7 @@
 """What of the lecture's lab (lab/) a students' release holds: not the files that answer the assignment.
 
-The lab shows in working code what several of the assignment's TODOs ask for (ANSWERS):
+The lab shows in working code what several of the assignment's TODOs ask for (ANSWERS, gathered
+from each part's record, grader.parts: `lab`):
 
     lab/data_parallel.py      Part 3: the all-reduce of every gradient, then the division by n
     lab/tensor_parallel.py    Part 4: f and the gather around a column-parallel layer;
@@ -22,24 +23,11 @@ Function whose forward or backward reaches a collective.
 import ast
 import re
 
-from grader.parts import BY_ID
+from grader.parts import BY_ID, PARTS
 
-ANSWERS = {   # lab file -> {part: what of that part's TODOs it shows}
-    "lab/data_parallel.py": {"data_parallel": "the all-reduce of every gradient, then its division by the world size"},
-    "lab/tensor_parallel.py": {
-        "tensor_parallel": "f (copy to the parallel region) and the gather, applied around a column-parallel layer",
-        "megatron_mlp": "g (all-reduce forward, identity backward) as an autograd Function, and Megatron's "
-                        "columns-then-rows pair"},
-    "lab/pipeline_parallel.py": {"grad_accumulation": "each micro-batch's loss divided by the number of "
-                                                      "micro-batches before backward()"},
-    "lab/mappings.py": {"tensor_parallel": "f (copy to the parallel region) as an autograd Function",
-                        "megatron_mlp": "g (all-reduce forward, identity backward) as an autograd Function"},
-    "lab/vocab_parallel.py": {"tensor_parallel": "f before a layer split by columns (the LM head's vocabulary)",
-                              "megatron_mlp": "g after the embedding split by vocabulary rows"},
-    "lab/gpt_parallel.py": {"tensor_parallel": "f before every column-parallel layer of a transformer",
-                            "megatron_mlp": "Megatron's columns-then-rows pair in the MLP and the attention"},
-    "lab/transformer.py": {"tensor_parallel": "runs lab/gpt_parallel.py's model, so it goes where that goes"},
-}
+# lab file -> {part: what of that part's TODOs it shows}, from each part's record (`lab`)
+ANSWERS = {path: {p.id: p.lab[path] for p in PARTS if path in p.lab}
+           for path in dict.fromkeys(path for p in PARTS for path in p.lab)}
 BEGIN, END = "<!-- BEGIN LAB ANSWERS -->", "<!-- END LAB ANSWERS -->"
 ANSWERS_BLOCK = re.compile(rf"^{re.escape(BEGIN)}\n.*?^{re.escape(END)}\n", re.S | re.M)
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",

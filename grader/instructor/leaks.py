@@ -15,13 +15,11 @@ from pathlib import Path
 
 from grader import kit
 from grader.instructor.lab import answer_traces, answered
-from grader.parts import BY_ID, PART_IDS
+from grader.parts import BY_ID, number as part_number
 from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, load_rubric
 
 ROOT = kit.ROOT
 CONFIG = ("world_size", "seed", "global_batch_size", "input_dim", "output_dim", "accumulation_steps")
-# Check keys only an optional part reads: left out of a public rubric whose course leaves it off.
-PART_KEYS = {"megatron_mlp": ("hidden_dim",)}
 
 
 def solution_lines(reference: str) -> set:
@@ -58,10 +56,11 @@ STUDENT_FACING = ("README.md", "assignment_4/assignment4.py", "assignment_4/READ
 
 
 def part_traces(part: str) -> re.Pattern:
-    """What names an optional part: its id, function, log prefix, scopes, number and keys."""
+    """What names an optional part: its id, function, log prefix, scopes, number and the check keys
+    only it reads (its `own_sizes`: left out of a public rubric whose course leaves it off)."""
     p = BY_ID[part]
-    words = [p.id, p.function, p.log_prefix, *p.scopes, *PART_KEYS.get(part, ())]
-    number = 1 + PART_IDS.index(part)
+    words = [p.id, p.function, p.log_prefix, *p.scopes, *p.own_sizes]
+    number = part_number(part)
     return re.compile("|".join([rf"\b{re.escape(w)}\b" for w in words] + [rf"\bPart {number}\b"]))
 
 

@@ -49,8 +49,8 @@ from grader import kit
 from grader.instructor import handout, skeleton
 from grader.instructor.config import config_drift
 from grader.instructor.lab import answered, without_answers, without_markers
-from grader.instructor.leaks import PART_KEYS, find_leaks, rename_hint
-from grader.parts import OPTIONAL_PART_IDS
+from grader.instructor.leaks import find_leaks, rename_hint
+from grader.parts import BY_ID, OPTIONAL_PART_IDS
 from grader.rubric import DEFAULT_RUBRIC, PUBLIC_RUBRIC, Rubric, RubricError, load_rubric, public_rubric
 
 ROOT = kit.ROOT
@@ -95,7 +95,7 @@ def public_rubric_text(rubric: Rubric) -> str:
     del data["gradescope"]
     for part in parts_off(rubric):
         for check in data["checks"]:
-            for key in PART_KEYS.get(part, ()):
+            for key in BY_ID[part].own_sizes:   # the check keys only a part that is off reads
                 check.pop(key, None)
     return PUBLIC_HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=200)
 

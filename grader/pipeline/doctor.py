@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from grader import kit
+from grader.parts import BACKWARD
 from grader.pipeline.canary import canary, lowered
 from grader.pipeline.peak import Peak
 from grader.rerun import bwrap, cgroup, machine, tasks
@@ -58,7 +59,7 @@ def _limits_text(limits, isolation: dict, world_cgroup) -> list:
 def _world(executor, rubric) -> tuple:
     """Run the reference at the rubric's largest check; (the check, part -> PartRun, Peak, seconds)."""
     from grader.rerun.check import prepare_code, run_check
-    check = max(rubric.checks, key=lambda c: (c.world_size, c.kind != "backward"))
+    check = max(rubric.checks, key=lambda c: (c.world_size, c.kind != BACKWARD))
     scratch = Path(scratch_dir("a4-doctor-"))
     started = time.monotonic()
     try:

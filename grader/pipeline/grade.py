@@ -25,7 +25,8 @@ from grader.rerun import check as rerun
 from grader.rerun import machine
 from grader.rerun.sandbox import scratch_dir
 from grader.results import CheckOutcome, HandinResult, Status, grading_crashed, new_result, ungraded
-from grader.verdict import backward, comm, compare, megatron
+from grader.verdict import comm
+from grader.verdict.judging import judging
 from grader.verdict.say import Say
 from grader.verdict.score import log_validity, score_handin
 
@@ -70,19 +71,13 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     passed = passed or {}
 
     def verdict(p, run):
-        # The reference is computed from the data this very run was served (every world draws its own).
-        if p == "megatron_mlp":
-            made = megatron.served if check.kind == "backward" else megatron.stepped
-            exp = made(check, rubric.learning_rate, run.data) if run.status == Status.PASSED else None
-            judge = megatron.judge_backward if check.kind == "backward" else megatron.judge_step
-        else:
-            exp = None
-            if run.status == Status.PASSED:
-                exp = backward.expected_layer(check, run.data) if check.kind == "backward" else \
-                    compare.expected(check, rubric.learning_rate, run.data, p)
-            judge = backward.judge if check.kind == "backward" else compare.judge
+        # Each part is judged as its record says for this kind of check (grader.verdict.judging); the
+        # reference is computed from the data this very run was served (every world draws its own).
+        way = judging(p, check.kind)
+        exp = way.expected(check, rubric.learning_rate, run.data, p) if run.status == Status.PASSED else None
+        outcome = way.judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ()))
         # Right values count only with the part's collectives behind them (grader.verdict.comm).
-        return comm.hold(judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ())), run, p, check, say)
+        return comm.hold(outcome, run, p, check, say)
 
     runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
     judged = {p: verdict(p, runs[p]) for p in parts}

@@ -3,7 +3,7 @@ before they are framed and again where the supervisor reads them, and a world's 
 fit the channel's frame (grader.rerun.channel.MAX_MESSAGE_BYTES), part by part.
 
 What a part returns at a check (d_in, d_out, h: its input, output and hidden widths; B: its
-global batch; p: its world size):
+global batch; p: its world size), as its record says (grader.parts: `room`, `should`):
 
     step, Parts 1-4        W [d_in, d_out]
     step, Part 5           W1 [d_in, h], W2 [h, d_in]
@@ -19,6 +19,7 @@ never as a report too large to carry. Whatever is the hand-in's doing costs that
 
 import json
 
+from grader.parts import BY_ID, kind_of
 from grader.rerun import channel, protocol
 from grader.rerun.protocol import ErrorInfo, RankStatus, Result, WorldReport
 
@@ -37,17 +38,9 @@ class TooLarge(ValueError):
         self.values = values
 
 
-def _dims(check: dict) -> tuple:
-    return tuple(int(check.get(k) or 0) for k in ("input_dim", "output_dim", "hidden_dim", "global_batch_size"))
-
-
 def room(part: str, check: dict) -> int:
     """The most values one tensor that `part` returns at `check` (the job's check mapping) holds."""
-    d_in, d_out, h, b = _dims(check)
-    h = h or 128
-    if part == "megatron_mlp":
-        return max(d_in * h, b * d_in if check.get("backward") else 0)
-    return max(d_in * d_out, b * max(d_in, d_out) if check.get("backward") else 0)
+    return BY_ID[part].room(check, kind_of(check))
 
 
 def allowed(part: str, check: dict) -> int:
@@ -141,14 +134,7 @@ def fit(message):
 def refusal(part: str, values: int, check: dict, hidden: bool) -> str:
     """What a student reads of a part that returned a tensor larger than it may: its size and the
     size it should have at a public check, no size at a hidden one."""
-    d_in, d_out, h, b = _dims(check)
-    h = h or 128
-    if check.get("backward"):
-        should = "the layer's output and gradients" + ("" if hidden else f", at most {room(part, check)} values each")
-    elif part == "megatron_mlp":
-        should = "the weights W1 and W2" + ("" if hidden else f", {d_in} x {h} and {h} x {d_in}")
-    else:
-        should = "the weight" + ("" if hidden else f", {d_in} x {d_out}")
+    should = BY_ID[part].should(check, kind_of(check), hidden)
     size = "a tensor larger than any it may return" if hidden else f"a tensor of {values} values"
     return f"the part returned {size}; it should return {should}"
 

@@ -41,12 +41,11 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What the zygote imports, and no more: no rubric, no kit paths, nothing of intake, evidence,
 # verdict or pipeline, none of the grader's side of rerun/ (executor, check, hidden, doctor, bwrap).
 # tests/test_layout.py holds this list to the zygote's imports.
-ENGINE = ("__init__.py", "limits.py", "parts.py", "typed.py", "rerun/__init__.py", "rerun/block.py",
-          "rerun/bounds.py", "rerun/cgroup.py", "rerun/channel.py", "rerun/environment.py", "rerun/hooks.py",
-          "rerun/layer.py", "rerun/memory.py", "rerun/outside.py", "rerun/protocol.py", "rerun/readable.py",
-          "rerun/sandbox.py", "rerun/scratch.py", "rerun/secret.py", "rerun/sockets.py", "rerun/source.py",
-          "rerun/supervise.py", "rerun/sweep.py", "rerun/tasks.py", "rerun/worker.py", "rerun/world.py",
-          "rerun/zygote.py")
+ENGINE = ("__init__.py", "limits.py", "parts/*.py", "typed.py", "rerun/__init__.py", "rerun/bounds.py",
+          "rerun/cgroup.py", "rerun/channel.py", "rerun/environment.py", "rerun/hooks.py", "rerun/memory.py",
+          "rerun/outside.py", "rerun/protocol.py", "rerun/readable.py", "rerun/sandbox.py", "rerun/scratch.py",
+          "rerun/secret.py", "rerun/sockets.py", "rerun/source.py", "rerun/supervise.py", "rerun/sweep.py",
+          "rerun/tasks.py", "rerun/worker.py", "rerun/world.py", "rerun/zygote.py")   # parts/*.py: every part
 PASSWD = "a4:x:{uid}:{gid}:a4 sandbox:/tmp:/bin/false\n"
 CLONE_NEWUSER = 0x10000000
 # How to get the sandbox where user namespaces are refused to ordinary users: the machine's own

@@ -257,8 +257,7 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
 
 
 def _world_job(code: dict, work: Path, check, rubric, parts: list) -> WorldJob:
-    config = {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight", "world_size", "kind")}
-    config["backward"] = int(check.kind == "backward")
+    config = {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight", "world_size")}
     return WorldJob(work_dir=str(work), code=code, store=str(work / "store"),
                     world_size=check.world_size, parts=list(parts), check=config,
                     pg_timeout=rubric.timeouts.process_group, limits=asdict(rubric.limits),

@@ -72,8 +72,8 @@ class WorldJob:
     store: str                         # gloo's file store
     world_size: int
     parts: list[str]
-    check: dict[str, int]              # global_batch_size, input_dim, output_dim, seed, accumulation_steps,
-                                       # nodes (the world's layout), backward (1: Part 4's layer backward)
+    check: dict[str, int | str]        # global_batch_size, input_dim, output_dim, seed, accumulation_steps,
+                                       # hidden_dim, nodes (the world's layout), kind (grader.parts.KINDS)
     pg_timeout: float                  # how long a collective waits for a missing rank
     limits: dict[str, int]             # grader.rubric.Limits, as a mapping
     timeouts: Timeouts = field(default_factory=Timeouts)

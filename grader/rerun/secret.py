@@ -20,27 +20,27 @@ comes, the leader draws the seeds with os.urandom instead, fresh for the world.
 The seeds, not the key, go back in the world's report, and the grader judges from them: the leader
 is the grader's own code, and the rest of the grader (compare, diagnose, backward) needs no key.
 
-What a rank of p sees, per part (B x I inputs X, B x O targets Y; W0 the initial weight):
+What a rank of p sees, per layout (B x I inputs X, B x O targets Y; W0 the initial weight). A part
+names the layout of each kind of check it runs (grader.parts: `layouts`):
 
-    baseline, grad_accumulation   the real X and Y, the same on every rank
-    data_parallel                 real rows only in its own slice [r*B/p, (r+1)*B/p) of X and Y,
-                                  its own noise in every other row: the whole batch on one rank, or
-                                  an all-reduce of nothing, gives a wrong weight
-    tensor_parallel (the step)    the real X; real targets only in its own columns [r*O/p,
-                                  (r+1)*O/p) of Y, its own noise elsewhere: the gradient of rank r's
-                                  columns of W needs only those, so the column-parallel step is
-                                  right, and the full weight needs every rank's updated columns
-    backward check                the real X; the layer is handed a W0 whose own columns are real
-                                  and whose other columns are its own noise: the gathered output and
-                                  the all-reduced gradient of X are right only if the ranks communicate
-    megatron_mlp (the step)       the real X and Y [B, d], and a seed of its own as the part's `seed`:
-                                  init_mlp_weights(seed) draws a full W1 [d, h], W2 [h, d] whose
-                                  rank-r shards (W1's columns, W2's rows [r*h/p, (r+1)*h/p)) are the
-                                  real ones, the rest another draw (SHARDS). The block's output needs
-                                  every rank's real shards (g), the full weights every rank's update
-                                  (the gather): the step taken whole on one rank, from its own full
-                                  W1 and W2, is wrong. (Megatron-LM seeds each tensor-parallel rank
-                                  apart too.) Its backward check's block: `block`, below.
+    WHOLE     the real X and Y, the same on every rank (Parts 1 and 2)
+    ROWS      real rows only in its own slice [r*B/p, (r+1)*B/p) of X and Y, its own noise in every
+              other row: the whole batch on one rank, or an all-reduce of nothing, gives a wrong
+              weight (Part 3)
+    COLUMNS   the real X; real targets only in its own columns [r*O/p, (r+1)*O/p) of Y, its own
+              noise elsewhere: the gradient of rank r's columns of W needs only those, so the
+              column-parallel step is right, and the full weight needs every rank's updated
+              columns (Part 4's step)
+    WEIGHT    the real X; the layer is handed a W0 whose own columns are real and whose other
+              columns are its own noise: the gathered output and the all-reduced gradient of X are
+              right only if the ranks communicate (Part 4's layer alone)
+    SHARDS    the real X and Y [B, d], and a seed of its own as the part's `seed`:
+              init_mlp_weights(seed) draws a full W1 [d, h], W2 [h, d] whose rank-r shards (W1's
+              columns, W2's rows [r*h/p, (r+1)*h/p)) are the real ones, the rest another draw. The
+              block's output needs every rank's real shards (g), the full weights every rank's
+              update (the gather): the step taken whole on one rank, from its own full W1 and W2,
+              is wrong. (Megatron-LM seeds each tensor-parallel rank apart too.) (Part 5's step)
+    BLOCK     the real X, and W1, W2 real only in its own shards: `block`, below (Part 5's block alone)
 
 Each part has seeds of its own (at each check), so nothing one part saw helps in another. The
 initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as the handout writes it.
@@ -56,17 +56,15 @@ from dataclasses import dataclass
 
 import torch
 
+from grader.parts import BY_ID, kind_of
+from grader.parts.common import BLOCK, ROWS, SHARDS, WEIGHT, WHOLE
 from grader.rerun.protocol import PartSecret
 
-ROWS, COLUMNS, WEIGHT, SHARDS, WHOLE = "rows", "columns", "weight", "shards", "whole"
 
-
-def layout(part: str, backward: bool) -> str:
-    """How a part's data is split over the ranks: ROWS, COLUMNS (of Y), WEIGHT (columns of W0),
-    SHARDS (a seed per rank for Part 5's weights), WHOLE."""
-    if backward:
-        return WEIGHT
-    return {"data_parallel": ROWS, "tensor_parallel": COLUMNS, "megatron_mlp": SHARDS}.get(part, WHOLE)
+def layout(part: str, kind: str) -> str:
+    """How `part`'s data is split over the ranks at a check of `kind`: WHOLE, ROWS, COLUMNS (of Y),
+    WEIGHT (columns of W0), SHARDS (a seed per rank for an MLP's weights), BLOCK (an MLP's shards)."""
+    return BY_ID[part].layouts[kind]
 
 
 def _seed() -> int:
@@ -81,9 +79,9 @@ def new_key() -> bytes:
     return os.urandom(KEY_BYTES)
 
 
-def draw(part: str, world_size: int, backward: bool) -> PartSecret:
-    """Fresh seeds for one part of one world (call only after the ranks are forked)."""
-    split = layout(part, backward) != WHOLE
+def draw(part: str, world_size: int, kind: str) -> PartSecret:
+    """Fresh seeds for one part of one world at a check of `kind` (call only after the ranks are forked)."""
+    split = layout(part, kind) != WHOLE
     return PartSecret(seed=_seed(), blocks=[_seed() for _ in range(world_size)] if split else [],
                       noise=[_seed() for _ in range(world_size)] if split else [])
 
@@ -96,7 +94,7 @@ def derive(key: bytes, check: dict, part: str, world_size: int) -> PartSecret:
     def seed(what: str) -> int:
         digest = hmac.new(key, f"{label}|{part}|{what}".encode(), hashlib.sha256).digest()
         return int.from_bytes(digest[:8], "little") >> 1   # a torch.Generator takes up to 2**63
-    split = layout(part, bool(check.get("backward"))) != WHOLE
+    split = layout(part, kind_of(check)) != WHOLE
     return PartSecret(seed=seed("seed"), blocks=[seed(f"block|{r}") for r in range(world_size)] if split else [],
                       noise=[seed(f"noise|{r}") for r in range(world_size)] if split else [])
 
@@ -116,7 +114,9 @@ class PartData:
     """One rank's (or, for the grader, the real) tensors of a part: float32, on the CPU."""
     x: torch.Tensor                  # [B, I]
     y: torch.Tensor = None           # [B, O] (a step)
-    w0: torch.Tensor = None          # [I, O] (a backward check: the W0 the layer is handed)
+    w0: torch.Tensor = None          # [I, O] (WEIGHT: the W0 the layer is handed)
+    w1: torch.Tensor = None          # [d, h] (BLOCK: the W1 the block is handed)
+    w2: torch.Tensor = None          # [h, d] (BLOCK: its W2)
 
 
 def tensors(secret: PartSecret, layout_: str, batch: int, input_dim: int, output_dim: int,
@@ -224,16 +224,18 @@ class Served:
     batch: PartData = None    # what utils.create_batch returns when asked for `sizes` (None: the seeded batch)
     sizes: tuple = ()         # (batch_size, input_dim, output_dim) the part asks create_batch for
     seed: int = 0             # the part's `seed` argument (and the module's `seed`)
-    data: object = None       # what a backward check's layer is handed: PartData, or Part 5's PartSecret
+    data: PartData = None     # what a layer or block run alone is handed (WEIGHT, BLOCK)
 
 
 def rank_view(run, check: dict, rank: int) -> Served:
-    """Rank `rank`'s view of the part a protocol.Run starts (see the module docstring)."""
+    """Rank `rank`'s view of the part a protocol.Run starts, by the layout of its kind of check (see
+    the module docstring)."""
     b, d, o = check["global_batch_size"], check["input_dim"], check["output_dim"]
-    backward = bool(check.get("backward"))
-    if run.part == "megatron_mlp" and backward:
-        return Served(seed=check["seed"], data=run.data)   # its block: grader.rerun.block
-    if run.part == "megatron_mlp":
+    layout_ = layout(run.part, kind_of(check))
+    if layout_ == BLOCK:
+        x, w1, w2 = block(run.data, b, d, check["hidden_dim"], rank)
+        return Served(seed=check["seed"], data=PartData(x=x, w1=w1, w2=w2))
+    if layout_ == SHARDS:
         return Served(batch=tensors(run.data, WHOLE, b, d, d), sizes=(b, d, d), seed=run.data.blocks[rank])
-    data = tensors(run.data, layout(run.part, backward), b, d, o, rank)
+    data = tensors(run.data, layout_, b, d, o, rank)
     return Served(batch=data if data.y is not None else None, sizes=(b, d, o), seed=check["seed"], data=data)

@@ -24,6 +24,7 @@ import selectors
 import signal
 import time
 
+from grader.parts import kind_of
 from grader.rerun import bounds, channel, protocol, secret
 from grader.rerun.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
 
@@ -266,7 +267,7 @@ def draw_secrets(job: WorldJob, key: bytes = None) -> dict:
     fresh where there is none. Call only once the ranks are forked: no rank may inherit it."""
     if key:
         return {part: secret.derive(key, job.check, part, job.world_size) for part in job.parts}
-    return {part: secret.draw(part, job.world_size, bool(job.check.get("backward"))) for part in job.parts}
+    return {part: secret.draw(part, job.world_size, kind_of(job.check)) for part in job.parts}
 
 
 def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, secrets: dict,

@@ -3,11 +3,12 @@
 The rank joins a gloo world over a file store, loads `assignment4.py` next to the trusted
 `utils.py`, and then waits on its data pipe for the supervisor's orders: for each Run it sets the
 check's configuration on the module, serves its own view of the part's data (grader.rerun.secret)
-through `utils.create_batch`, calls the part's function with `seed=` (the check's; Part 5's step,
-a seed of the rank's own) and `device="cpu"`, and sends the returned weight (with the Run's
-token, the collectives the part called and any error) over its result pipe
-(grader.rerun.protocol). At a backward check it runs Part 4's layer alone instead
-(grader.rerun.layer), or Part 5's block (grader.rerun.block). It never compares anything: the
+through `utils.create_batch`, and runs what the part's record says it runs at the check's kind
+(grader.parts: `runs`): at a step, its function called with `seed=` (the check's, or a seed of the
+rank's own where the part's layout draws one), `device="cpu"` and the part's `arguments`; at a
+backward check, its layer or block alone. It sends the tensors that returns (with the Run's token,
+the collectives the part called and any error) over its result pipe (grader.rerun.protocol),
+each held to the part's bounds (grader.rerun.bounds). It never compares anything: the
 verdict is the grader's, in the grader's own process, and nothing said here is believed but the
 tensors, which only the part's work makes right.
 Tracebacks keep the hand-in's own frames only (assignment4.py and utils.py, by file name).
@@ -30,8 +31,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from grader.parts import BY_ID
-from grader.rerun import block, bounds, environment, layer, protocol, secret
+from grader.parts import BY_ID, kind_of
+from grader.rerun import bounds, environment, protocol, secret
 from grader.rerun.source import compile_assignment, load_source, run_assignment
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.protocol import ErrorInfo, RankStatus
@@ -96,17 +97,6 @@ def _kwargs_for(function, wanted: dict) -> dict:
     return {k: v for k, v in wanted.items() if k in params}
 
 
-def _returned_weight(value):
-    """The updated weight in what a part returned: a tensor, or the last tensor of a tuple."""
-    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        value = value[-1]
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"returned {type(value).__name__}, not a tensor")
-    if not value.is_floating_point():
-        raise TypeError(f"returned a tensor of {value.dtype}, not a floating-point tensor")
-    return value
-
-
 OWN_FILES = ("assignment4.py", "utils.py")   # the hand-in's own frames: the only ones a traceback shows
 
 
@@ -141,34 +131,23 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
     if not callable(function):
         return protocol.Result(part=part_id, status=RankStatus.CRASHED,
                                error=ErrorInfo(f"assignment4.py has no function {part.function}()"))
-    data = view.data
-    wanted = {"seed": view.seed, "device": "cpu"}
-    if part_id == "grad_accumulation":
-        wanted["accumulation_steps"] = check["accumulation_steps"]
+    wanted = {"seed": view.seed, "device": "cpu", **{key: check[key] for key in part.arguments}}
+    run = part.runs[kind_of(check)]
     calls, devices = [], []
 
-    def encode(tensor):   # refused past what the part may return
-        return bounds.encode(tensor, part_id, check)
+    def call():   # the part's function, with the arguments it takes of `wanted`
+        return function(**_kwargs_for(function, wanted))
 
     started = time.monotonic()
     result = protocol.Result(part=part_id, status=RankStatus.OK)
     try:
-        if check.get("backward"):
-            with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
-                if part_id == "megatron_mlp":
-                    tensors = block.forward_and_backward(module, check, data)
-                else:
-                    tensors = layer.forward_and_backward(module, check, data)
-            result.weight = encode(tensors.pop("output"))
-            result.extra = {name: encode(t) for name, t in tensors.items()}
-        elif part_id == "megatron_mlp":   # two weights: W1 in weight, W2 in extra
-            with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
-                w1, w2 = block.returned_weights(function(**_kwargs_for(function, wanted)))
-            result.weight, result.extra = encode(w1), {"w2": encode(w2)}
-        else:
-            with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
-                returned = function(**_kwargs_for(function, wanted))
-            result.weight = encode(_returned_weight(returned))
+        with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
+            tensors = run(module, call, check, view.data)
+        # Its answer first (the weight, or the output of a layer run alone), refused past what the
+        # part may return, then the rest.
+        first = next(iter(tensors))
+        result.weight = bounds.encode(tensors.pop(first), part_id, check)
+        result.extra = {name: bounds.encode(t, part_id, check) for name, t in tensors.items()}
     except bounds.TooLarge as e:   # the grader says so, in its own words (grader.rerun.check)
         result.status, result.weight, result.extra, result.oversize = RankStatus.CRASHED, None, {}, e.values
     except NotImplementedError as e:

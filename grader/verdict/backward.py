@@ -1,8 +1,9 @@
 """Judge a backward check: Part 4's layer, forward and backward, against the single-device layer.
 
-The re-run (grader.rerun.layer) runs the hand-in's `FullColumnParallelLinear(W0, p, rank)` on an
-X that requires a gradient and starts backward from a fixed gradient G of the output. A column-
-parallel layer must give, on rank r of p, with W = [W_0 | ... | W_{p-1}] and G = [G_0 | ... | G_{p-1}]:
+The re-run (grader.parts.tensor_parallel.forward_and_backward) runs the hand-in's
+`FullColumnParallelLinear(W0, p, rank)` on an X that requires a gradient and starts backward from
+a fixed gradient G of the output. A column-parallel layer must give, on rank r of p, with
+W = [W_0 | ... | W_{p-1}] and G = [G_0 | ... | G_{p-1}]:
 
     output       X @ W                       [B, output_dim], gathered on every rank
     input_grad   G @ W^T = sum_r G_r @ W_r^T [B, input_dim]: f (BroadcastParallel) all-reduces the
@@ -22,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
+from grader.parts.common import WEIGHT, close, output_gradient
 from grader.rerun import secret
-from grader.rerun.layer import output_gradient
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import collectives, unfinished
-from grader.verdict.diagnose import close
+from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 
 F_HINT = ("f (BroadcastParallel: identity forward, all-reduce backward) must sum the ranks' shares: "
@@ -47,7 +48,7 @@ class ExpectedLayer:
 
 def expected_layer(check, data) -> ExpectedLayer:
     """The real W0 and X of `data` (the protocol.PartSecret the check ran on) and G, in float64."""
-    real = secret.tensors(data, secret.WEIGHT, check.global_batch_size, check.input_dim, check.output_dim)
+    real = secret.tensors(data, WEIGHT, check.global_batch_size, check.input_dim, check.output_dim)
     w, x = real.w0.double(), real.x.double()
     return ExpectedLayer(x=x, w=w, g=output_gradient(check.seed, check.global_batch_size, check.output_dim).double())
 
@@ -118,3 +119,7 @@ def judge(run, exp, part: str, check, tol, say: Say = None, passed=()) -> CheckO
     else:
         outcome.message = "the layer's output and gradients match the single-device layer's on every rank"
     return outcome
+
+
+# A layer run alone (grader.parts: a part's `judging` at the backward kind)
+BACKWARD_JUDGING = Judging(expected=lambda check, lr, data, part: expected_layer(check, data), judge=judge)

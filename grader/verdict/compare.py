@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grader.parts import BY_ID, STEP
+from grader.parts.common import close as _close
 from grader.rerun import secret
 from grader.results import CheckOutcome, Status
-from grader.verdict.diagnose import close as _close, diagnose
+from grader.verdict.diagnose import diagnose
+from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 
-__all__ = ["Expected", "expected", "diagnose", "collectives", "weight_digest", "judge", "unfinished"]
+__all__ = ["Expected", "expected", "diagnose", "collectives", "weight_digest", "judge", "unfinished", "STEP_JUDGING"]
 
 
 @dataclass
@@ -61,9 +64,9 @@ class Expected:
         return self.w0 - self.lr * sum(self.gradient(rows_of(r), r) for r in range(world_size)) / world_size
 
 
-def expected(check, lr: float, data=None, part: str = "baseline") -> Expected:
-    """The reference of `part` at `check`, on `data` (the protocol.PartSecret the part ran on; None:
-    the handout's seeded batch, as utils.create_batch draws it)."""
+def expected(check, lr: float, data=None, part: str = None) -> Expected:
+    """The reference of `part` at step check `check`, on `data` (the protocol.PartSecret the part ran
+    on, drawn by the part's layout; None: the handout's seeded batch, as utils.create_batch draws it)."""
     g = torch.Generator().manual_seed(check.seed)
     w0 = torch.randn(check.input_dim, check.output_dim, generator=g).double()
     sizes = (check.global_batch_size, check.input_dim, check.output_dim)
@@ -73,7 +76,7 @@ def expected(check, lr: float, data=None, part: str = "baseline") -> Expected:
         x = torch.randn(check.global_batch_size, check.input_dim, generator=g).double()
         y = torch.randn(check.global_batch_size, check.output_dim, generator=g).double()
     else:
-        layout = secret.layout(part, False)
+        layout = secret.layout(part, STEP)
         real = secret.tensors(data, layout, *sizes)
         x, y = real.x.double(), real.y.double()
         if layout != secret.WHOLE:
@@ -138,17 +141,6 @@ def unfinished(run, check, say: Say) -> CheckOutcome:
     return outcome
 
 
-def _reduced_to_one_rank(run, failing: list, part: str, say: Say) -> str:
-    """dist.reduce where all_reduce belongs: its destination right, every other rank on its own slice."""
-    right = [r for r in run.ranks if r not in failing]
-    ops = {c.get("op") for r in run.ranks.values() for c in r.comm}
-    if part != "data_parallel" or "reduce" not in ops or "all_reduce" in ops or len(right) != 1:
-        return ""
-    return (f"only {say.rank(right[0], 'one rank')} ends with the right weight: the gradients went through dist.reduce, which "
-            f"leaves the sum on its destination alone; the other ranks stepped on what they had. "
-            f"dist.all_reduce leaves the sum on every rank")
-
-
 def judge(run, exp: Expected, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of one part at one check, from its PartRun. `passed`: the checks this part passed
     already (grader.verdict.diagnose); `say`: how this check's numbers are said."""
@@ -173,9 +165,9 @@ def judge(run, exp: Expected, part: str, check, tol, say: Say = None, passed=())
         first = failing[0]
         weights = {rank: r.weight for rank, r in run.ranks.items()}
         outcome.status = Status.FAILED
-        outcome.diagnosis = _reduced_to_one_rank(run, failing, part, say)
-        outcome.diagnosis = outcome.diagnosis or diagnose(run.ranks[first].weight, exp, part, check, first, tol,
-                                                          say, passed, weights)
+        # A mistake that only every rank's weights together show (the part's), then the first's weight.
+        outcome.diagnosis = BY_ID[part].run_mistake(run, failing, say) or \
+            diagnose(run.ranks[first].weight, exp, part, check, first, tol, say, passed, weights)
         outcome.weight_digest = weight_digest(run.ranks)
         outcome.message = f"wrong weight on {say.ranks(failing, len(run.ranks))}: {outcome.diagnosis}"
     else:
@@ -183,3 +175,6 @@ def judge(run, exp: Expected, part: str, check, tol, say: Say = None, passed=())
         outcome.message = ("matches the reference on every rank" if check.hidden or len(run.ranks) == 1
                            else f"matches the reference on all {len(run.ranks)} ranks")
     return outcome
+
+
+STEP_JUDGING = Judging(expected=expected, judge=judge)   # a step that returns one weight (grader.parts)

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
+from grader.parts.common import close, output_gradient
 from grader.rerun import secret
-from grader.rerun.layer import output_gradient
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import collectives, unfinished, weight_digest
-from grader.verdict.diagnose import close
+from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 
 
@@ -47,7 +47,7 @@ class Block:
 
 def seeded(check, lr: float) -> Block:
     """The block's weights, batch and output gradient at `check`, drawn as the handout draws them
-    (init_mlp_weights, create_batch(B, d, d, seed)) and as grader.rerun.block draws G."""
+    (init_mlp_weights, create_batch(B, d, d, seed)) and as the rank draws G (grader.parts.common)."""
     d, h, b = check.input_dim, check.hidden_dim, check.global_batch_size
     gen = torch.Generator().manual_seed(check.seed)
     w1 = torch.randn(d, h, generator=gen) / d ** 0.5
@@ -295,3 +295,8 @@ def judge_backward(run, b: Block, part: str, check, tol, say: Say = None, passed
     else:
         outcome.message = "the block's output and gradients match the single-device block's on every rank"
     return outcome
+
+
+# Part 5's record names these (grader.parts.megatron_mlp: `judging`).
+STEP_JUDGING = Judging(expected=lambda check, lr, data, part: stepped(check, lr, data), judge=judge_step)
+BACKWARD_JUDGING = Judging(expected=lambda check, lr, data, part: served(check, lr, data), judge=judge_backward)

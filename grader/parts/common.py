@@ -1,0 +1,90 @@
+"""What the parts' modules share: the layouts' names, the usual hooks, and the helpers their hooks use.
+
+Hooks run where torch is loaded already (a rank, the verdict); each imports it when called, so that
+the shared vocabulary imports no torch.
+
+Layouts, each drawn by grader.rerun.secret (its docstring says what a rank sees of each):
+
+    WHOLE     the real X and Y, the same on every rank
+    ROWS      real rows only in the rank's own slice of X and Y
+    COLUMNS   the real X, real targets only in the rank's own columns of Y
+    WEIGHT    the real X, and a W0 real only in the rank's own columns (a layer run alone)
+    SHARDS    the real X and Y [B, d], and a seed of the rank's own that draws its MLP weights
+    BLOCK     the real X, and W1, W2 real only in the rank's own shards (an MLP block run alone)
+"""
+
+from grader.parts import BACKWARD
+
+WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK = "whole", "rows", "columns", "weight", "shards", "block"
+LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK)   # every layout grader.rerun.secret draws
+HIDDEN_DIM = 128   # the rubric's default hidden width: a check mapping without one
+
+
+def dims(check: dict) -> tuple:
+    """(d_in, d_out, h, B) of a job's check mapping."""
+    d_in, d_out, h, b = (int(check.get(k) or 0) for k in ("input_dim", "output_dim", "hidden_dim", "global_batch_size"))
+    return d_in, d_out, h or HIDDEN_DIM, b
+
+
+# ---- the rank's side ----------------------------------------------------------------------------
+
+def returned_weight(value):
+    """The updated weight in what a part returned: a tensor, or the last tensor of a tuple."""
+    import torch
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        value = value[-1]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"returned {type(value).__name__}, not a tensor")
+    if not value.is_floating_point():
+        raise TypeError(f"returned a tensor of {value.dtype}, not a floating-point tensor")
+    return value
+
+
+def one_weight(module, call, check: dict, data) -> dict:
+    """A step that returns one weight: {"weight": W [d_in, d_out]}."""
+    return {"weight": returned_weight(call())}
+
+
+def output_gradient(seed: int, batch: int, output_dim: int):
+    """G: the gradient a layer or block run alone starts its backward from (seeded with the check's
+    seed + 1; the verdict draws the same)."""
+    import torch
+    return torch.randn(batch, output_dim, generator=torch.Generator().manual_seed(seed + 1))
+
+
+def weight_room(check: dict, kind: str) -> int:
+    """The most values a tensor of a one-weight part holds: W [d_in, d_out]; a layer run alone adds
+    its output [B, d_out] and the gradient of X [B, d_in]."""
+    d_in, d_out, _, b = dims(check)
+    return max(d_in * d_out, b * max(d_in, d_out) if kind == BACKWARD else 0)
+
+
+def alone_should(room: int, hidden: bool) -> str:
+    """What a layer or block run alone should return, said in a refusal."""
+    return "the layer's output and gradients" + ("" if hidden else f", at most {room} values each")
+
+
+def weight_should(check: dict, kind: str, hidden: bool) -> str:
+    """What a one-weight part should return, said in a refusal (no size at a hidden check)."""
+    if kind == BACKWARD:
+        return alone_should(weight_room(check, kind), hidden)
+    d_in, d_out, _, _ = dims(check)
+    return "the weight" + ("" if hidden else f", {d_in} x {d_out}")
+
+
+# ---- the verdict's side -------------------------------------------------------------------------
+
+def close(a, b, tol) -> bool:
+    """The same shape and every value within the rubric's tolerance."""
+    return a.shape == b.shape and bool(a.allclose(b, rtol=tol.rtol, atol=tol.atol))
+
+
+def local_ranks(check) -> list:
+    """Each rank's LOCAL_RANK in the check's layout of `nodes` nodes."""
+    per_node = check.world_size // max(check.nodes, 1)
+    return [r % per_node for r in range(check.world_size)]
+
+
+def layout_matters(check, passed) -> bool:
+    """The check lays its world out on several nodes, and the part passed on one node at its world size."""
+    return check.nodes > 1 and any(p.nodes == 1 and p.world_size == check.world_size for p in passed)

@@ -1,0 +1,102 @@
+"""Part 5 (optional), Megatron's MLP block: W1 split by columns, W2 by rows, f and g around them.
+
+A course turns it on by giving it points in its rubric. Its function returns two full weights,
+W1 [input_dim, hidden_dim] and W2 [hidden_dim, input_dim] (`two_weights`); its checks read the
+rubric's hidden_dim, which no other part reads (`own_sizes`).
+
+At a step check every rank is handed the real X and Y [B, d] and a seed of its own as the part's
+`seed` (SHARDS): init_mlp_weights(seed) draws a full W1 and W2 whose rank-r shards are the real
+ones, so a step taken whole on one rank is wrong. At a backward check the block
+`MegatronMLP(W1, W2, world_size, rank)` runs alone (`forward_and_backward`), handed W1 and W2 real
+in its own shards only (BLOCK). Both are judged, and their usual mistakes named, by
+grader.verdict.megatron.
+"""
+
+from grader.parts import BACKWARD, HIDDEN_SHARE, STEP, B, Moves, Part
+from grader.parts.common import BLOCK, SHARDS, alone_should, dims, output_gradient
+
+
+def returned_weights(value) -> tuple:
+    """(W1, W2) from what megatron_mlp_single_step returned: a pair of floating-point tensors."""
+    import torch
+    if not isinstance(value, (tuple, list)) or len(value) != 2 or \
+            not all(isinstance(v, torch.Tensor) for v in value):
+        raise TypeError(f"megatron_mlp_single_step returned {type(value).__name__}, not a pair of tensors "
+                        f"(updated_w1, updated_w2)")
+    if not all(v.is_floating_point() for v in value):
+        raise TypeError("megatron_mlp_single_step returned tensors that are not floating-point")
+    return value[0], value[1]
+
+
+def two_weights(module, call, check: dict, data) -> dict:
+    """The step: {"weight": W1 [d, h], "w2": W2 [h, d]}."""
+    w1, w2 = returned_weights(call())
+    return {"weight": w1, "w2": w2}
+
+
+def forward_and_backward(module, call, check: dict, data) -> dict:
+    """The hand-in's block run alone on every rank, on `data` (a grader.rerun.secret.PartData: x, and
+    w1, w2 real in the rank's own shards), backward started from G of the output [B, input_dim]:
+
+        output      the block's output, [B, input_dim] on every rank (GeLU(X W1) W2)
+        input_grad  the gradient of X, [B, input_dim] on every rank (f all-reduces it)
+        w1_grad     the gradient of the rank's W1 shard, [input_dim, hidden_dim / p]
+        w2_grad     the gradient of the rank's W2 shard, [hidden_dim / p, input_dim]
+
+    The shards are the block's parameters in the order it registers them (fc1's, then fc2's)."""
+    import torch
+    import torch.distributed as dist
+    block_class = getattr(module, "MegatronMLP", None)
+    if not isinstance(block_class, type):
+        raise TypeError("assignment4.py has no class MegatronMLP")
+    batch, d = data.x.shape
+    grad_output = output_gradient(check["seed"], check["global_batch_size"], check["input_dim"])
+    x = data.x.detach().clone().requires_grad_(True)
+    block = block_class(data.w1, data.w2, dist.get_world_size(), dist.get_rank())
+    out = block(x)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"MegatronMLP returned {type(out).__name__}, not a tensor")
+    tensors = {"output": out.detach().clone()}
+    if tuple(out.shape) != (batch, d) or not out.requires_grad:
+        return tensors   # nothing to start backward from; the output's shape is the diagnosis
+    out.backward(grad_output.to(out.dtype))
+    if x.grad is not None:
+        tensors["input_grad"] = x.grad.detach().clone()
+    params = list(block.parameters())
+    if len(params) == 2 and all(p.grad is not None for p in params):
+        tensors["w1_grad"], tensors["w2_grad"] = (p.grad.detach().clone() for p in params)
+    return tensors
+
+
+def room(check: dict, kind: str) -> int:
+    """The most values one of its tensors holds: W1 [d, h]; the block alone adds [B, d] tensors."""
+    d_in, _, h, b = dims(check)
+    return max(d_in * h, b * d_in if kind == BACKWARD else 0)
+
+
+def should(check: dict, kind: str, hidden: bool) -> str:
+    """What it should return, said in a refusal (no size at a hidden check)."""
+    if kind == BACKWARD:
+        return alone_should(room(check, kind), hidden)
+    d_in, _, h, _ = dims(check)
+    return "the weights W1 and W2" + ("" if hidden else f", {d_in} x {h} and {h} x {d_in}")
+
+
+PART = Part(
+    "megatron_mlp", "Part 5 (optional): Megatron's MLP block", "MegatronMLP", "megatron_mlp_single_step",
+    ("ReduceParallel", "ColumnParallelLinear", "RowParallelLinear", "MegatronMLP", "megatron_mlp_single_step"),
+    layouts={STEP: SHARDS, BACKWARD: BLOCK}, runs={STEP: two_weights, BACKWARD: forward_and_backward},
+    judging={STEP: "grader.verdict.megatron:STEP_JUDGING", BACKWARD: "grader.verdict.megatron:BACKWARD_JUDGING"},
+    room=room, should=should, kinds=(STEP, BACKWARD), optional=True,
+    splits=(("hidden_dim", "world_size", "the hidden width over the ranks"),), parallel=True,
+    layer="MegatronMLP", own_sizes=("hidden_dim",),
+    moves=(Moves(STEP, "all_reduce", "the partial outputs in g's forward", (B, "input_dim")),
+           Moves(STEP, "all_gather", "W1's updated columns", ("input_dim", HIDDEN_SHARE)),
+           Moves(STEP, "all_gather", "W2's updated rows", (HIDDEN_SHARE, "input_dim")),
+           Moves(BACKWARD, "all_reduce", "the partial outputs in g's forward", (B, "input_dim")),
+           Moves(BACKWARD, "all_reduce", "the gradient of X in BroadcastParallel's backward", (B, "input_dim"))),
+    lab={"lab/tensor_parallel.py": "g (all-reduce forward, identity backward) as an autograd Function, and "
+                                   "Megatron's columns-then-rows pair",
+         "lab/mappings.py": "g (all-reduce forward, identity backward) as an autograd Function",
+         "lab/vocab_parallel.py": "g after the embedding split by vocabulary rows",
+         "lab/gpt_parallel.py": "Megatron's columns-then-rows pair in the MLP and the attention"})
