@@ -133,6 +133,8 @@ APART = {
     "hostile": "a hand-in's attacks on the sandbox, the grader and other hand-ins; make test-hostile runs them",
     "scale": "batches at scale and through failure (job arrays, a killed grader, hangs under load, --jobs); "
              "make test-scale runs them",
+    "lms": "every LMS there and back (downloads, the gradebook, import and feedback files, the staff report, "
+           "Gradescope); make test-lms runs them",
     "student": "the student's side (torchrun runs, the lab, check and package, the release from a fresh copy); "
                "make test-student runs them",
 }

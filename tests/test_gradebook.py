@@ -29,6 +29,8 @@ from grader.results import CheckOutcome, PartResult, Status, new_result
 from grader.rubric import load_rubric, rubric_from_dict
 from tests.corpus import REFERENCE, Files, fast_rubric, skeleton, write_zip
 
+pytestmark = pytest.mark.lms   # make test-lms runs these; make test leaves them out
+
 # The results below are written as grading would write them under this rubric of the tests' own,
 # so that their arithmetic (10 % of 100 off, an override of 35) holds whatever grader/rubric.yaml says.
 RUBRIC = rubric_from_dict({

@@ -21,6 +21,8 @@ from grader.gradescope.bundle import build_bundle
 from grader.rubric import load_rubric
 from tests.corpus import FULL, REFERENCE, UTILS, fast_rubric, refingerprint
 
+pytestmark = pytest.mark.lms   # make test-lms runs these; make test leaves them out
+
 
 @pytest.fixture
 def submission(reference_run, tmp_path):

@@ -25,6 +25,8 @@ from grader.grades.lms.sheet import LmsError
 from tests.corpus import ROOT
 from tests.test_gradebook import downloaded, out_with, policy_file, result
 
+pytestmark = pytest.mark.lms   # make test-lms runs these; make test leaves them out
+
 LATE = "2026-04-16T10:00:00+02:00"      # 2 started days after the tests' deadline: 20 % off
 CANVAS = ('\ufeffStudent,ID,SIS User ID,SIS Login ID,Section,Assignment 4 (123456),Current Score\n'
           '    Points Possible,,,,,25.00,(read only)\n'

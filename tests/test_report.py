@@ -26,6 +26,8 @@ from grader.results import CheckOutcome, Status
 from tests.conftest import skip_unless_required
 from tests.test_gradebook import RUBRIC, out_with, policy_file, result
 
+pytestmark = pytest.mark.lms   # make test-lms runs these; make test leaves them out
+
 STRICT = "too-strict"   # a hidden check of the rubric below that nobody passes
 
 
