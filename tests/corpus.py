@@ -196,6 +196,11 @@ MUTANTS = {
         diagnosis="each rank used its own partial sum GeLU(X W1_r) W2_r as the block's output: g"),
     "mlp_no_f": Mutant("megatron_mlp", [("        X = CopyToModelParallelRegion.apply(X)\n", "        X = X\n")],
                        diagnosis="each rank's gradient of X is only its own columns' share: f", log_counts=True),
+    "mlp_g_backward_reduces": Mutant("megatron_mlp", [
+        ("        # BEGIN SOLUTION: return ... (1 line)\n        return grad_output\n",
+         "        # BEGIN SOLUTION: return ... (1 line)\n        grad_output = grad_output.contiguous().clone()\n"
+         "        dist.all_reduce(grad_output)\n        return grad_output\n")],
+        diagnosis="g (ReduceParallel) must all-reduce in forward only"),
     "mlp_w2_cat_columns": Mutant("megatron_mlp", [
         ("    updated_w2 = torch.cat(w2_shards, dim=0)\n", "    updated_w2 = torch.cat(w2_shards, dim=1)\n"),
         ("    check(updated_w2, (hidden_dim, input_dim))\n", "")],   # the shape guard would say it first

@@ -85,6 +85,7 @@ class Mistake(enum.Enum):
     GELU_AFTER_REDUCE_TOO = "gelu_after_reduce_too"  # GeLU(sum_r GeLU(H_r) W2_r): again after g
     GELU_ON_PARTIALS = "gelu_on_partials"           # sum_r GeLU(H_r W2_r): on each partial sum
     GELU_ON_PARTIALS_TOO = "gelu_on_partials_too"   # sum_r GeLU(GeLU(H_r) W2_r)
+    G_BACKWARD_REDUCES = "g_backward_reduces"       # g's backward all-reduces: p x every gradient behind it
 
 
 SAID = {
@@ -100,9 +101,14 @@ SAID = {
                                "linear, so a sum of GeLUs is not the GeLU of the sum; it belongs on X W1_r"),
     Mistake.GELU_ON_PARTIALS_TOO: ("an activation is applied to each rank's partial sum before g as well: "
                                    "the row-parallel layer must hand its partial sums to g untouched"),
+    Mistake.G_BACKWARD_REDUCES: ("every gradient behind g (of W1's and W2's shards, and of X) is world_size times "
+                                 "the single-device block's: g (ReduceParallel) must all-reduce in forward only; "
+                                 "its backward is the identity, as every rank already holds the output's whole "
+                                 "gradient"),
 }
 STEP_MISTAKES = (Mistake.NO_G, Mistake.GELU_AFTER_REDUCE, Mistake.GELU_AFTER_REDUCE_TOO,
-                 Mistake.GELU_ON_PARTIALS, Mistake.GELU_ON_PARTIALS_TOO)
+                 Mistake.GELU_ON_PARTIALS, Mistake.GELU_ON_PARTIALS_TOO, Mistake.G_BACKWARD_REDUCES)
+SEVERAL_RANKS = (Mistake.NO_G, Mistake.G_BACKWARD_REDUCES)   # at one rank, the same block as the right one
 
 
 def shards(w1, w2, p: int) -> tuple:
@@ -126,6 +132,8 @@ def outputs(x, w1s, w2s, mistake: Mistake = Mistake.NONE, rank: int = 0) -> torc
     total = torch.stack(partials).sum(0)
     if mistake in (Mistake.GELU_AFTER_REDUCE, Mistake.GELU_AFTER_REDUCE_TOO):
         total = F.gelu(total)
+    if mistake is Mistake.G_BACKWARD_REDUCES:   # the same value; its gradient summed over p ranks
+        total = len(w1s) * total - (len(w1s) - 1) * total.detach()
     return total
 
 
@@ -192,7 +200,7 @@ def _step_diagnosis(w1, w2, b: Block, p: int, tol, expected: tuple, rank: int = 
         if whole:
             return whole
     for mistake in STEP_MISTAKES:
-        if p == 1 and mistake is Mistake.NO_G:   # one rank: its partial sum is the sum
+        if p == 1 and mistake in SEVERAL_RANKS:
             continue
         want1, want2 = step(b, p, mistake)
         if close(w1, want1, tol) and close(w2, want2, tol):
@@ -258,6 +266,10 @@ def _backward_problem(r, rank: int, b: Block, p: int, tol, say: Say) -> str:
             if (p > 1 or mistake is not Mistake.NO_G) and close(out, backward(b, p, rank, mistake)["output"], tol):
                 return SAID[mistake]
         return "the block's output differs from GeLU(X W1) W2, the single-device block's"
+    reduced = backward(b, p, rank, Mistake.G_BACKWARD_REDUCES) if p > 1 else {}
+    if reduced and all(r.extra.get(n) is not None and close(r.extra[n], reduced[n], tol)
+                       for n in ("w1_grad", "w2_grad", "input_grad")):
+        return SAID[Mistake.G_BACKWARD_REDUCES]
     for name, what in (("w1_grad", "W1's shard"), ("w2_grad", "W2's shard")):
         got = r.extra.get(name)
         if got is None:
