@@ -52,6 +52,31 @@ def output_gradient(seed: int, batch: int, output_dim: int):
     return torch.randn(batch, output_dim, generator=torch.Generator().manual_seed(seed + 1))
 
 
+def run_alone(module, class_name: str, weights: tuple, x, check: dict, out_dim: int) -> tuple:
+    """The hand-in's class `class_name`, built on this rank as `class_name(*weights, world_size,
+    rank)`, run alone on X [B, d_in], its backward started from G [B, out_dim] (output_gradient):
+    ({"output": Y, "input_grad": dX}, the layer, whose parameters hold their gradients), or
+    ({"output": Y}, None) where Y has the wrong shape or no graph (the shape is then the diagnosis)."""
+    import torch
+    import torch.distributed as dist
+    layer_class = getattr(module, class_name, None)
+    if not isinstance(layer_class, type):
+        raise TypeError(f"assignment4.py has no class {class_name}")
+    grad_output = output_gradient(check["seed"], check["global_batch_size"], out_dim)
+    x = x.detach().clone().requires_grad_(True)
+    layer = layer_class(*weights, dist.get_world_size(), dist.get_rank())
+    out = layer(x)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{class_name} returned {type(out).__name__}, not a tensor")
+    tensors = {"output": out.detach().clone()}
+    if tuple(out.shape) != (x.shape[0], out_dim) or not out.requires_grad:
+        return tensors, None
+    out.backward(grad_output.to(out.dtype))
+    if x.grad is not None:
+        tensors["input_grad"] = x.grad.detach().clone()
+    return tensors, layer
+
+
 def weight_room(check: dict, kind: str) -> int:
     """The most values a tensor of a one-weight part holds: W [d_in, d_out]; a layer run alone adds
     its output [B, d_out] and the gradient of X [B, d_in]."""

@@ -13,7 +13,7 @@ grader.verdict.megatron.
 """
 
 from grader.parts import BACKWARD, HIDDEN_SHARE, STEP, B, Moves, Part
-from grader.parts.common import BLOCK, SHARDS, alone_should, dims, output_gradient
+from grader.parts.common import BLOCK, SHARDS, alone_should, dims, run_alone
 
 
 def returned_weights(value) -> tuple:
@@ -44,25 +44,8 @@ def forward_and_backward(module, call, check: dict, data) -> dict:
         w2_grad     the gradient of the rank's W2 shard, [hidden_dim / p, input_dim]
 
     The shards are the block's parameters in the order it registers them (fc1's, then fc2's)."""
-    import torch
-    import torch.distributed as dist
-    block_class = getattr(module, "MegatronMLP", None)
-    if not isinstance(block_class, type):
-        raise TypeError("assignment4.py has no class MegatronMLP")
-    batch, d = data.x.shape
-    grad_output = output_gradient(check["seed"], check["global_batch_size"], check["input_dim"])
-    x = data.x.detach().clone().requires_grad_(True)
-    block = block_class(data.w1, data.w2, dist.get_world_size(), dist.get_rank())
-    out = block(x)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"MegatronMLP returned {type(out).__name__}, not a tensor")
-    tensors = {"output": out.detach().clone()}
-    if tuple(out.shape) != (batch, d) or not out.requires_grad:
-        return tensors   # nothing to start backward from; the output's shape is the diagnosis
-    out.backward(grad_output.to(out.dtype))
-    if x.grad is not None:
-        tensors["input_grad"] = x.grad.detach().clone()
-    params = list(block.parameters())
+    tensors, block = run_alone(module, "MegatronMLP", (data.w1, data.w2), data.x, check, check["input_dim"])
+    params = list(block.parameters()) if block is not None else []
     if len(params) == 2 and all(p.grad is not None for p in params):
         tensors["w1_grad"], tensors["w2_grad"] = (p.grad.detach().clone() for p in params)
     return tensors

@@ -14,7 +14,7 @@ grader.verdict.backward. Its usual mistakes at a step, each told by the weight i
 """
 
 from grader.parts import BACKWARD, STEP, B, Moves, OUT_SHARE, Part
-from grader.parts.common import (COLUMNS, WEIGHT, close, layout_matters, local_ranks, one_weight, output_gradient,
+from grader.parts.common import (COLUMNS, WEIGHT, close, layout_matters, local_ranks, one_weight, run_alone,
                                  weight_room, weight_should)
 
 
@@ -26,27 +26,9 @@ def forward_and_backward(module, call, check: dict, data) -> dict:
         input_grad   the gradient of X, [B, input_dim] on every rank (G @ W0^T)
         weight_grad  the gradient of the rank's own parameter, [input_dim, output_dim / p] (X^T G_rank)
     """
-    import torch
-    import torch.distributed as dist
-    layer_class = getattr(module, "FullColumnParallelLinear", None)
-    if not isinstance(layer_class, type):
-        raise TypeError("assignment4.py has no class FullColumnParallelLinear")
-    seed, batch = check["seed"], check["global_batch_size"]
-    output_dim = check["output_dim"]
-    initial_weight, inputs = data.w0.clone(), data.x.clone()
-    grad_output = output_gradient(seed, batch, output_dim)
-    x = inputs.detach().clone().requires_grad_(True)
-    layer = layer_class(initial_weight, dist.get_world_size(), dist.get_rank())
-    out = layer(x)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"FullColumnParallelLinear returned {type(out).__name__}, not a tensor")
-    tensors = {"output": out.detach().clone()}
-    if tuple(out.shape) != (batch, output_dim) or not out.requires_grad:
-        return tensors   # nothing to start backward from; the output's shape is the diagnosis
-    out.backward(grad_output.to(out.dtype))
-    if x.grad is not None:
-        tensors["input_grad"] = x.grad.detach().clone()
-    params = [p for p in layer.parameters() if p.grad is not None]
+    tensors, layer = run_alone(module, "FullColumnParallelLinear", (data.w0.clone(),), data.x, check,
+                               check["output_dim"])
+    params = [p for p in layer.parameters() if p.grad is not None] if layer is not None else []
     if len(params) == 1:
         tensors["weight_grad"] = params[0].grad.detach().clone()
     return tensors
