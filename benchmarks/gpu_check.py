@@ -1,7 +1,7 @@
 """`make gpu-check`: the kit on a machine with GPUs and torch's CUDA build, every figure printed.
 
     PYTHON=python3 make gpu-check                 # the Python given: no venv made, nothing installed
-    python3 benchmarks/gpu_check.py [--budget 420] [--rehearse]
+    python3 benchmarks/gpu_check.py [--budget 540] [--rehearse]
 
 Steps, each run on its own (one that fails hides no other's figures) with a wall clock, all within
 --budget seconds, in this order:
@@ -16,8 +16,8 @@ Steps, each run on its own (one that fails hides no other's figures) with a wall
                 transformer's losses side by side, memory per rank and time of a step (lab/transformer.py)
     demo        the demo with this build, as `make demo`: the reference on 4 ranks, doctor, check,
                 package, grade (the score), and grade again with --sandbox off (the GPUs in sight)
-    throughput  benchmarks/grading_throughput.py at --jobs = the CPU cores (refuses to print a rate
-                when a status is wrong)
+    throughput  benchmarks/grading_throughput.py at the grader's own --jobs (from the machine) and at
+                --jobs 1: hand-ins per minute and their ratio (refuses to print a rate when a status is wrong)
 
 then a table of every step's figures. The given Python's `python` and `torchrun` are put first on
 PATH (a module's Python may have neither name), and what it lacks of the kit's requirements is said
@@ -221,14 +221,28 @@ def _first_row(out: Path) -> dict:
     return dict(zip(grades[0].split(","), grades[1].split(","))) if len(grades) > 1 else {}
 
 
+def _rate(text: str) -> float:
+    """The warm executor's hand-ins per minute in grading_throughput's output (0 where it printed none)."""
+    found = re.search(r"^warm executor: .*= ([0-9.]+) hand-ins/min", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def step_throughput(host: Host, step: Step) -> None:
-    jobs = os.cpu_count() or 1
-    status, text = host.run([sys.executable, "benchmarks/grading_throughput.py", "--jobs", jobs], timeout=300)
-    step.figures.append(f"--jobs {jobs}, exit {status}")
+    """The throughput benchmark at the grader's own --jobs (from this machine's CPUs and memory), with
+    its torchrun baseline, then at --jobs 1 on fewer hand-ins: hand-ins per minute, and their ratio."""
+    bench = [sys.executable, "benchmarks/grading_throughput.py"]
+    status, text = host.run(bench + ["--handins", 60, "--baseline-handins", 4], timeout=240)
+    step.figures.append(f"the grader's own --jobs, exit {status}")
     step.figures += [line.strip() for line in text.splitlines() if line.strip()][-14:]
-    rates = [line for line in step.figures if line.startswith(("warm executor", "throughput ratio", "NO FIGURES"))]
-    step.summary = f"{step.figures[0]}; " + " | ".join(rates or step.figures[-1:])
-    step.passed = status == 0
+    one_status, one = host.run(bench + ["--handins", 16, "--baseline-handins", 0, "--jobs", 1], timeout=150)
+    step.figures.append(f"--jobs 1, exit {one_status}")
+    step.figures += [line.strip() for line in one.splitlines() if line.startswith(("warm executor", "NO FIGURES"))]
+    chosen = re.search(r"--jobs (\d+), from the machine", text)
+    speedup = f"{_rate(text) / _rate(one):.1f}x the hand-ins/min of --jobs 1" if _rate(one) else "no --jobs 1 rate"
+    rates = [line for line in step.figures if line.startswith(("throughput ratio", "NO FIGURES"))]
+    step.summary = f"--jobs {chosen.group(1) if chosen else '?'} (the machine's): {speedup}; " + \
+        " | ".join(rates or step.figures[-1:])
+    step.passed = status == 0 and one_status == 0
 
 
 STEPS = {"reference": step_reference, "skeleton": step_skeleton, "shared-gpu": step_shared_gpu, "lab": step_lab,
@@ -246,7 +260,7 @@ def header(host: Host) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", type=float, default=420, help="seconds for every step together (default 420)")
+    ap.add_argument("--budget", type=float, default=540, help="seconds for every step together (default 540)")
     ap.add_argument("--rehearse", action="store_true", help="run the steps even without a GPU or a CUDA build")
     ap.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), help="run only these steps")
     args = ap.parse_args(argv)

@@ -1,14 +1,15 @@
 """Grading throughput: the warm executor against the torchrun baseline, side by side in one run.
 
     make bench [RUBRIC=benchmarks/part5.yaml]
-    python benchmarks/grading_throughput.py [--handins 100] [--baseline-handins 6] [--jobs 2] [--rubric FILE]
+    python benchmarks/grading_throughput.py [--handins 100] [--baseline-handins 6] [--jobs N] [--rubric FILE]
 
 Builds synthetic hand-ins from the test corpus (the reference, the skeleton and fast-failing
 mutants, each with a real run's log), grades them all with the warm executor and a few with the
 torchrun baseline (each re-run at every check of the rubric: grader/rubric.yaml, with --rubric's
 changes on top), and prints: hand-ins per minute for both and their ratio; the time per world
 against the fork-and-gloo floor measured on the spot; the grader's memory at the start, its peak
-and its end, and the helpers' peak; and the log parser's speed on a 100 MB log. Not a test: the
+and its end, and the helpers' peak; and the log parser's speed on a 100 MB log. --jobs is the grader's
+own choice from this machine unless given (grader.limits.default_jobs). Not a test: the
 figures depend on the machine and on what else runs on it.
 
 It cannot lie: every hand-in's result is held against what the corpus says it must get (the
@@ -208,7 +209,8 @@ def main(argv=None) -> int:
     parser.add_argument("--handins", type=int, default=100)
     parser.add_argument("--baseline-handins", type=int, default=6,
                         help="graded with torchrun (slow); 0: no baseline and no ratio")
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="hand-ins graded at once (default: the grader's own choice from this machine)")
     parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
     args = parser.parse_args(argv)
     rubric = load_rubric(args.rubric)
@@ -230,7 +232,7 @@ def main(argv=None) -> int:
         cold = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", args.rubric, files, sandbox="off") \
             if files else None
         print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), each re-run "
-              f"at {len(rubric.checks)} checks ({', '.join(rubric.part_ids)}); --jobs {args.jobs}")
+              f"at {len(rubric.checks)} checks ({', '.join(rubric.part_ids)}); {warm[0].jobs}")
         print(f"statuses:          {dict(sorted(warm[0].statuses.items()))}")
         wrong = wrong_results(tmp / "warm", kinds, rubric) + \
             (wrong_results(tmp / "torchrun", {f: kinds[f] for f in files}, rubric) if cold else [])
@@ -260,7 +262,7 @@ def report(args, warm_run, cold_run, floor: float, memory: MemorySampler, log: s
     print(f"sandbox:           {isolation.get('sandbox', 'none')}: {isolation.get('files')}; "
           f"{isolation.get('network')}; {isolation.get('processes')}; {isolation.get('user')}")
     print(f"warm executor:     {warm.graded} hand-ins in {warm_s:.1f} s = {warm_rate:.0f} hand-ins/min "
-          f"({warm.worlds} worlds, {latency:.3f} s each from start to report, {args.jobs} at a time)")
+          f"({warm.worlds} worlds, {latency:.3f} s each from start to report; {warm.jobs.split(',')[0]})")
     if cold_run is None:
         print("torchrun baseline: not run (--baseline-handins 0), so no throughput ratio")
     else:

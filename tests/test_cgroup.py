@@ -19,3 +19,23 @@ def test_the_scope_advice_offers_systemd_run_only_where_it_reaches_the_users_man
         assert done.returncode != 0 and "bus" in done.stderr.lower(), (done.returncode, done.stderr)
     (tmp_path / "bus").touch()   # a user manager's bus: the command is offered as it is
     assert cgroup.scope_hint({"XDG_RUNTIME_DIR": str(tmp_path)}) == f"start the grader in a scope of its own, {cgroup.SCOPE}"
+
+
+def test_a_v2_cgroup_given_memory_and_not_pids_is_limited_in_memory_alone(tmp_path):
+    """A GPU node's cgroup v2 parent gave its children memory and not pids: a world's folder there
+    has memory.max and no pids.max, and writing a file that is not there is refused (EACCES), which
+    made every world an infra_error. The limits are written for the controllers the folder has.
+    (This machine mounts cgroup v1 only: the folder is a plain one holding the files such a
+    cgroup has; the writes are the ones the kernel would take.)"""
+    for name in ("memory.max", "memory.swap.max", "cgroup.procs"):
+        (tmp_path / name).write_text("max\n")
+    world = cgroup.WorldCgroup({"": str(tmp_path)}, 2)
+    assert world.controllers == {"memory"}
+    world.limit(4096, 132)
+    assert (tmp_path / "memory.max").read_text() == str(4096 << 20)
+    assert (tmp_path / "memory.swap.max").read_text() == "0"
+    assert not (tmp_path / "pids.max").exists()
+    (tmp_path / "pids.max").write_text("max\n")   # given pids too: both are limited
+    world.limit(2048, 100)
+    assert (tmp_path / "pids.max").read_text() == "100"
+    assert (tmp_path / "memory.max").read_text() == str(2048 << 20)

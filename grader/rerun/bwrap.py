@@ -4,6 +4,9 @@ bubblewrap (`bwrap`, the sandbox Flatpak is built on) gives the zygote its own u
 network, IPC and UTS namespaces and a root file system holding only
 
     /usr (and /bin, /lib, ... as the system has them)   read only
+    /etc/alternatives                                   read only, where there is one: Debian's
+                                                        links from /usr (libblas.so, libmpi.so)
+                                                        run through it
     the Python in use: sys.prefix, sys.base_prefix, the site-packages it imports from
                                                         read only, at their own paths; the kit's
                                                         folders in them (pip install .) hidden
@@ -38,6 +41,8 @@ from grader.rerun import environment
 from grader.rerun.scratch import python_links
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Links of /usr point into it (Debian's alternatives): without it they dangle inside a world.
+ALTERNATIVES = "/etc/alternatives"
 # What the zygote imports, and no more: no rubric, no kit paths, nothing of intake, evidence,
 # verdict or pipeline, none of the grader's side of rerun/ (executor, check, hidden, doctor, bwrap).
 # tests/test_layout.py holds this list to the zygote's imports.
@@ -219,7 +224,9 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
         elif os.path.isdir(path):
             args += bind_fd(path, path)
     links = python_links()
-    binds = python_paths()
+    binds = python_paths() + ([ALTERNATIVES] if os.path.isdir(ALTERNATIVES) else [])
+    # The folders above every bind first, 0755: bound first, /etc would be bwrap's 0700 and bar the
+    # ranks' ids from /etc/alternatives and from Debian's /etc/pythonX.Y (sitecustomize.py).
     for folder in parents(binds + list(links)):
         args += ["--perms", "0755", "--dir", folder]
     for path in binds:

@@ -100,8 +100,12 @@ class WorldCgroup:
         processes and threads for everything in the folders."""
         values = {"memory.max": memory_mb << 20, "memory.limit_in_bytes": memory_mb << 20,
                   "memory.swap.max": 0, "memory.memsw.limit_in_bytes": memory_mb << 20, "pids.max": tasks}
+        present = self.controllers
         for controller, folder in self.folders.items():
-            names = V2_LIMITS if self.version == 2 else V1_LIMITS.get(controller, ())
+            # v2: a parent may give its children memory and not pids (a GPU node's /process_api);
+            # a file of a controller not given is not there, and writing it is refused (EACCES).
+            names = [n for n in V2_LIMITS if n.split(".")[0] in present] if self.version == 2 else \
+                V1_LIMITS.get(controller, ())
             if "memory.memsw.limit_in_bytes" in names:   # v1 keeps memory+swap at or above memory: lift it first
                 _try(os.path.join(folder, "memory.memsw.limit_in_bytes"), "-1")
             for name in names:

@@ -61,6 +61,20 @@ class Readability:
         return ""
 
 
+def _readable(path: str) -> bool:
+    """This id can read `path`; a link to nothing is no barrier of permissions (a distribution's
+    link whose target is not installed, the same for every user) and counts as readable."""
+    if os.access(path, os.R_OK):
+        return True
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _walk(root: str, depth: int, found: list) -> None:
     try:
         entries = list(os.scandir(root))
@@ -75,7 +89,7 @@ def _walk(root: str, depth: int, found: list) -> None:
                 if entry.name in ("site-packages", "dist-packages") and entry.path not in sys.path:
                     continue
                 _walk(entry.path, depth + 1, found)
-            elif depth < 2 and entry.name.endswith((".py", ".so")) and not os.access(entry.path, os.R_OK):
+            elif depth < 2 and entry.name.endswith((".py", ".so")) and not _readable(entry.path):
                 found.append(entry.path)
         except OSError:
             found.append(entry.path)
