@@ -33,13 +33,16 @@ FOREIGN_FLAGS = {"--standalone", "--nproc_per_node", "--nproc-per-node", "--npro
 
 
 def prose(text: str) -> tuple:
-    """(the text outside fenced code blocks, the fenced blocks' lines joined by line continuations)."""
-    outside, fenced, inside = [], [], False
+    """(the text outside fenced code blocks, the fenced blocks' lines joined by line continuations).
+    A block fenced as `text` is a program's output (figures.md), neither prose nor a command: left out."""
+    outside, fenced, inside, output = [], [], False, False
     for line in text.splitlines():
         if line.lstrip().startswith(("```", "~~~")):
             inside = not inside
+            output = inside and line.strip().strip("`~").strip() == "text"
         elif inside:
-            fenced.append(line)
+            if not output:
+                fenced.append(line)
         else:
             outside.append(line)
     return "\n".join(outside), "\n".join(fenced).replace("\\\n", " ")
