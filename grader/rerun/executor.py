@@ -28,9 +28,11 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.rerun import bwrap, cgroup, channel, environment, protocol, secret, tasks
+from grader.rerun import bwrap, cgroup, channel, protocol, tasks
 from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox import scratch_dir
+from grader.rerun.startup import (HELPER_TASKS, SANDBOX_MODES, CannotGrade, SandboxUnavailable,
+                                  child_env, refusal, unfit)   # CannotGrade, SandboxUnavailable: taken from here
 from grader.rerun.world import infra_report, lost_report
 
 ENTRY = "grader.rerun.zygote"      # the module both executors start: the zygote, or a torchrun rank
@@ -40,46 +42,6 @@ def world_budget(job: WorldJob) -> float:
     """The longest a world may take before its executor is presumed stuck (the supervisor's own
     clocks end every world well before)."""
     return job.timeouts.world_start + job.timeouts.part * len(job.parts) + job.timeouts.done + 30.0
-
-
-# The only variables of the grader's environment that reach the processes running hand-ins (and
-# the Python's own, grader.rerun.environment.PYTHON).
-PASSED_ON = ("PATH", "LANG", "LC_ALL", "TMPDIR", "GLOO_SOCKET_IFNAME")
-SANDBOX_MODES = ("auto", "off", "best")
-HELPER_TASKS = 8   # the zygote's own tasks, and a world's leader's, beside limits.processes
-
-
-class CannotGrade(RuntimeError):
-    """No world can run right on this machine as it is: the message names the cause, with its
-    numbers, and the fix. Grading refuses before the first hand-in."""
-
-
-class SandboxUnavailable(CannotGrade):
-    """`--sandbox auto` and the machine cannot isolate hand-in code: the message says what is missing
-    and the two ways out."""
-
-
-def _child_env(cgroups: list = ()) -> dict:
-    """A minimal environment: nothing of a TA's (tokens, say) is ever in a re-run's process tree; the
-    Python's own variables (a module Python's), one thread per pool and no GPU, from the start."""
-    env = {k: os.environ[k] for k in PASSED_ON if k in os.environ}
-    python = environment.python_variables()
-    env.update(python, **environment.ENVIRONMENT)
-    env.update(PYTHONDONTWRITEBYTECODE="1", HOME="/tmp", A4_CGROUPS=os.pathsep.join(cgroups or ()),
-               PYTHONPATH=os.pathsep.join([str(kit.ROOT)] + ([python["PYTHONPATH"]] if "PYTHONPATH" in python else [])))
-    return env
-
-
-def refusal(problems: list) -> str:
-    return ("hand-in code cannot be isolated on this machine: " + "; ".join(problems) + ". " + bwrap.ADVICE +
-            "; or grade on a machine where it can be (`python -m grader doctor` says what is missing here), "
-            "or pass --sandbox off to accept the risk: hand-in code then runs with your user's rights and "
-            "network, every result records it, and summary.md opens with a warning")
-
-
-def unfit(problems: list) -> str:
-    return ("no re-run world can run right on this machine: " + "; ".join(problems) +
-            " (`python -m grader doctor` runs a world and says what holds)")
 
 
 class Counted:
@@ -107,7 +69,7 @@ class WarmExecutor(Counted):
     def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None, jobs: int = 1):
         assert sandbox in SANDBOX_MODES, sandbox
         self.sandbox = sandbox
-        self.key = key or secret.new_key()   # its worlds' data key (grader.rerun.secret): the batch's, or its own
+        self.key = key                       # its worlds' data key (grader.rerun.secret): the batch's, or its own
         self.limits = limits or Limits()
         self.jobs = jobs                     # the executors of its batch: what the user's task headroom must fit
         self.isolation = {}
@@ -119,6 +81,7 @@ class WarmExecutor(Counted):
         self.stepped_over = 0               # frames of no world being waited for, or torn
         self._staged = None
         self._cgroup = None                 # the worlds' cgroup (grader.rerun.cgroup), where one can be had
+        self._launched = None               # (stderr file, start time) of a zygote launched, its Hello not yet read
 
     def _command(self) -> tuple:
         """(argv, descriptors to pass, cgroup folders as the zygote sees them, problems) of the zygote's process."""
@@ -152,18 +115,39 @@ class WarmExecutor(Counted):
         """Start the zygote if it is not running; return its isolation (SandboxUnavailable in auto
         mode when hand-in code could not be isolated; CannotGrade in any mode where no world can run
         right: the user's task headroom, a Python the ranks cannot read)."""
-        if self._proc is None or self._proc.poll() is not None:
-            room = tasks.headroom()
-            short = room.refusal(self.jobs * (self.limits.processes + HELPER_TASKS), self.limits.processes)
-            if short:
-                raise CannotGrade(unfit([short]))
+        if self._launched is not None:   # launched early (`launch`): its Hello is all that is left
+            launched, self._launched = self._launched, None
+            problems = self._greet(*launched)
+        elif self._proc is None or self._proc.poll() is not None:
+            self._refuse_short_headroom()
             problems = self._start()
-            if self.sandbox == "best" and problems:
-                self.sandbox = "off"
-                self._start()
-                self.isolation["problems"] = problems + self.isolation.get("problems", [])
-                self.isolation["mode"] = "best"
+        else:
+            return self.isolation
+        if self.sandbox == "best" and problems:
+            self.sandbox = "off"
+            self._start()
+            self.isolation["problems"] = problems + self.isolation.get("problems", [])
+            self.isolation["mode"] = "best"
         return self.isolation
+
+    def launch(self) -> None:
+        """Start the zygote's process now and hand it its setup, without waiting for it to be ready:
+        it imports torch while this process goes on (the grader's own import of torch, the rubric);
+        `start` then waits for its Hello. Nothing is launched where `start` would refuse or fall back
+        (it then does so itself)."""
+        if self._proc is not None or self._launched is not None or self._refuse_short_headroom(raise_it=False):
+            return
+        argv, fds, cgroups, problems = self._command()
+        if not problems:
+            self._launched = self._spawn(argv, fds, cgroups)
+
+    def _refuse_short_headroom(self, raise_it: bool = True) -> str:
+        """CannotGrade where the user's tasks leave no room for this batch's worlds (or the reason, not raised)."""
+        room = tasks.headroom()
+        short = room.refusal(self.jobs * (self.limits.processes + HELPER_TASKS), self.limits.processes)
+        if short and raise_it:
+            raise CannotGrade(unfit([short]))
+        return short
 
     def _start(self) -> list:
         """Start the zygote once; return why the sandbox could not be had ([] when it was, or is off)."""
@@ -172,10 +156,14 @@ class WarmExecutor(Counted):
             if self.sandbox == "auto":
                 raise SandboxUnavailable(refusal(problems))
             return problems
+        return self._greet(*self._spawn(argv, fds, cgroups))
+
+    def _spawn(self, argv, fds, cgroups) -> tuple:
+        """The zygote's process started and handed its Setup: (the file its stderr goes to, when it started)."""
         errors = tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-                                          env=_child_env(cgroups), cwd=str(kit.ROOT), start_new_session=True,
+                                          env=child_env(cgroups), cwd=str(kit.ROOT), start_new_session=True,
                                           pass_fds=fds)
         finally:
             for fd in fds:
@@ -187,7 +175,12 @@ class WarmExecutor(Counted):
             channel.send_framed(self._proc.stdin.fileno(), 0, protocol.encode(protocol.Setup(kit=str(kit.ROOT))))
         except OSError:
             pass   # it has exited: no Hello comes, and its stderr says why
-        hello = self._receive(time.monotonic() + 120, 0, protocol.Hello)
+        return errors, time.monotonic()
+
+    def _greet(self, errors, spawned: float) -> list:
+        """Wait for the zygote's Hello (120 s from its start) and take its isolation; return why the
+        sandbox could not be had, or raise as `start` says."""
+        hello = self._receive(spawned + 120, 0, protocol.Hello)
         if hello is None:
             self._kill()
             errors.seek(0)
@@ -288,6 +281,9 @@ class WarmExecutor(Counted):
         sent = time.monotonic()
         try:
             # The zygote forks on the first; the world's own process reads the job, then its ranks forked, the key.
+            if self.key is None:   # drawn at its first world: secret loads torch, which `launch` runs beside
+                from grader.rerun.secret import new_key
+                self.key = new_key()
             for message in (protocol.WorldRequest(), job, protocol.DataKey(key=self.key.hex())):
                 channel.send_framed(self._proc.stdin.fileno(), number, protocol.encode(message))
         except OSError as e:
@@ -304,6 +300,9 @@ class WarmExecutor(Counted):
         return report
 
     def close(self):
+        if self._launched is not None:
+            self._launched[0].close()
+            self._launched = None
         if self._proc is not None and self._proc.poll() is None:
             try:
                 channel.send_framed(self._proc.stdin.fileno(), 0, protocol.encode(protocol.Exit()))

@@ -25,7 +25,7 @@ import signal
 import time
 
 from grader.parts import kind_of
-from grader.rerun import bounds, channel, protocol, secret
+from grader.rerun import bounds, channel, protocol
 from grader.rerun.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
 
 OUTPUT_HEAD = 4096
@@ -188,7 +188,8 @@ class _Watch:
             token = os.urandom(16).hex()
             self.expecting[rank] = ("result", index, token)
             self.part_started.setdefault(part, time.monotonic())
-            message = protocol.Run(part=part, token=token, data=secret.view(self.secrets[part], rank))
+            from grader.rerun.secret import view   # torch's, loaded in the world that runs this
+            message = protocol.Run(part=part, token=token, data=view(self.secrets[part], rank))
         else:
             self.expecting[rank] = "done"
             message = protocol.Finish()
@@ -265,6 +266,7 @@ class _Watch:
 def draw_secrets(job: WorldJob, key: bytes = None) -> dict:
     """The data of every part of the world (grader.rerun.secret): derived from the data `key`, or
     fresh where there is none. Call only once the ranks are forked: no rank may inherit it."""
+    from grader.rerun import secret   # torch: the grader's side imports this module before it loads torch
     if key:
         return {part: secret.derive(key, job.check, part, job.world_size) for part in job.parts}
     return {part: secret.draw(part, job.world_size, kind_of(job.check)) for part in job.parts}

@@ -16,7 +16,8 @@ from pathlib import Path
 from grader import kit
 from grader.limits import Limits
 from grader.rerun import protocol, secret
-from grader.rerun.executor import ENTRY, Counted, SandboxUnavailable, _child_env, refusal
+from grader.rerun.executor import ENTRY, Counted
+from grader.rerun.startup import SandboxUnavailable, child_env, refusal
 from grader.rerun.protocol import WorldJob, WorldReport
 from grader.rerun.world import write_code
 
@@ -61,7 +62,7 @@ class TorchrunExecutor(Counted):
             proc = subprocess.Popen([torchrun, "--standalone", "--nnodes=1", f"--nproc_per_node={world_size}",
                                      "-m", ENTRY, "--torchrun-rank", job_file],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=_child_env(), cwd=str(kit.ROOT), start_new_session=True)
+                                    env=child_env(), cwd=str(kit.ROOT), start_new_session=True)
         # A FIFO opened without blocking reads nothing, and no end of file, until its rank opens it.
         fds = {r: os.open(path, os.O_RDONLY | os.O_NONBLOCK) for r, path in enumerate(fifos)}
 

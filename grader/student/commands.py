@@ -11,10 +11,16 @@ or the hand-in cannot be packaged (the message says what to do).
 import sys
 
 from grader.parts import BY_ID
+from grader.rerun.executors import prelaunched
 from grader.rubric import RubricError
 
 
 def check_command(args) -> int:
+    with prelaunched("best"):   # the re-runs' helper imports torch while this process does (check's executor)
+        return _check(args)
+
+
+def _check(args) -> int:
     from grader.student.check import CheckError, check, format_report
     try:
         report = check(args.path, log=args.log, err=args.err)
@@ -26,6 +32,11 @@ def check_command(args) -> int:
 
 
 def package_command(args) -> int:
+    with prelaunched("best"):
+        return _package(args)
+
+
+def _package(args) -> int:
     from grader.student.package import PackageError, package, show
     from grader.student.check import CheckError, check, format_report
     try:
