@@ -578,6 +578,131 @@ def megatron_mlp_single_step(seed=42, device=None):
 # END PART megatron_mlp
 
 
+# BEGIN PART vocab_parallel
+### Optional: the vocabulary split over the ranks, in the embedding and in the cross-entropy.
+# With p ranks and a vocabulary of V ids, rank r holds the ids [r * V / p, (r + 1) * V / p): the
+# embedding table's rows and the LM head's logit columns of those ids. Neither the table nor the
+# logits [N, V] are ever gathered; the ranks exchange numbers of size [N, d] (the embedding) and [N]
+# (the loss) only. These are Megatron-LM's VocabParallelEmbedding and vocab_parallel_cross_entropy.
+def vocab_slice(vocab_size, world_size, rank):
+    """(start, end): the vocabulary ids [start, end) that rank holds, V / p of them."""
+    local_vocab = divide(vocab_size, world_size, "vocab_size", "world_size")
+    return rank * local_vocab, (rank + 1) * local_vocab
+
+
+class VocabReduce(torch.autograd.Function):
+    """Forward: all-reduce (sum) over the ranks. Backward: identity (Megatron-LM's g).
+
+    Each rank's share of the embedding is zero but for the tokens it holds, so the sum is the whole
+    lookup; the gradient of the sum is the gradient of each share, already whole on every rank."""
+
+    @staticmethod
+    def forward(ctx, x):
+        summed = x.contiguous().clone()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        return summed
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output
+
+
+class VocabParallelEmbedding(nn.Module):
+    """An embedding table E [V, d] split by vocabulary rows: rank r keeps E_r = E[start:end] [V / p, d].
+
+    forward(tokens [...] int64) -> [..., d], the same on every rank:
+        x_r[i] = E_r[t_i - start] where start <= t_i < end, else 0      the masked lookup
+        x = sum_r x_r                                                   all-reduce (g)
+    Backward: each rank's E_r gathers the gradient of the rows of its own tokens only.
+    """
+
+    def __init__(self, weight: torch.Tensor, world_size: int, rank: int):
+        super().__init__()
+        self.vocab_size, self.dim = weight.shape
+        self.start, self.end = vocab_slice(self.vocab_size, world_size, rank)
+        self.weight = nn.Parameter(weight[self.start:self.end].clone().contiguous())
+
+    def forward(self, tokens):
+        # Tokens outside [start, end) look up row 0 (any row would do), then their rows are zeroed.
+        # BEGIN SOLUTION: owned = ..., local = ... (2 lines)
+        owned = (tokens >= self.start) & (tokens < self.end)
+        local = torch.where(owned, tokens - self.start, torch.zeros_like(tokens))
+        # END SOLUTION
+        share = nn.functional.embedding(local, self.weight)
+        # BEGIN SOLUTION: share = ... (zero the rows of the tokens held elsewhere, 1 line)
+        share = share * owned.unsqueeze(-1).to(share.dtype)
+        # END SOLUTION
+        # BEGIN SOLUTION: return ... (g, 1 line)
+        return VocabReduce.apply(share)
+        # END SOLUTION
+
+
+def all_reduce_vocab(x, op):
+    """x all-reduced over the ranks with `op` (a copy; x itself stays as it was)."""
+    x = x.contiguous().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(x, op=op)
+    return x
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of logits split by vocabulary columns, none of them gathered.
+
+    logits z_r [N, V / p] (rank r's columns of z [N, V]), targets t [N] (global ids, or ignore_index):
+        m_i = max_j z_ij            local max, then all-reduce(MAX): every exp(z - m) <= 1
+        S_i = sum_j exp(z_ij - m_i) local sum, then all-reduce(SUM)
+        y_i = z_i,t_i - m_i         from the rank that holds t_i, 0 elsewhere, then all-reduce(SUM)
+        loss = sum over the n non-ignored i of (log S_i - y_i), divided by n
+    backward on each rank's own columns, no communication:
+        dloss/dz_ij = (exp(z_ij - m_i) / S_i - [j = t_i]) / n, 0 on ignored rows;
+        the one-hot only on the rank that holds t_i.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, world_size, rank, ignore_index):
+        start, end = vocab_slice(logits.shape[-1] * world_size, world_size, rank)
+        # BEGIN SOLUTION: shifted = ... (the max over every rank's columns, subtracted: 1 line)
+        shifted = logits - all_reduce_vocab(logits.max(dim=-1).values, dist.ReduceOp.MAX).unsqueeze(-1)
+        # END SOLUTION
+        # BEGIN SOLUTION: owned = ..., local = ... (the targets this rank holds, and their columns: 2 lines)
+        owned = (targets >= start) & (targets < end)
+        local = torch.where(owned, targets - start, torch.zeros_like(targets))
+        # END SOLUTION
+        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1)
+        # BEGIN SOLUTION: picked = ..., exp = ..., sum_exp = ... (3 lines)
+        picked = all_reduce_vocab(torch.where(owned, picked, torch.zeros_like(picked)), dist.ReduceOp.SUM)
+        exp = shifted.exp()
+        sum_exp = all_reduce_vocab(exp.sum(dim=-1), dist.ReduceOp.SUM)
+        # END SOLUTION
+        valid = targets != ignore_index
+        count = valid.sum().clamp(min=1)
+        # BEGIN SOLUTION: loss = ... (the mean over the non-ignored targets: 1 line)
+        loss = torch.where(valid, sum_exp.log() - picked, torch.zeros_like(picked)).sum() / count
+        # END SOLUTION
+        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), owned, local, valid, count)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        softmax, owned, local, valid, count = ctx.saved_tensors
+        rows = torch.arange(softmax.shape[0], device=softmax.device)
+        grad = softmax.clone()
+        # BEGIN SOLUTION: the one-hot where this rank holds the target, then the rows scaled (2 lines)
+        grad[rows, local] -= owned.to(grad.dtype)
+        grad = grad * (valid.unsqueeze(-1).to(grad.dtype) * grad_output / count)
+        # END SOLUTION
+        return grad, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, targets, world_size, rank, ignore_index=-100):
+    """logits [N, V / p], this rank's columns; targets [N] int64, global ids -> the scalar mean loss
+    over the targets that are not ignore_index, the same on every rank (differentiable)."""
+    check(logits, (targets.shape[0], -1))
+    return VocabParallelCrossEntropy.apply(logits, targets, world_size, rank, ignore_index)
+# END PART vocab_parallel
+
+
 def run_part(prefix, part, *args, **kwargs):
     """Call one part; log it as not implemented (and return None) while it still has a TODO."""
     try:
