@@ -21,6 +21,12 @@ Part 5  megatron_mlp_single_step             (optional) Megatron's MLP block: W1
         a two-layer MLP, so it returns (W1, W2) and checks them against the single-device MLP's step
         (mlp_single_step) with "[MegatronMLP][Rank r] Tensors match: ..." lines
 # END PART megatron_mlp
+# BEGIN PART vocab_parallel
+Part 6  vocab_parallel_loss                  (optional) the vocabulary split over the ranks: an embedding
+        split by rows and a cross-entropy on logits split by columns, never gathered; checks its
+        loss, its logits' gradient and its embedding's gradient against vocab_single_loss's (the
+        full logits, torch's cross_entropy) with "[VocabParallel][Rank r] Tensors match: ..." lines
+# END PART vocab_parallel
 
 Fill in the lines marked TODO. Each TODO raises NotImplementedError until you replace it, and the
 script reports that part as not implemented yet and goes on with the next.
@@ -54,6 +60,10 @@ accumulation_steps = 4    # micro-batches per step in Part 2
 hidden_dim = 128          # Part 5: the MLP's hidden width h (W1 [input_dim, h], W2 [h, input_dim]);
                           # tensor parallel splits it, so it must be divisible by the world size
 # END PART megatron_mlp
+# BEGIN PART vocab_parallel
+vocab_size = 64           # Part 6: the vocabulary V (the embedding E [V, input_dim], the logits [B, V]);
+                          # split over the ranks, so it must be divisible by the world size
+# END PART vocab_parallel
 
 
 class CustomLinearLayer(nn.Module):
@@ -700,6 +710,54 @@ def vocab_parallel_cross_entropy(logits, targets, world_size, rank, ignore_index
     over the targets that are not ignore_index, the same on every rank (differentiable)."""
     check(logits, (targets.shape[0], -1))
     return VocabParallelCrossEntropy.apply(logits, targets, world_size, rank, ignore_index)
+
+def vocab_parallel_loss(tokens, targets, embedding, head, world_size, rank, logit_shift=0.0, ignore_index=-100):
+    """Part 6: the loss of B tokens through the vocabulary-parallel embedding and LM head, and its backward.
+
+    tokens [B] and targets [B] (int64, global ids; a target may be ignore_index), embedding E [V, d]
+    and head W [d, V], the full tables: rank r keeps E's rows and W's columns of its ids. The logits
+    are z = E[tokens] @ W + logit_shift [B, V], of which rank r computes its columns z_r [B, V / p].
+
+    Returns:
+        (loss, the gradient of z_r [B, V / p], the gradient of E_r [V / p, d]): the loss, a scalar
+        tensor, the same on every rank; the gradients of this rank's own columns and rows
+    """
+    embed = VocabParallelEmbedding(embedding, world_size, rank)
+    start, end = vocab_slice(embedding.shape[0], world_size, rank)
+    x = embed(tokens)                            # [B, d], the same on every rank
+    # f: every rank's columns of the head use the whole x; in backward, the gradients of x are summed.
+    # BEGIN SOLUTION: x = ... (f, 1 line)
+    x = BroadcastParallel.apply(x)
+    # END SOLUTION
+    logits = x @ head[:, start:end] + logit_shift
+    check(logits, (tokens.shape[0], end - start))
+    logits.retain_grad()
+    loss = vocab_parallel_cross_entropy(logits, targets, world_size, rank, ignore_index)
+    loss.backward()
+    return loss.detach(), logits.grad, embed.weight.grad
+
+
+def vocab_single_loss(tokens, targets, embedding, head, logit_shift=0.0, ignore_index=-100):
+    """Part 6's check: the same loss on one device, torch's cross_entropy on the full logits [B, V].
+    Returns (loss, the gradient of the logits [B, V], the gradient of E [V, d])."""
+    embedding = embedding.clone().requires_grad_(True)
+    logits = embedding[tokens] @ head + logit_shift
+    logits.retain_grad()
+    loss = nn.functional.cross_entropy(logits, targets, ignore_index=ignore_index)
+    loss.backward()
+    return loss.detach(), logits.grad, embedding.grad
+
+
+def init_vocab_data(seed, device):
+    """tokens [B], targets [B] (the last 4 ignored: padding), E [vocab_size, input_dim] and W
+    [input_dim, vocab_size] in float64, drawn after torch.manual_seed(seed)."""
+    torch.manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (global_batch_size,))
+    targets = torch.randint(0, vocab_size, (global_batch_size,))
+    targets[-4:] = -100
+    embedding = torch.randn(vocab_size, input_dim, dtype=torch.float64)
+    head = torch.randn(input_dim, vocab_size, dtype=torch.float64) / input_dim ** 0.5
+    return tokens.to(device), targets.to(device), embedding.to(device), head.to(device)
 # END PART vocab_parallel
 
 
@@ -755,6 +813,20 @@ def main():
         for want, got in zip(mlp_single_step(seed=seed, device=device), megatron_weights):
             compare_tensors(want, got, prefix="MegatronMLP")
 # END PART megatron_mlp
+# BEGIN PART vocab_parallel
+
+    if rank == 0:
+        log(f"[Rank {rank}] Part 6: the vocabulary split over the ranks (optional), world size {world_size}.")
+    data = init_vocab_data(seed, device)
+    vocab_results = run_part("VocabParallel", vocab_parallel_loss, *data, world_size, rank)
+    if vocab_results is not None:
+        # The full logits on one device are the ground truth: the loss, then this rank's columns of
+        # the logits' gradient and its rows of the embedding's.
+        start, end = vocab_slice(vocab_size, world_size, rank)
+        want_loss, want_logits_grad, want_embedding_grad = vocab_single_loss(*data)
+        for want, got in zip((want_loss, want_logits_grad[:, start:end], want_embedding_grad[start:end]), vocab_results):
+            compare_tensors(want, got, prefix="VocabParallel")
+# END PART vocab_parallel
 
     dist.barrier()
     dist.destroy_process_group()
