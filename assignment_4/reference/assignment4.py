@@ -758,6 +758,18 @@ def init_vocab_data(seed, device):
     embedding = torch.randn(vocab_size, input_dim, dtype=torch.float64)
     head = torch.randn(input_dim, vocab_size, dtype=torch.float64) / input_dim ** 0.5
     return tokens.to(device), targets.to(device), embedding.to(device), head.to(device)
+
+
+def check_vocab_parallel(world_size, rank, device):
+    """Run Part 6 on the handout's data and compare it with the full logits on one device: the loss,
+    then this rank's columns of the logits' gradient and its rows of the embedding's."""
+    data = init_vocab_data(seed, device)
+    results = run_part("VocabParallel", vocab_parallel_loss, *data, world_size, rank)
+    if results is not None:
+        start, end = vocab_slice(vocab_size, world_size, rank)
+        want_loss, want_logits_grad, want_embedding_grad = vocab_single_loss(*data)
+        for want, got in zip((want_loss, want_logits_grad[:, start:end], want_embedding_grad[start:end]), results):
+            compare_tensors(want, got, prefix="VocabParallel")
 # END PART vocab_parallel
 
 
@@ -817,15 +829,7 @@ def main():
 
     if rank == 0:
         log(f"[Rank {rank}] Part 6: the vocabulary split over the ranks (optional), world size {world_size}.")
-    data = init_vocab_data(seed, device)
-    vocab_results = run_part("VocabParallel", vocab_parallel_loss, *data, world_size, rank)
-    if vocab_results is not None:
-        # The full logits on one device are the ground truth: the loss, then this rank's columns of
-        # the logits' gradient and its rows of the embedding's.
-        start, end = vocab_slice(vocab_size, world_size, rank)
-        want_loss, want_logits_grad, want_embedding_grad = vocab_single_loss(*data)
-        for want, got in zip((want_loss, want_logits_grad[:, start:end], want_embedding_grad[start:end]), vocab_results):
-            compare_tensors(want, got, prefix="VocabParallel")
+    check_vocab_parallel(world_size, rank, device)
 # END PART vocab_parallel
 
     dist.barrier()
