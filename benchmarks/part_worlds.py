@@ -60,7 +60,7 @@ def main() -> int:
         if not check.hidden:
             first.setdefault(check.kind, check)
     print(f"one part per world, the reference, with the sandbox, median of {args.worlds} worlds each, in ms")
-    print(f"{'part':52s} {'check':18s} {'world':>8s} {'parts':>8s}")
+    print(f"{'part':62s} {'check':18s} {'world':>8s} {'parts':>8s}")
     executor = WarmExecutor("auto", rubric.limits)
     executor.start()
     code = prepare_code(REFERENCE)
@@ -74,7 +74,7 @@ def main() -> int:
                 rows = timelines(executor, code, check, rubric, part, args.worlds)
                 world = 1000 * statistics.median(t["round_trip"] for t in rows)
                 own = 1000 * statistics.median(t["done"] - t["ready"] for t in rows)
-                print(f"{BY_ID[part].title[:52]:52s} {check.name[:18]:18s} {world:8.1f} {own:8.1f}")
+                print(f"{BY_ID[part].title[:62]:62s} {check.name[:18]:18s} {world:8.1f} {own:8.1f}")
     finally:
         executor.close()
     print(f"in {time.monotonic() - started:.1f} s")
