@@ -52,6 +52,10 @@ class Check:
     output_dim: int = 32
     accumulation_steps: int = 4
     hidden_dim: int = 128  # Part 5 only: the MLP's hidden width (W1 [input_dim, hidden_dim])
+    vocab_size: int = 64   # Part 6 only: the vocabulary V (the embedding [V, input_dim], the logits [B, V])
+    vocab_logit_shift: float = 0.0   # Part 6 only: added to every logit (1e4: exp overflows without the max)
+    vocab_one_slice: bool = False    # Part 6 only: every target in the last rank's slice of the vocabulary
+    vocab_padding: int = 0           # Part 6 only: the last this many targets are padding (ignore_index)
     hidden: bool = False   # named in feedback, its values never shown
     weight: float = 1.0    # share of each part's re-run points (of the parts it runs)
     nodes: int = 1         # the world laid out as this many nodes of world_size / nodes ranks each

@@ -1,8 +1,9 @@
 """The parts of the assignment: one module per part, each holding everything the grader knows of it.
 
-Parts 1-4 are every course's. Part 5, Megatron's MLP block, is optional: a course turns it on by
-giving it points in its rubric (`parts: megatron_mlp: {...}`); without them it is neither run nor
-shown, and the student release carries no trace of it (grader.instructor.release).
+Parts 1-4 are every course's. Part 5, Megatron's MLP block, and Part 6, the vocabulary split over
+the ranks, are optional: a course turns one on by giving it points in its rubric (`parts:
+megatron_mlp: {...}`); without them it is neither run nor shown, and the student release carries
+no trace of it (grader.instructor.release).
 
 A part is a `Part` record, made in its own module of this package (grader/parts/baseline.py ...)
 and registered below, in the order of the handout (Part 1 first). The record holds the part's
@@ -135,9 +136,9 @@ def register(*modules) -> tuple:
 
 
 from grader.parts import (baseline, data_parallel, grad_accumulation, megatron_mlp,  # noqa: E402 - they use Part
-                          tensor_parallel)
+                          tensor_parallel, vocab_parallel)
 
-PARTS = register(baseline, grad_accumulation, data_parallel, tensor_parallel, megatron_mlp)
+PARTS = register(baseline, grad_accumulation, data_parallel, tensor_parallel, megatron_mlp, vocab_parallel)
 PART_IDS = tuple(p.id for p in PARTS)
 CORE_PART_IDS = tuple(p.id for p in PARTS if not p.optional)   # every course's parts
 OPTIONAL_PART_IDS = tuple(p.id for p in PARTS if p.optional)
