@@ -24,7 +24,8 @@ room (tests/test_layout.py holds the map to that):
                  hooks and what the hooks share); the registry and the kinds of check in its __init__
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox and bring back its
                  weights. The executors (executor, executors, torchrun) start zygote, the warm
-                 helper, inside the sandbox bwrap builds; a world (world) forks its ranks in the
+                 helper (startup: its environment and the refusals to start it), inside the sandbox
+                 bwrap builds; a world (world) forks its ranks in the
                  namespaces sandbox enters, with scratch's fresh /tmp and memory's cgroup and
                  watchdog, and supervise runs its parts; in each rank worker loads the code (source)
                  and runs what the part's record says at the check's kind (a step, a layer alone),
