@@ -52,6 +52,9 @@ class Check:
     output_dim: int = 32
     accumulation_steps: int = 4
     hidden_dim: int = 128  # Part 5 only: the MLP's hidden width (W1 [input_dim, hidden_dim])
+    num_heads: int = 4     # the transformer block only: its attention heads (split over the ranks)
+    head_dim: int = 8      # ... the features of one head: the block's width d = num_heads * head_dim
+    seq_len: int = 8       # ... the tokens of one sequence: its input X [global_batch_size, seq_len, d]
     hidden: bool = False   # named in feedback, its values never shown
     weight: float = 1.0    # share of each part's re-run points (of the parts it runs)
     nodes: int = 1         # the world laid out as this many nodes of world_size / nodes ranks each
