@@ -15,17 +15,23 @@ columns not regrouped by head, the attention's row-parallel output not reduced (
 projection without f. Dropout is 0 at every check, so the values are deterministic.
 """
 
-from grader.parts import BACKWARD, B, Moves, Part
-from grader.parts.common import LAYER, alone_should, run_alone
+from grader.parts import BACKWARD, B, Moves, Part, megatron_mlp
+from grader.parts.common import HIDDEN_DIM, LAYER, alone_should, run_alone
 
 # The block's parameters in the order it registers them, as the rank sends their gradients back.
 PARAMETERS = ("ln1_weight", "ln1_bias", "qkv", "proj", "ln2_weight", "ln2_bias", "w1", "w2")
 TOKENS = (B, "seq_len", "num_heads", "head_dim")   # B x S x d: an activation of the block
+DEFAULTS = {"num_heads": 4, "head_dim": 8, "seq_len": 8, "hidden_dim": HIDDEN_DIM}   # the rubric's: a mapping without them
+
+
+def size(check: dict, key: str) -> int:
+    """One of the block's sizes of a job's check mapping (the rubric's default where it has none)."""
+    return int(check.get(key) or DEFAULTS[key])
 
 
 def width(check: dict) -> int:
     """The block's width d = num_heads * head_dim."""
-    return int(check.get("num_heads") or 0) * int(check.get("head_dim") or 0)
+    return size(check, "num_heads") * size(check, "head_dim")
 
 
 def forward_and_backward(module, call, check: dict, data) -> dict:
@@ -48,7 +54,7 @@ def forward_and_backward(module, call, check: dict, data) -> dict:
 
 def room(check: dict, kind: str) -> int:
     """The most values one of its tensors holds: X [B, S, d], W_qkv [d, 3d], W1 [d, h]."""
-    d, b, s, h = width(check), int(check.get(B) or 0), int(check.get("seq_len") or 0), int(check.get("hidden_dim") or 0)
+    d, b, s, h = width(check), int(check.get(B) or 0), size(check, "seq_len"), size(check, "hidden_dim")
     return max(b * s * d, 3 * d * d, d * h)
 
 
@@ -66,7 +72,7 @@ PART = Part(
     room=room, should=should, kinds=(BACKWARD,), optional=True,
     splits=(("num_heads", "world_size", "the attention's heads over the ranks"),
             ("hidden_dim", "world_size", "the MLP's hidden width over the ranks")),
-    needs=("megatron_mlp",), parallel=True, layer="ParallelTransformerBlock",
+    needs=(megatron_mlp.PART.id,), parallel=True, layer="ParallelTransformerBlock",
     own_sizes=("hidden_dim", "num_heads", "head_dim", "seq_len"),
     moves=(Moves(BACKWARD, "all_reduce", "the attention's partial outputs in g's forward", TOKENS),
            Moves(BACKWARD, "all_reduce", "the MLP's partial outputs in g's forward", TOKENS),
