@@ -10,8 +10,10 @@ import torch
 import yaml
 
 from grader.batch.run import grade_batch
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
-from grader.verdict import transformer
+from grader.verdict import comm, transformer
 from tests.corpus import (MUTANTS, PART5, PART6, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint,
                           skeleton, with_part6, write_zip)
 from tests.worlds import load_module, run_world
@@ -103,6 +105,25 @@ def test_the_stock_course_leaves_the_block_off():
     data = _rubric_data()
     data["parts"] = {**data["parts"], **PART5}
     assert rubric_from_dict(data).digest() == rubric_from_dict({**data, "parts": {**data["parts"], PART: None}}).digest()
+
+
+def test_the_reference_moves_exactly_what_the_part_says_and_passes_at_every_check(tmp_path):
+    """The part's `moves` are the reference's real calls (four all-reduces of [B, S, d] per rank at a
+    check of several ranks, none at one), and the verdict passes the reference's values."""
+    rubric = load_rubric(fast_rubric(tmp_path, **{k: v for k, v in with_part6(_rubric_data()).items()
+                                                  if k in ("parts", "checks")}))
+    executor = WarmExecutor("best")
+    executor.start()
+    try:
+        for check in (c for c in rubric.checks if PART in rubric.parts_at(c)):
+            run = run_check(executor, prepare_code(REFERENCE), check, rubric, tmp_path, [PART])[PART]
+            assert run.status == "passed", (check.name, run.detail)
+            needs = comm.needed(PART, check)
+            assert bool(needs) == (check.world_size > 1) and set(needs) <= {"all_reduce"}, check.name
+            for rank, r in run.ranks.items():
+                assert {c: comm.moved(r.comm, c, check.world_size)[1] for c in needs} == needs, (check.name, rank)
+    finally:
+        executor.close()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,10 @@ result is held against each in turn, and the one it equals is named. The weights
 ranks were served (grader.rerun.secret.layer: each rank's own shards real, noise elsewhere), so
 only a block whose ranks really communicate passes; `seeded` draws them as the handout does, for
 the tests of the reference.
+
+A parameter's gradient is a sum over the B x S tokens, so its values reach B S times an output
+gradient's, and a rank's float32 sum of them carries errors of that order: every tensor is compared
+at the rubric's tolerance relative to its largest value (`_close`: atol times max(1, max |want|)).
 """
 
 import dataclasses
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grader.parts.common import close, output_gradient
+from grader.parts.common import close as _same, output_gradient
 from grader.rerun import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import collectives, unfinished
@@ -72,6 +76,12 @@ def served(check, data) -> Layer:
     real X and weights of `data` (the check's protocol.PartSecret), and G."""
     real = secret.layer(data, dataclasses.asdict(check))
     return _layer(check, real.x, real.weights, output_gradient(check.seed, *real.x.shape))
+
+
+def close(got, want, tol) -> bool:
+    """`got` matches `want` at the tolerance, its atol scaled by want's largest value (at least 1)."""
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    return _same(got, want, type(tol)(rtol=tol.rtol, atol=tol.atol * scale))
 
 
 class Mistake(enum.Enum):
