@@ -54,10 +54,12 @@ class Layer:
     g: torch.Tensor       # the output's gradient [B, S, d]
     heads: int            # n
     head_dim: int
+    views: list = None    # rank r's weights as it was served them: real in its own shards only (None: all real)
 
 
-def _layer(check, x, weights, g) -> Layer:
-    return Layer(x.double(), tuple(w.double() for w in weights), g.double(), check.num_heads, check.head_dim)
+def _layer(check, x, weights, g, views=None) -> Layer:
+    views = [tuple(w.double() for w in view) for view in views] if views else None
+    return Layer(x.double(), tuple(w.double() for w in weights), g.double(), check.num_heads, check.head_dim, views)
 
 
 def seeded(check) -> Layer:
@@ -74,8 +76,10 @@ def seeded(check) -> Layer:
 def served(check, data) -> Layer:
     """The block as the ranks of a backward check were served it (grader.rerun.secret.layer): the
     real X and weights of `data` (the check's protocol.PartSecret), and G."""
-    real = secret.layer(data, dataclasses.asdict(check))
-    return _layer(check, real.x, real.weights, output_gradient(check.seed, *real.x.shape))
+    sizes = dataclasses.asdict(check)
+    real = secret.layer(data, sizes)
+    views = [secret.layer(data, sizes, r).weights for r in range(check.world_size)]
+    return _layer(check, real.x, real.weights, output_gradient(check.seed, *real.x.shape), views)
 
 
 def close(got, want, tol) -> bool:
@@ -146,11 +150,12 @@ def _attention(x, qkv, heads: int, head_dim: int):
 
 
 def _shards(layer: Layer, p: int, mistake: Mistake) -> list:
-    """[(W_qkv_r, W_o_r, W1_r, W2_r)] for r = 0..p-1, as the ranks cut them."""
+    """[(W_qkv_r, W_o_r, W1_r, W2_r)] for r = 0..p-1, as the ranks cut them (a shard cut otherwise
+    than the block's holds what the rank was served there: its own noise, where it is not its own)."""
     qkv, wo, w1, w2 = layer.weights
     d, cols = wo.shape[0], wo.shape[0] // p
     if mistake is Mistake.QKV_UNGROUPED:
-        qkvs = list(qkv.chunk(p, dim=1))
+        qkvs = [(layer.views[r][0] if layer.views else qkv).chunk(p, dim=1)[r] for r in range(p)]
     else:
         qkvs = [torch.cat([qkv[:, j * d + r * cols:j * d + (r + 1) * cols] for j in range(3)], dim=1) for r in range(p)]
     return list(zip(qkvs, wo.chunk(p, dim=0), w1.chunk(p, dim=1), w2.chunk(p, dim=0)))
