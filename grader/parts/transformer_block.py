@@ -73,7 +73,7 @@ PART = Part(
     splits=(("num_heads", "world_size", "the attention's heads over the ranks"),
             ("hidden_dim", "world_size", "the MLP's hidden width over the ranks")),
     needs=(megatron_mlp.PART.id,), parallel=True, layer="ParallelTransformerBlock",
-    own_sizes=("hidden_dim", "num_heads", "head_dim", "seq_len"),
+    own_sizes=("num_heads", "head_dim", "seq_len"),   # and Part 5's hidden_dim, which it needs on
     moves=(Moves(BACKWARD, "all_reduce", "the attention's partial outputs in g's forward", TOKENS),
            Moves(BACKWARD, "all_reduce", "the MLP's partial outputs in g's forward", TOKENS),
            Moves(BACKWARD, "all_reduce", "the gradient of the MLP's input in f's backward", TOKENS),
