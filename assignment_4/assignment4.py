@@ -19,9 +19,13 @@ Part 4  full_column_parallel_single_step     each rank holds a slice of W's colu
 Part 5  megatron_mlp_single_step             (optional) Megatron's MLP block: W1 by columns, W2 by rows
         a two-layer MLP, so it returns (W1, W2) and checks them against the single-device MLP's step
         (mlp_single_step) with "[MegatronMLP][Rank r] Tensors match: ..." lines
-(optional) transformer_block_forward_backward   a transformer block in tensor parallel: attention heads
-        split over the ranks, Part 5's MLP; its output and its input's gradient are checked against
-        the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines
+Part 6  vocab_parallel_loss                  (optional) the vocabulary split over the ranks: an embedding
+        split by rows and a cross-entropy on logits split by columns, never gathered; checks its
+        loss, its logits' gradient and its embedding's gradient against vocab_single_loss's (the
+        full logits, torch's cross_entropy) with "[VocabParallel][Rank r] Tensors match: ..." lines
+Part 7  transformer_block_forward_backward   (optional) a transformer block in tensor parallel: attention
+        heads split over the ranks, Part 5's MLP; its output and its input's gradient are checked
+        against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines
 
 Fill in the lines marked TODO. Each TODO raises NotImplementedError until you replace it, and the
 script reports that part as not implemented yet and goes on with the next.
@@ -44,6 +48,8 @@ learning_rate = 0.5       # the SGD step size
 accumulation_steps = 4    # micro-batches per step in Part 2
 hidden_dim = 128          # Part 5: the MLP's hidden width h (W1 [input_dim, h], W2 [h, input_dim]);
                           # tensor parallel splits it, so it must be divisible by the world size
+vocab_size = 64           # Part 6: the vocabulary V (the embedding E [V, input_dim], the logits [B, V]);
+                          # split over the ranks, so it must be divisible by the world size
 num_heads = 4             # the transformer block's attention heads; tensor parallel splits them, so
                           # they must be divisible by the world size
 head_dim = 8              # features per head: the block's width is d = num_heads * head_dim
@@ -546,7 +552,176 @@ def megatron_mlp_single_step(seed=42, device=None):
     return updated_w1, updated_w2
 
 
-### Optional: a transformer block in tensor parallel: Part 5's layers in the attention and the MLP.
+### Optional: the vocabulary split over the ranks, in the embedding and in the cross-entropy.
+# With p ranks and a vocabulary of V ids, rank r holds the ids [r * V / p, (r + 1) * V / p): the
+# embedding table's rows and the LM head's logit columns of those ids. Neither the table nor the
+# logits [N, V] are ever gathered; the ranks exchange numbers of size [N, d] (the embedding) and [N]
+# (the loss) only. These are Megatron-LM's VocabParallelEmbedding and vocab_parallel_cross_entropy.
+def vocab_slice(vocab_size, world_size, rank):
+    """(start, end): the vocabulary ids [start, end) that rank holds, V / p of them."""
+    local_vocab = divide(vocab_size, world_size, "vocab_size", "world_size")
+    return rank * local_vocab, (rank + 1) * local_vocab
+
+
+class VocabReduce(torch.autograd.Function):
+    """Forward: all-reduce (sum) over the ranks. Backward: identity (Megatron-LM's g).
+
+    Each rank's share of the embedding is zero but for the tokens it holds, so the sum is the whole
+    lookup; the gradient of the sum is the gradient of each share, already whole on every rank."""
+
+    @staticmethod
+    def forward(ctx, x):
+        summed = x.contiguous().clone()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        return summed
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output
+
+
+class VocabParallelEmbedding(nn.Module):
+    """An embedding table E [V, d] split by vocabulary rows: rank r keeps E_r = E[start:end] [V / p, d].
+
+    forward(tokens [...] int64) -> [..., d], the same on every rank:
+        x_r[i] = E_r[t_i - start] where start <= t_i < end, else 0      the masked lookup
+        x = sum_r x_r                                                   all-reduce (g)
+    Backward: each rank's E_r gathers the gradient of the rows of its own tokens only.
+    """
+
+    def __init__(self, weight: torch.Tensor, world_size: int, rank: int):
+        super().__init__()
+        self.vocab_size, self.dim = weight.shape
+        self.start, self.end = vocab_slice(self.vocab_size, world_size, rank)
+        self.weight = nn.Parameter(weight[self.start:self.end].clone().contiguous())
+
+    def forward(self, tokens):
+        # Tokens outside [start, end) look up row 0 (any row would do), then their rows are zeroed.
+        # TODO: owned = ..., local = ... (2 lines)
+        raise NotImplementedError('TODO in VocabParallelEmbedding.forward: owned = ..., local = ... (2 lines)')
+        share = nn.functional.embedding(local, self.weight)
+        # TODO: share = ... (zero the rows of the tokens held elsewhere, 1 line)
+        raise NotImplementedError('TODO in VocabParallelEmbedding.forward: share = ... (zero the rows of the tokens held elsewhere, 1 line)')
+        # TODO: return ... (g, 1 line)
+        raise NotImplementedError('TODO in VocabParallelEmbedding.forward: return ... (g, 1 line)')
+
+
+def all_reduce_vocab(x, op):
+    """x all-reduced over the ranks with `op` (a copy; x itself stays as it was)."""
+    x = x.contiguous().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(x, op=op)
+    return x
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of logits split by vocabulary columns, none of them gathered.
+
+    logits z_r [N, V / p] (rank r's columns of z [N, V]), targets t [N] (global ids, or ignore_index):
+        m_i = max_j z_ij            local max, then all-reduce(MAX): every exp(z - m) <= 1
+        S_i = sum_j exp(z_ij - m_i) local sum, then all-reduce(SUM)
+        y_i = z_i,t_i - m_i         from the rank that holds t_i, 0 elsewhere, then all-reduce(SUM)
+        loss = sum over the n non-ignored i of (log S_i - y_i), divided by n
+    backward on each rank's own columns, no communication:
+        dloss/dz_ij = (exp(z_ij - m_i) / S_i - [j = t_i]) / n, 0 on ignored rows;
+        the one-hot only on the rank that holds t_i.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, world_size, rank, ignore_index):
+        start, end = vocab_slice(logits.shape[-1] * world_size, world_size, rank)
+        # TODO: shifted = ... (the max over every rank's columns, subtracted: 1 line)
+        raise NotImplementedError("TODO in VocabParallelCrossEntropy.forward: shifted = ... (the max over every rank's columns, subtracted: 1 line)")
+        # TODO: owned = ..., local = ... (the targets this rank holds, and their columns: 2 lines)
+        raise NotImplementedError('TODO in VocabParallelCrossEntropy.forward: owned = ..., local = ... (the targets this rank holds, and their columns: 2 lines)')
+        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1)
+        # TODO: picked = ..., exp = ..., sum_exp = ... (3 lines)
+        raise NotImplementedError('TODO in VocabParallelCrossEntropy.forward: picked = ..., exp = ..., sum_exp = ... (3 lines)')
+        valid = targets != ignore_index
+        count = valid.sum().clamp(min=1)
+        # TODO: loss = ... (the mean over the non-ignored targets: 1 line)
+        raise NotImplementedError('TODO in VocabParallelCrossEntropy.forward: loss = ... (the mean over the non-ignored targets: 1 line)')
+        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), owned, local, valid, count)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        softmax, owned, local, valid, count = ctx.saved_tensors
+        rows = torch.arange(softmax.shape[0], device=softmax.device)
+        grad = softmax.clone()
+        # TODO: the one-hot where this rank holds the target, then the rows scaled (2 lines)
+        raise NotImplementedError('TODO in VocabParallelCrossEntropy.backward: the one-hot where this rank holds the target, then the rows scaled (2 lines)')
+        return grad, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, targets, world_size, rank, ignore_index=-100):
+    """logits [N, V / p], this rank's columns; targets [N] int64, global ids -> the scalar mean loss
+    over the targets that are not ignore_index, the same on every rank (differentiable)."""
+    check(logits, (targets.shape[0], -1))
+    return VocabParallelCrossEntropy.apply(logits, targets, world_size, rank, ignore_index)
+
+def vocab_parallel_loss(tokens, targets, embedding, head, world_size, rank, logit_shift=0.0, ignore_index=-100):
+    """Part 6: the loss of B tokens through the vocabulary-parallel embedding and LM head, and its backward.
+
+    tokens [B] and targets [B] (int64, global ids; a target may be ignore_index), embedding E [V, d]
+    and head W [d, V], the full tables: rank r keeps E's rows and W's columns of its ids. The logits
+    are z = E[tokens] @ W + logit_shift [B, V], of which rank r computes its columns z_r [B, V / p].
+
+    Returns:
+        (loss, the gradient of z_r [B, V / p], the gradient of E_r [V / p, d]): the loss, a scalar
+        tensor, the same on every rank; the gradients of this rank's own columns and rows
+    """
+    embed = VocabParallelEmbedding(embedding, world_size, rank)
+    start, end = vocab_slice(embedding.shape[0], world_size, rank)
+    x = embed(tokens)                            # [B, d], the same on every rank
+    # f: every rank's columns of the head use the whole x; in backward, the gradients of x are summed.
+    # TODO: x = ... (f, 1 line)
+    raise NotImplementedError('TODO in vocab_parallel_loss: x = ... (f, 1 line)')
+    logits = x @ head[:, start:end] + logit_shift
+    check(logits, (tokens.shape[0], end - start))
+    logits.retain_grad()
+    loss = vocab_parallel_cross_entropy(logits, targets, world_size, rank, ignore_index)
+    loss.backward()
+    return loss.detach(), logits.grad, embed.weight.grad
+
+
+def vocab_single_loss(tokens, targets, embedding, head, logit_shift=0.0, ignore_index=-100):
+    """Part 6's check: the same loss on one device, torch's cross_entropy on the full logits [B, V].
+    Returns (loss, the gradient of the logits [B, V], the gradient of E [V, d])."""
+    embedding = embedding.clone().requires_grad_(True)
+    logits = embedding[tokens] @ head + logit_shift
+    logits.retain_grad()
+    loss = nn.functional.cross_entropy(logits, targets, ignore_index=ignore_index)
+    loss.backward()
+    return loss.detach(), logits.grad, embedding.grad
+
+
+def init_vocab_data(seed, device):
+    """tokens [B], targets [B] (the last 4 ignored: padding), E [vocab_size, input_dim] and W
+    [input_dim, vocab_size] in float64, drawn after torch.manual_seed(seed)."""
+    torch.manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (global_batch_size,))
+    targets = torch.randint(0, vocab_size, (global_batch_size,))
+    targets[-4:] = -100
+    embedding = torch.randn(vocab_size, input_dim, dtype=torch.float64)
+    head = torch.randn(input_dim, vocab_size, dtype=torch.float64) / input_dim ** 0.5
+    return tokens.to(device), targets.to(device), embedding.to(device), head.to(device)
+
+
+def check_vocab_parallel(world_size, rank, device):
+    """Run Part 6 on the handout's data and compare it with the full logits on one device: the loss,
+    then this rank's columns of the logits' gradient and its rows of the embedding's."""
+    data = init_vocab_data(seed, device)
+    results = run_part("VocabParallel", vocab_parallel_loss, *data, world_size, rank)
+    if results is not None:
+        start, end = vocab_slice(vocab_size, world_size, rank)
+        want_loss, want_logits_grad, want_embedding_grad = vocab_single_loss(*data)
+        for want, got in zip((want_loss, want_logits_grad[:, start:end], want_embedding_grad[start:end]), results):
+            compare_tensors(want, got, prefix="VocabParallel")
+
+
+### Part 7 (optional): a transformer block in tensor parallel: Part 5's layers in the attention and the MLP.
 class ParallelSelfAttention(nn.Module):
     """Causal multi-head self-attention, its heads split over the ranks (Megatron-LM's layout).
 
@@ -679,6 +854,14 @@ def transformer_block_forward_backward(seed=42, device=None):
     return out.detach(), inputs.grad
 
 
+def check_transformer_block(seed, device):
+    """Run Part 7 and compare it with the single-device block: its output, then its input's gradient."""
+    block_results = run_part("TransformerBlock", transformer_block_forward_backward, seed=seed, device=device)
+    if block_results is not None:
+        for want, got in zip(block_single_device(seed=seed, device=device), block_results):
+            compare_tensors(want, got, prefix="TransformerBlock")
+
+
 def run_part(prefix, part, *args, **kwargs):
     """Call one part; log it as not implemented (and return None) while it still has a TODO."""
     try:
@@ -731,12 +914,12 @@ def main():
             compare_tensors(want, got, prefix="MegatronMLP")
 
     if rank == 0:
-        log(f"[Rank {rank}] A transformer block in tensor parallel (optional), world size {world_size}.")
-    block_results = run_part("TransformerBlock", transformer_block_forward_backward, seed=seed, device=device)
-    if block_results is not None:
-        # The single-device block's output, then its input's gradient.
-        for want, got in zip(block_single_device(seed=seed, device=device), block_results):
-            compare_tensors(want, got, prefix="TransformerBlock")
+        log(f"[Rank {rank}] Part 6: the vocabulary split over the ranks (optional), world size {world_size}.")
+    check_vocab_parallel(world_size, rank, device)
+
+    if rank == 0:
+        log(f"[Rank {rank}] Part 7: a transformer block in tensor parallel (optional), world size {world_size}.")
+    check_transformer_block(seed, device)
 
     dist.barrier()
     dist.destroy_process_group()

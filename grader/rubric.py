@@ -52,6 +52,10 @@ class Check:
     output_dim: int = 32
     accumulation_steps: int = 4
     hidden_dim: int = 128  # Part 5 only: the MLP's hidden width (W1 [input_dim, hidden_dim])
+    vocab_size: int = 64   # Part 6 only: the vocabulary V (the embedding [V, input_dim], the logits [B, V])
+    vocab_logit_shift: float = 0.0   # Part 6 only: added to every logit (1e4: exp overflows without the max)
+    vocab_one_slice: bool = False    # Part 6 only: every target in the last rank's slice of the vocabulary
+    vocab_padding: int = 0           # Part 6 only: the last this many targets are padding (ignore_index)
     num_heads: int = 4     # the transformer block only: its attention heads (split over the ranks)
     head_dim: int = 8      # ... the features of one head: the block's width d = num_heads * head_dim
     seq_len: int = 8       # ... the tokens of one sequence: its input X [global_batch_size, seq_len, d]

@@ -54,14 +54,33 @@ def with_part5(data: dict) -> dict:
     return data
 
 
-PART6 = {"transformer_block": {"log": 2, "rerun": 8, "bonus": True}}   # the transformer block on, as a bonus
+PART6 = {"vocab_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 6 turned on, as a bonus
 
 
 def with_part6(data: dict) -> dict:
-    """A copy of rubric `data` with Part 5 and the transformer block (which builds on it) turned on,
-    and each check whose world sizes do not divide its heads given a number of heads they divide."""
-    data = with_part5(data)
-    data["parts"].update(PART6)
+    """A copy of rubric `data` (as YAML reads it) with Part 6 turned on as a bonus, and each check
+    whose world sizes do not divide its vocabulary given one they divide, as the rubric's refusal
+    says to do (as with_part5 does for Part 5's hidden width)."""
+    data = copy.deepcopy(data)
+    data["parts"] = {**(data.get("parts") or {}), **PART6}
+    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
+    for check in data.get("checks") or []:
+        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
+        vocab, step = check.get("vocab_size", Check().vocab_size), math.lcm(*sizes)
+        if vocab % step:
+            check["vocab_size"] = step * max(1, round(vocab / step))
+    return data
+
+
+PART7 = {"transformer_block": {"log": 2, "rerun": 8, "bonus": True}}   # Part 7 turned on, as a bonus
+
+
+def with_part7(data: dict) -> dict:
+    """A copy of rubric `data` with Part 7, the transformer block, turned on as a bonus, with Parts 5
+    and 6 it builds on (with_part5, with_part6), and each check whose world sizes do not divide its
+    heads given a number of heads they divide."""
+    data = with_part6(with_part5(data))
+    data["parts"].update(PART7)
     public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
     for check in data.get("checks") or []:
         sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
@@ -245,6 +264,33 @@ MUTANTS = {
          '    for w in whole:\n        dist.broadcast(w, src=0)\n    return tuple(whole)\n'
          '    w1, w2 = init_mlp_weights(seed)\n')],
         diagnosis="the weights are the single-device MLP's step on"),
+    # Part 6 (optional), the vocabulary split over the ranks: graded only where the rubric turns it on.
+    "vocab_local_max": Mutant("vocab_parallel", [
+        ("        shifted = logits - all_reduce_vocab(logits.max(dim=-1).values, dist.ReduceOp.MAX).unsqueeze(-1)\n",
+         "        shifted = logits - logits.max(dim=-1).values.unsqueeze(-1)\n")],
+        diagnosis="each rank subtracts the max of its own columns only"),
+    "vocab_no_max": Mutant("vocab_parallel", [
+        ("        shifted = logits - all_reduce_vocab(logits.max(dim=-1).values, dist.ReduceOp.MAX).unsqueeze(-1)\n",
+         "        shifted = logits\n")],
+        diagnosis="exp of logits near 1e4 overflows", hidden_only=True),
+    "vocab_mask_off_by_slice": Mutant("vocab_parallel", [
+        ("        start, end = vocab_slice(logits.shape[-1] * world_size, world_size, rank)\n",
+         "        start, end = vocab_slice(logits.shape[-1] * world_size, world_size, rank + 1)\n")],
+        diagnosis="the targets' mask is off by one slice"),
+    "vocab_embedding_unmasked": Mutant("vocab_parallel", [
+        ("        share = share * owned.unsqueeze(-1).to(share.dtype)\n", "")],
+        diagnosis="rows of tokens held by other ranks are not zeroed"),
+    "vocab_embedding_not_reduced": Mutant("vocab_parallel", [
+        ("        return VocabReduce.apply(share)\n", "        return share\n")],
+        diagnosis="the embedding's output is not all-reduced"),
+    "vocab_padding_counted": Mutant("vocab_parallel", [
+        ("        valid = targets != ignore_index\n", "        valid = torch.ones_like(targets, dtype=torch.bool)\n")],
+        diagnosis="the loss counts the padding targets", hidden_only=True),
+    "vocab_one_hot_every_rank": Mutant("vocab_parallel", [
+        ("        grad[rows, local] -= owned.to(grad.dtype)\n", "        grad[rows, local] -= 1\n")],
+        diagnosis="subtracts the one-hot on every rank"),
+    "vocab_no_f": Mutant("vocab_parallel", [("    x = BroadcastParallel.apply(x)\n", "    x = x\n")],
+                         diagnosis="the embedding's gradient is only the rank's own columns' share"),
     # The transformer block (optional, on Part 5's layers): graded only where the rubric turns it on.
     "tb_heads_not_divided": Mutant("transformer_block", [
         ("        qkv = qkv.reshape(bsz, seq, 3, self.local_heads, self.head_dim)\n",

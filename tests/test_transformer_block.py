@@ -14,8 +14,8 @@ from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
 from grader.verdict import comm, transformer
-from tests.corpus import (MUTANTS, PART5, PART6, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint,
-                          skeleton, with_part6, write_zip)
+from tests.corpus import (MUTANTS, PART5, PART7, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint,
+                          skeleton, with_part7, write_zip)
 from tests.worlds import load_module, run_world
 
 PART = "transformer_block"
@@ -81,9 +81,9 @@ def _rubric_data() -> dict:
 
 
 def test_the_block_needs_part_5_and_heads_the_world_sizes_divide_listed_at_once():
-    data = with_part6(_rubric_data())
+    data = with_part7(_rubric_data())
     on = rubric_from_dict(data)
-    assert on.part_ids[-2:] == ("megatron_mlp", PART) and on.max_score == load_rubric().max_score
+    assert on.part_ids[-3:] == ("megatron_mlp", "vocab_parallel", PART) and on.max_score == load_rubric().max_score
     assert all((PART in on.parts_at(c)) == (c.kind == "backward") for c in on.checks)
     data["parts"]["megatron_mlp"] = None
     data["checks"][1]["num_heads"] = 6   # default-backward, at 4 ranks (and 1, 2)
@@ -91,7 +91,7 @@ def test_the_block_needs_part_5_and_heads_the_world_sizes_divide_listed_at_once(
         rubric_from_dict(data, "r.yaml")
     said = str(info.value)
     assert "2 problems" in said
-    assert ("r.yaml.parts: Part 6 (optional): a transformer block in tensor parallel builds on the code of "
+    assert ("r.yaml.parts: Part 7 (optional): a transformer block in tensor parallel builds on the code of "
             "Part 5 (optional): Megatron's MLP block, which the rubric leaves off: turn megatron_mlp on too, "
             "or leave transformer_block off") in said
     assert ("splits the attention's heads over the ranks, but num_heads (6) is not divisible by world_size (4): "
@@ -110,7 +110,7 @@ def test_the_stock_course_leaves_the_block_off():
 def test_the_reference_moves_exactly_what_the_part_says_and_passes_at_every_check(tmp_path):
     """The part's `moves` are the reference's real calls (four all-reduces of [B, S, d] per rank at a
     check of several ranks, none at one), and the verdict passes the reference's values."""
-    rubric = load_rubric(fast_rubric(tmp_path, **{k: v for k, v in with_part6(_rubric_data()).items()
+    rubric = load_rubric(fast_rubric(tmp_path, **{k: v for k, v in with_part7(_rubric_data()).items()
                                                   if k in ("parts", "checks")}))
     executor = WarmExecutor("best")
     executor.start()
@@ -130,13 +130,13 @@ def test_the_reference_moves_exactly_what_the_part_says_and_passes_at_every_chec
 def graded_on(reference_run, tmp_path_factory):
     """A batch graded with the block (and Part 5) on: {student: grading.json} and the rubric."""
     tmp = tmp_path_factory.mktemp("block")
-    rubric_path = fast_rubric(tmp, **{k: v for k, v in with_part6(_rubric_data()).items() if k in ("parts", "checks")})
+    rubric_path = fast_rubric(tmp, **{k: v for k, v in with_part7(_rubric_data()).items() if k in ("parts", "checks")})
     log, err = reference_run
     inbox = tmp / "inbox"
     inbox.mkdir()
     handins = {"reference": REFERENCE.read_text(), "skeleton": skeleton(("baseline", "grad_accumulation",
                                                                          "data_parallel", "tensor_parallel",
-                                                                         "megatron_mlp")),
+                                                                         "megatron_mlp", "vocab_parallel")),
                **{name: mutate(name) for name in BLOCK_MUTANTS}}
     for name, code in handins.items():
         write_zip(inbox / f"{name}.zip", Files(code=code, log=refingerprint(log, code), err=err))
@@ -153,8 +153,8 @@ def test_the_reference_passes_the_block_at_every_check_with_its_log_and_bonus(gr
     part = r["parts"][PART]
     assert part["status"] == "passed", part["message"]
     assert [o["check"] for o in part["checks"]] == [c.name for c in rubric.checks if c.kind == "backward"]
-    assert part["log"]["passed"] and part["score"] == PART6[PART]["log"] + PART6[PART]["rerun"]
-    assert r["max_score"] == rubric.max_score and r["score"] == rubric.max_score + 20   # both bonuses
+    assert part["log"]["passed"] and part["score"] == PART7[PART]["log"] + PART7[PART]["rerun"]
+    assert r["max_score"] == rubric.max_score and r["score"] == rubric.max_score + 30   # three bonuses
 
 
 def test_the_skeleton_scores_nothing_in_the_block(graded_on):

@@ -1,6 +1,7 @@
 """The parts of the assignment: one module per part, each holding everything the grader knows of it.
 
-Parts 1-4 are every course's. Part 5, Megatron's MLP block, is optional: a course turns it on by
+Parts 1-4 are every course's. Part 5, Megatron's MLP block, Part 6, the vocabulary split over the
+ranks, and Part 7, a transformer block on Part 5's layers, are optional: a course turns one on by
 giving it points in its rubric (`parts: megatron_mlp: {...}`); without them it is neither run nor
 shown, and the student release carries no trace of it (grader.instructor.release).
 
@@ -139,9 +140,10 @@ def register(*modules) -> tuple:
 
 
 from grader.parts import (baseline, data_parallel, grad_accumulation, megatron_mlp,  # noqa: E402 - they use Part
-                          tensor_parallel, transformer_block)
+                          tensor_parallel, transformer_block, vocab_parallel)
 
-PARTS = register(baseline, grad_accumulation, data_parallel, tensor_parallel, megatron_mlp, transformer_block)
+PARTS = register(baseline, grad_accumulation, data_parallel, tensor_parallel, megatron_mlp, vocab_parallel,
+                 transformer_block)
 PART_IDS = tuple(p.id for p in PARTS)
 CORE_PART_IDS = tuple(p.id for p in PARTS if not p.optional)   # every course's parts
 OPTIONAL_PART_IDS = tuple(p.id for p in PARTS if p.optional)

@@ -11,14 +11,17 @@ Layouts, each drawn by grader.rerun.secret (its docstring says what a rank sees 
     WEIGHT    the real X, and a W0 real only in the rank's own columns (a layer run alone)
     SHARDS    the real X and Y [B, d], and a seed of the rank's own that draws its MLP weights
     BLOCK     the real X, and W1, W2 real only in the rank's own shards (an MLP block run alone)
+    VOCAB     the real tokens and targets, an embedding E and a head W real only in the rank's own
+              vocabulary ids (E's rows, W's columns), in float64 (the vocabulary split over the ranks)
     LAYER     the real X [B, S, d], and a transformer block's weights real only in the rank's own
               shards (its heads' columns of W_qkv and rows of W_o, its MLP's shards)
 """
 
 from grader.parts import BACKWARD
 
-WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, LAYER = "whole", "rows", "columns", "weight", "shards", "block", "layer"
-LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, LAYER)   # every layout grader.rerun.secret draws
+WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK = "whole", "rows", "columns", "weight", "shards", "block"
+VOCAB, LAYER = "vocab", "layer"
+LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, VOCAB, LAYER)   # every layout grader.rerun.secret draws
 HIDDEN_DIM = 128   # the rubric's default hidden width: a check mapping without one
 
 

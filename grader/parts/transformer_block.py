@@ -1,4 +1,4 @@
-"""Part 6 (optional), a transformer block in tensor parallel: the attention's heads split over the
+"""Part 7 (optional), a transformer block in tensor parallel: the attention's heads split over the
 ranks, Part 5's MLP, LayerNorm replicated.
 
 A course turns it on by giving it points in its rubric, with Part 5 on too (`needs`): the block is
@@ -64,7 +64,7 @@ def should(check: dict, kind: str, hidden: bool) -> str:
 
 
 PART = Part(
-    "transformer_block", "Part 6 (optional): a transformer block in tensor parallel", "TransformerBlock",
+    "transformer_block", "Part 7 (optional): a transformer block in tensor parallel", "TransformerBlock",
     "transformer_block_forward_backward",
     ("ParallelSelfAttention", "ParallelTransformerBlock", "transformer_block_forward_backward"),
     layouts={BACKWARD: LAYER}, runs={BACKWARD: forward_and_backward},

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grader import kit
-from grader.parts import PART_IDS
+from grader.parts import BY_ID, PART_IDS
 from grader.rerun import bounds, channel, memory, protocol
 from grader.rerun.hidden import Words
 from grader.rerun.hooks import COLLECTIVES
@@ -286,8 +286,9 @@ def _unstarted_parts(parts: list, report: WorldReport, words: Words) -> dict:
 
 
 def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS) -> dict:
-    """Run `parts` of `code` (prepare_code's) at `check`; return part id -> PartRun, for every part."""
-    remaining = list(parts)
+    """Run `parts` of `code` (prepare_code's) at `check`; return part id -> PartRun, for every part
+    that runs at the check's kind (a part of other kinds only is not run: it has no data there)."""
+    remaining = [p for p in parts if check.kind in BY_ID[p].kinds]
     runs = {}
     words = Words(code, check.hidden)
     config = _world_job(code, scratch, check, rubric, []).check

@@ -41,6 +41,11 @@ names the layout of each kind of check it runs (grader.parts: `layouts`):
               update (the gather): the step taken whole on one rank, from its own full W1 and W2,
               is wrong. (Megatron-LM seeds each tensor-parallel rank apart too.) (Part 5's step)
     BLOCK     the real X, and W1, W2 real only in its own shards: `block`, below (Part 5's block alone)
+    VOCAB     the real tokens and targets [B] (int64), an embedding E [V, I] real only in its own rows
+              and a head W [I, V] real only in its own columns [r*V/p, (r+1)*V/p), its own noise
+              elsewhere, widened to float64 (logits near 1e4 keep their differences): `vocab`, below.
+              A loss taken whole on one rank from its own E and W is wrong; the embedding needs the
+              all-reduce of every rank's lookups, the loss every rank's sums (the vocabulary split)
     LAYER     the real X [B, S, d], and a transformer block's W_qkv, W_o, W1, W2 real only in its own
               shards (its heads' columns of W_q, W_k and W_v, their rows of W_o, its MLP's shards):
               `layer`, below (the transformer block alone)
@@ -60,7 +65,7 @@ from dataclasses import dataclass
 import torch
 
 from grader.parts import BY_ID, kind_of
-from grader.parts.common import BLOCK, LAYER, ROWS, SHARDS, WEIGHT, WHOLE
+from grader.parts.common import BLOCK, LAYER, ROWS, SHARDS, VOCAB, WEIGHT, WHOLE
 from grader.rerun.protocol import PartSecret
 
 
@@ -115,11 +120,15 @@ def _randn(seed: int, *shape) -> torch.Tensor:
 @dataclass
 class PartData:
     """One rank's (or, for the grader, the real) tensors of a part: float32, on the CPU."""
-    x: torch.Tensor                  # [B, I]
+    x: torch.Tensor = None           # [B, I]
     y: torch.Tensor = None           # [B, O] (a step)
     w0: torch.Tensor = None          # [I, O] (WEIGHT: the W0 the layer is handed)
     w1: torch.Tensor = None          # [d, h] (BLOCK: the W1 the block is handed)
     w2: torch.Tensor = None          # [h, d] (BLOCK: its W2)
+    tokens: torch.Tensor = None      # [B] int64 (VOCAB: the token ids looked up)
+    targets: torch.Tensor = None     # [B] int64 (VOCAB: the ids the loss predicts, IGNORE_INDEX for padding)
+    embedding: torch.Tensor = None   # [V, I] float64 (VOCAB: the embedding table E)
+    head: torch.Tensor = None        # [I, V] float64 (VOCAB: the LM head W)
     weights: tuple = ()              # (LAYER: the W_qkv [d, 3d], W_o [d, d], W1 [d, h], W2 [h, d] it is handed)
 
 
@@ -214,6 +223,32 @@ def mlp_step(secret: PartSecret, batch: int, d: int, h: int) -> tuple:
     return whole.x, whole.y, w1, w2
 
 
+IGNORE_INDEX = -100   # a padding target: torch's cross_entropy's default ignore_index
+
+
+def vocab(secret: PartSecret, check: dict, rank=None) -> PartData:
+    """The vocabulary-split data of a check (VOCAB): the real one (`rank` None) or rank `rank`'s view.
+    B tokens and targets in [0, V) (with vocab_one_slice, every target in the last rank's V/p ids;
+    the last vocab_padding targets IGNORE_INDEX), E [V, I] ~ N(0, 1) and W [I, V] ~ N(0, 1/I), each
+    rank's rows of E and columns of W drawn from its own block's seed."""
+    b, d, v = check["global_batch_size"], check["input_dim"], check["vocab_size"]
+    p = max(1, len(secret.blocks))
+    share = v // p
+    g = torch.Generator().manual_seed(secret.seed)
+    tokens = torch.randint(0, v, (b,), generator=g)
+    targets = torch.randint(v - share if check.get("vocab_one_slice") else 0, v, (b,), generator=g)
+    padding = min(int(check.get("vocab_padding") or 0), b - 1)   # one real target at least: a mean
+    if padding:
+        targets[b - padding:] = IGNORE_INDEX
+    e, w = (torch.empty(v, d), torch.empty(d, v)) if rank is None else _noise(secret.noise[rank], (v, d), (d, v))
+    for k in range(p):
+        if rank is None or k == rank:
+            g = torch.Generator().manual_seed(secret.blocks[k])
+            e[k * share:(k + 1) * share] = torch.randn(share, d, generator=g)
+            w[:, k * share:(k + 1) * share] = torch.randn(d, share, generator=g)
+    return PartData(tokens=tokens, targets=targets, embedding=e.double(), head=w.double() / d ** 0.5)
+
+
 def _noise(seed: int, *shapes) -> list:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(*shape, generator=g) for shape in shapes]
@@ -260,6 +295,8 @@ def rank_view(run, check: dict, rank: int) -> Served:
     the module docstring)."""
     b, d, o = check["global_batch_size"], check["input_dim"], check["output_dim"]
     layout_ = layout(run.part, kind_of(check))
+    if layout_ == VOCAB:
+        return Served(seed=check["seed"], data=vocab(run.data, check, rank))
     if layout_ == BLOCK:
         x, w1, w2 = block(run.data, b, d, check["hidden_dim"], rank)
         return Served(seed=check["seed"], data=PartData(x=x, w1=w1, w2=w2))
