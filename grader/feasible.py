@@ -125,9 +125,10 @@ def refusal(source: str, problems: list) -> str:
             + "\n".join(f"  - {p}" for p in problems))
 
 
-def _counts(check) -> list:
-    """The optional parts' own sizes of `check` that count something (a whole number, at least 1 unless
-    given): a width, a number of heads; not a switch, a shift or a count of padding (0 by default)."""
+def counts(check) -> list:
+    """The optional parts' own sizes of a check (or of its class) that count something (a whole
+    number, at least 1 unless given): a width, a number of heads; not a switch, a shift or a count of
+    padding (0 by default)."""
     defaults = {f.name: f.default for f in dataclasses.fields(check)}
     return [k for k in OWN_SIZES if type(defaults.get(k)) is int and defaults[k] >= 1]
 
@@ -141,7 +142,7 @@ def value_problems(checks: list, source: str, kinds: tuple) -> list:
         if names.count(check.name) > 1 and names.index(check.name) < i:
             said.append(f"{at}: the check name '{check.name}' is used twice; names must be unique")
         for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps",
-                    *_counts(check)):
+                    *counts(check)):
             if getattr(check, key) < 1:
                 said.append(f"{at}.{key}: must be at least 1")
         if check.weight <= 0:

@@ -15,11 +15,11 @@ import re
 from pathlib import Path
 
 from grader import kit
-from grader.parts import OWN_SIZES
-from grader.rubric import load_rubric, public_rubric
+from grader.feasible import counts
+from grader.rubric import Check, load_rubric, public_rubric
 
 KEYS = tuple(dict.fromkeys(("global_batch_size", "input_dim", "output_dim", "seed", "accumulation_steps",
-                           *OWN_SIZES)))   # and each optional part's own sizes
+                           *counts(Check))))   # and each optional part's own sizes that count something
 # What the handout says, by pattern: each group is the value of the key beside it.
 HANDOUT = (
     (r"\[input_dim, output_dim\] = \[(\d+), (\d+)\]", ("input_dim", "output_dim")),
