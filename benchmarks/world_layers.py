@@ -5,10 +5,6 @@ sweep between worlds), beside the fork-and-gloo floor measured in the same run.
 
     python benchmarks/world_layers.py [--worlds 40] [--rubric FILE]
 
-Then one world of each part alone, at the first public check of a kind the part runs, beside
-Part 4's world at the same kind: what a part adds to a check's cost (with --rubric
-benchmarks/part7.yaml, Parts 5 to 7 too).
-
 As root where useradd and runuser are at hand, a third column: the same worlds graded by an ordinary
 user made for the run (tests/tas.py: its own venv, the kit copied into its home), with the sandbox.
 
@@ -32,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import SandboxUnavailable, WarmExecutor
 from grader.rerun.sandbox import scratch_dir
-from grader.parts import BY_ID, PART_IDS
 from grader.rubric import load_rubric
 
 REFERENCE = Path(__file__).resolve().parent.parent / "assignment_4" / "reference" / "assignment4.py"
@@ -71,43 +66,6 @@ def timelines(mode: str, worlds: int, rubric) -> list:
     finally:
         executor.close()
     return [t for t in seen[WARM_UP:] if all(k in t for k in ("forked", "ready", "done", "ended", "round_trip"))]
-
-
-def part_worlds(rubric, worlds: int) -> dict:
-    """(part id, kind) -> (the check, the median milliseconds of a world of the reference running that
-    part alone at the first public check of that kind), by the warm executor with the sandbox."""
-    executor = WarmExecutor("auto", rubric.limits)
-    executor.start()
-    code, scratch, found = prepare_code(REFERENCE), Path(scratch_dir("a4-parts-")), {}
-    try:
-        for part in rubric.part_ids:
-            for kind in BY_ID[part].kinds:
-                check = next(c for c in rubric.checks if not c.hidden and c.kind == kind and part in rubric.parts_at(c))
-                times = []
-                for i in range(worlds + WARM_UP):
-                    started = time.monotonic()
-                    run_check(executor, code, check, rubric, scratch, [part])
-                    times += [time.monotonic() - started] if i >= WARM_UP else []
-                found[part, kind] = (check, 1000 * statistics.median(times))
-    finally:
-        executor.close()
-    return found
-
-
-def print_part_worlds(rubric, worlds: int) -> None:
-    """Each part's world against Part 4's (the handout's fourth part) at the same kind of check."""
-    try:
-        found = part_worlds(rubric, worlds)
-    except SandboxUnavailable as e:
-        print(f"a world per part: cannot run here ({e})")
-        return
-    base = PART_IDS[3]
-    print(f"a world per part, alone, median of {worlds} worlds, in ms, against {BY_ID[base].title.split(':')[0]}'s "
-          f"at the same kind of check")
-    for (part, kind), (check, ms) in found.items():
-        same = found.get((base, kind), (None, None))[1]
-        ratio = f"{ms / same:5.2f}x" if same else "    -"
-        print(f"  {BY_ID[part].title.split(':')[0]:28s} {check.name:18s} {ms:8.1f}  {ratio}")
 
 
 def as_a_user(worlds: int) -> list:
@@ -170,7 +128,6 @@ def main() -> int:
         setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
         print(f"{name}: a world of {len(rubric.part_ids)} parts is {world / floor:.2f}x the floor's one all-reduce; the layers around the ranks' own work "
               f"(set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
-    print_part_worlds(rubric, args.worlds)
     return 0
 
 

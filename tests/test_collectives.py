@@ -174,17 +174,12 @@ def test_correct_handins_beside_the_swaps_keep_full_marks(batch, name):
     assert all(o["comm_ok"] for p in r["parts"].values() for o in p["checks"])
 
 
-def _graded(rubric) -> list:
-    """The parallel parts `rubric` grades (the optional ones it turns on)."""
-    return [p for p in PARALLEL_PART_IDS if p in rubric.parts]
-
-
 @pytest.mark.parametrize("name", SWAPS)
 def test_a_swap_without_the_parts_collectives_scores_0_for_parts_3_to_5_and_keeps_parts_1_and_2(batch, name):
     results, _, rubric = batch
     r = results[name]
     assert r["status"] == "graded", r["message"]
-    for part in _graded(rubric):
+    for part in (p for p in PARALLEL_PART_IDS if p in rubric.parts):
         assert r["parts"][part]["score"] == 0 and r["parts"][part]["status"] == "failed", r["parts"][part]["message"]
     kept = sum(rubric.parts[p].log + rubric.parts[p].rerun for p in ("baseline", "grad_accumulation"))
     assert r["score"] == kept
@@ -198,7 +193,7 @@ def test_the_feedback_names_the_missing_collective_wherever_the_values_were_righ
     r, folder = results[name], student_dir(out, name)
     feedback, report = (folder / "feedback.md").read_text(), (folder / "results.json").read_text()
     right = 0
-    for part in _graded(rubric):
+    for part in (p for p in PARALLEL_PART_IDS if p in rubric.parts):
         for o in r["parts"][part]["checks"]:
             if o["world_size"] == 1:
                 continue
@@ -213,5 +208,6 @@ def test_the_feedback_names_the_missing_collective_wherever_the_values_were_righ
             if not o["hidden"]:
                 assert o["comm_message"] in feedback and o["comm_message"] in report
     if name == "store_swap":
-        assert right == sum(o["world_size"] > 1 for p in _graded(rubric) for o in r["parts"][p]["checks"])
+        assert right == sum(o["world_size"] > 1 for p in PARALLEL_PART_IDS if p in rubric.parts
+                            for o in r["parts"][p]["checks"])
     assert not leaked(student_facing(r)) and not leaked(feedback) and not leaked(report)

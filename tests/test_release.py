@@ -408,10 +408,10 @@ def test_a_course_with_part_5_ships_it_and_check_grades_it(tmp_path, reference_r
     out = tmp_path / "release"
     build_release(out, root=copy)
     files = files_of(out)
-    off = tuple(p for p in OPTIONAL_PART_IDS if p not in data["parts"])   # the other optional parts
-    # The committed skeleton, Part 5 in, the optional parts the course leaves off out.
-    assert files["assignment_4/assignment4.py"] == make_skeleton(REFERENCE.read_text(), "assignment4.py", without=off)
-    assert SKELETON.read_text() == make_skeleton(REFERENCE.read_text(), "assignment4.py")
+    # The committed skeleton, Part 5 in, and without the optional parts this course leaves off.
+    off = tuple(p for p in OPTIONAL_PART_IDS if p not in data["parts"])
+    assert files["assignment_4/assignment4.py"] == make_skeleton(REFERENCE.read_text(), without=off)
+    assert not off or files["assignment_4/assignment4.py"] != SKELETON.read_text()
     assert "raise NotImplementedError('TODO in RowParallelLinear.forward" in files["assignment_4/assignment4.py"]
     handout = files["assignment_4/README.md"]
     assert "## Part 5 (optional): Megatron's MLP block" in handout

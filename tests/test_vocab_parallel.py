@@ -12,9 +12,11 @@ import yaml
 
 from grader.batch.run import grade_batch
 from grader.rerun import secret
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
 from grader.rerun.protocol import PartSecret
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
-from grader.verdict import vocab
+from grader.verdict import comm, vocab
 from tests.corpus import (MUTANTS, PART6, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint, skeleton,
                           with_part6, write_zip)
 from tests.worlds import load_module, run_world
@@ -113,6 +115,26 @@ def test_each_mistake_computes_something_else_than_the_loss():
         assert any(not torch.allclose(wrong[r][n], right[r][n]) for r in range(4) for n in right[r]), mistake
     _, d, _ = _data(4, **CASES["logits near 1e4"])
     assert not torch.isfinite(vocab.simulate(d, 4, vocab.Mistake.NO_MAX)[0]["loss"]).all()
+
+
+def test_the_reference_moves_exactly_what_part_6_says_at_every_check_of_several_ranks(tmp_path):
+    """Part 6's `moves` are the reference's real calls (the two [B, d] all-reduces of f and g, the two
+    [B] sums of the loss; the max is no sum): per rank, the values its summing all-reduces move equal
+    them at every backward check; a one-rank check asks for none."""
+    data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
+    rubric = load_rubric(fast_rubric(tmp_path, **{k: v for k, v in with_part6(data).items() if k in ("parts", "checks")}))
+    executor = WarmExecutor("best")
+    executor.start()
+    try:
+        for check in (c for c in rubric.checks if "vocab_parallel" in rubric.parts_at(c)):
+            run = run_check(executor, prepare_code(REFERENCE), check, rubric, tmp_path, ["vocab_parallel"])["vocab_parallel"]
+            assert run.status == "passed", (check.name, run.detail)
+            needs = comm.needed("vocab_parallel", check)
+            assert bool(needs) == (check.world_size > 1), check.name
+            for rank, r in run.ranks.items():
+                assert {c: comm.moved(r.comm, c, check.world_size)[1] for c in needs} == needs, (check.name, rank)
+    finally:
+        executor.close()
 
 
 @pytest.fixture(scope="module")
