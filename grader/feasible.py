@@ -21,7 +21,7 @@ grader.rubric raises them together as one RubricError (`refusal`).
 import dataclasses
 import math
 
-from grader.parts import BY_ID, PARTS
+from grader.parts import BY_ID, OWN_SIZES, PARTS
 
 OWN = "the check's"   # how advice names a check's own size
 
@@ -125,6 +125,14 @@ def refusal(source: str, problems: list) -> str:
             + "\n".join(f"  - {p}" for p in problems))
 
 
+def counts(check) -> list:
+    """The optional parts' own sizes of a check (or of its class) that count something (a whole
+    number, at least 1 unless given): a width, a number of heads; not a switch, a shift or a count of
+    padding (0 by default)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(check)}
+    return [k for k in OWN_SIZES if type(defaults.get(k)) is int and defaults[k] >= 1]
+
+
 def value_problems(checks: list, source: str, kinds: tuple) -> list:
     """Every value no check can have (a size below 1, a name used twice, nodes that do not divide
     world_size, an unknown kind), one line each."""
@@ -133,7 +141,8 @@ def value_problems(checks: list, source: str, kinds: tuple) -> list:
         at = where(source, i, check)
         if names.count(check.name) > 1 and names.index(check.name) < i:
             said.append(f"{at}: the check name '{check.name}' is used twice; names must be unique")
-        for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps", "hidden_dim"):
+        for key in ("world_size", "global_batch_size", "input_dim", "output_dim", "accumulation_steps",
+                    *counts(check)):
             if getattr(check, key) < 1:
                 said.append(f"{at}.{key}: must be at least 1")
         if check.weight <= 0:
@@ -197,11 +206,23 @@ def _parallel_problem(rubric, source: str) -> str:
     return ""
 
 
+def needs_problems(rubric, source: str) -> list:
+    """A part the rubric turns on whose code builds on a part it leaves off (grader.parts: `needs`)."""
+    said = []
+    for part in rubric.part_ids:
+        off = [BY_ID[n] for n in BY_ID[part].needs if n not in rubric.part_ids]
+        if off:
+            said.append(f"{source}.parts: {BY_ID[part].title} builds on the code of "
+                        f"{_and([n.title for n in off])}, which the rubric leaves off: turn "
+                        f"{_and([n.id for n in off])} on too, or leave {part} off")
+    return said
+
+
 def problems(rubric, source: str, derived: dict = None) -> list:
     """Every reason the kit cannot run `rubric` (read from `source`), one line each; [] when none.
     `derived`: check name -> the public check it was derived from at a public world size
     (grader.rubric.at_public_world_sizes). Checks with a size below 1 are left to grader.rubric."""
-    said = []
+    said = needs_problems(rubric, source)
     for i, group in _groups(rubric, derived or {}):
         if all(getattr(c, key) >= 1 for c in group for key in (*SIZES, "world_size", "accumulation_steps")):
             said += [text for size in SIZES if (text := _size_problem(source, i, group, size, rubric))]

@@ -56,6 +56,9 @@ class Check:
     vocab_logit_shift: float = 0.0   # Part 6 only: added to every logit (1e4: exp overflows without the max)
     vocab_one_slice: bool = False    # Part 6 only: every target in the last rank's slice of the vocabulary
     vocab_padding: int = 0           # Part 6 only: the last this many targets are padding (ignore_index)
+    num_heads: int = 4     # the transformer block only: its attention heads (split over the ranks)
+    head_dim: int = 8      # ... the features of one head: the block's width d = num_heads * head_dim
+    seq_len: int = 8       # ... the tokens of one sequence: its input X [global_batch_size, seq_len, d]
     hidden: bool = False   # named in feedback, its values never shown
     weight: float = 1.0    # share of each part's re-run points (of the parts it runs)
     nodes: int = 1         # the world laid out as this many nodes of world_size / nodes ranks each

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 
 from grader.parts import BY_ID, OWN_SIZES
 
-SIZES = ("global_batch_size", "input_dim", "output_dim", "accumulation_steps", "hidden_dim", "vocab_size",
-         "vocab_logit_shift", "vocab_one_slice", "vocab_padding")
+SIZES = tuple(dict.fromkeys(("global_batch_size", "input_dim", "output_dim", "accumulation_steps", *OWN_SIZES)))
 # How a hidden check differs from the public checks of its kind, in the order the students' check says it.
 UNCHECKED, NODES, WORLD_SIZE, OTHER_SIZES, OTHER_SEED = (
     "which no public check runs", "laid out on several nodes", "at a world size no public check uses",

@@ -72,6 +72,24 @@ def with_part6(data: dict) -> dict:
     return data
 
 
+PART7 = {"transformer_block": {"log": 2, "rerun": 8, "bonus": True}}   # Part 7 turned on, as a bonus
+
+
+def with_part7(data: dict) -> dict:
+    """A copy of rubric `data` with Part 7, the transformer block, turned on as a bonus, with Parts 5
+    and 6 it builds on (with_part5, with_part6), and each check whose world sizes do not divide its
+    heads given a number of heads they divide."""
+    data = with_part6(with_part5(data))
+    data["parts"].update(PART7)
+    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
+    for check in data.get("checks") or []:
+        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
+        heads, step = check.get("num_heads", Check().num_heads), math.lcm(*sizes)
+        if heads % step:
+            check["num_heads"] = step * max(1, round(heads / step))
+    return data
+
+
 def fast_rubric(tmp: Path, source: Path = ROOT / "grader" / "rubric.yaml", **changes) -> Path:
     """A copy of the rubric `source` with FAST timeouts and `changes`, written into `tmp`."""
     data = yaml.safe_load(source.read_text())
@@ -273,6 +291,22 @@ MUTANTS = {
         diagnosis="subtracts the one-hot on every rank"),
     "vocab_no_f": Mutant("vocab_parallel", [("    x = BroadcastParallel.apply(x)\n", "    x = x\n")],
                          diagnosis="the embedding's gradient is only the rank's own columns' share"),
+    # The transformer block (optional, on Part 5's layers): graded only where the rubric turns it on.
+    "tb_heads_not_divided": Mutant("transformer_block", [
+        ("        qkv = qkv.reshape(bsz, seq, 3, self.local_heads, self.head_dim)\n",
+         "        qkv = qkv.reshape(bsz, seq, 3, num_heads, -1)\n")],
+        diagnosis="the heads are not divided over the ranks"),
+    "tb_qkv_ungrouped": Mutant("transformer_block", [
+        ("        grouped = torch.cat([torch.cat([q[r], k[r], v[r]], dim=1) for r in range(world_size)], dim=1)\n",
+         "        grouped = w_qkv\n")],
+        diagnosis="W_qkv's columns were split over the ranks as they lie"),
+    "tb_attention_not_reduced": Mutant("transformer_block", [
+        ("        out = self.proj(heads)\n", "        out = heads @ self.proj.W\n")],
+        diagnosis="the attention's output projection (row-parallel, W_o split by rows) was not reduced"),
+    "tb_qkv_without_f": Mutant("transformer_block", [
+        ("        qkv = self.qkv(X.reshape(bsz * seq, d))   # the layers take rows of tokens\n",
+         "        qkv = X.reshape(bsz * seq, d) @ self.qkv.W\n")],
+        diagnosis="each rank's gradient of X through the attention is only its own heads' share"),
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }

@@ -27,6 +27,11 @@ Part 6  vocab_parallel_loss                  (optional) the vocabulary split ove
         loss, its logits' gradient and its embedding's gradient against vocab_single_loss's (the
         full logits, torch's cross_entropy) with "[VocabParallel][Rank r] Tensors match: ..." lines
 # END PART vocab_parallel
+# BEGIN PART transformer_block
+Part 7  transformer_block_forward_backward   (optional) a transformer block in tensor parallel: attention
+        heads split over the ranks, Part 5's MLP; its output and its input's gradient are checked
+        against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines
+# END PART transformer_block
 
 Fill in the lines marked TODO. Each TODO raises NotImplementedError until you replace it, and the
 script reports that part as not implemented yet and goes on with the next.
@@ -64,6 +69,13 @@ hidden_dim = 128          # Part 5: the MLP's hidden width h (W1 [input_dim, h],
 vocab_size = 64           # Part 6: the vocabulary V (the embedding E [V, input_dim], the logits [B, V]);
                           # split over the ranks, so it must be divisible by the world size
 # END PART vocab_parallel
+# BEGIN PART transformer_block
+num_heads = 4             # the transformer block's attention heads; tensor parallel splits them, so
+                          # they must be divisible by the world size
+head_dim = 8              # features per head: the block's width is d = num_heads * head_dim
+seq_len = 8               # tokens per sequence: the block's input is [global_batch_size, seq_len, d]
+dropout = 0.0             # the attention's dropout: 0, so that every run gives the same values
+# END PART transformer_block
 
 
 class CustomLinearLayer(nn.Module):
@@ -773,6 +785,157 @@ def check_vocab_parallel(world_size, rank, device):
 # END PART vocab_parallel
 
 
+# BEGIN PART transformer_block
+### Part 7 (optional): a transformer block in tensor parallel: Part 5's layers in the attention and the MLP.
+class ParallelSelfAttention(nn.Module):
+    """Causal multi-head self-attention, its heads split over the ranks (Megatron-LM's layout).
+
+    X [bsz, seq, d], d = num_heads * head_dim. W_qkv [d, 3d] = [W_q | W_k | W_v], each [d, d] with
+    head j's columns at [j * head_dim, (j + 1) * head_dim); W_o [d, d]. Rank i of p runs the
+    heads [i * num_heads / p, (i + 1) * num_heads / p): its columns of W_q, W_k and W_v in one
+    ColumnParallelLinear (f before it), and the same rows of W_o in a RowParallelLinear (g after
+    it). Attention never mixes heads, so the ranks need nothing of each other in between:
+
+        Q_i, K_i, V_i = X W_q,i, X W_k,i, X W_v,i                       [bsz, seq, d / p]
+        A_i = softmax(Q_i K_i^T / sqrt(head_dim) + causal mask) V_i     head by head
+        out = sum_i A_i W_o,i                                           [bsz, seq, d]
+
+    Parameters:
+        w_qkv (torch.Tensor): [d, 3d], the full [W_q | W_k | W_v]
+        w_o (torch.Tensor): [d, d], split by rows
+        world_size, rank: as for the layers; p must divide num_heads
+    """
+
+    def __init__(self, w_qkv: torch.Tensor, w_o: torch.Tensor, world_size: int, rank: int):
+        super().__init__()
+        self.d = w_o.shape[0]
+        self.head_dim = divide(self.d, num_heads, "d", "num_heads")
+        self.local_heads = divide(num_heads, world_size, "num_heads", "world_size")
+        # ColumnParallelLinear keeps rank i's i-th block of columns: make that block its heads'
+        # Q, K and V ([W_q,0 | W_k,0 | W_v,0 | W_q,1 | ...]).
+        # BEGIN SOLUTION: grouped = W_qkv's columns regrouped rank by rank (2 lines)
+        q, k, v = (w.chunk(world_size, dim=1) for w in w_qkv.chunk(3, dim=1))
+        grouped = torch.cat([torch.cat([q[r], k[r], v[r]], dim=1) for r in range(world_size)], dim=1)
+        # END SOLUTION
+        self.qkv = ColumnParallelLinear(grouped, world_size, rank)   # first: its parameter comes first
+        # BEGIN SOLUTION: self.proj = ... (1 line)
+        self.proj = RowParallelLinear(w_o, world_size, rank)
+        # END SOLUTION
+
+    def forward(self, X):
+        """X [bsz, seq, d], the same on every rank -> out [bsz, seq, d], the same on every rank."""
+        bsz, seq, d = X.shape
+        check(X, (bsz, seq, self.d))
+        qkv = self.qkv(X.reshape(bsz * seq, d))   # the layers take rows of tokens
+        # BEGIN SOLUTION: q, k, v = ..., each [bsz, local heads, seq, head_dim] (2 lines)
+        qkv = qkv.reshape(bsz, seq, 3, self.local_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        # END SOLUTION
+        scores = q @ k.transpose(-2, -1) / self.head_dim ** 0.5
+        future = torch.ones(seq, seq, dtype=torch.bool, device=X.device).triu(1)
+        weights = nn.functional.dropout(scores.masked_fill(future, float("-inf")).softmax(dim=-1),
+                                        dropout, self.training)
+        heads = (weights @ v).transpose(1, 2).reshape(bsz * seq, self.local_heads * self.head_dim)
+        # BEGIN SOLUTION: out = ... (1 line)
+        out = self.proj(heads)
+        # END SOLUTION
+        return out.reshape(bsz, seq, d)
+
+
+class ParallelTransformerBlock(nn.Module):
+    """A pre-LayerNorm transformer block: H = X + Attn(LN1(X)), out = H + MLP(LN2(H)).
+
+    The attention is ParallelSelfAttention, the MLP Part 5's MegatronMLP (on rows of tokens); the
+    LayerNorms are replicated: every rank holds the whole of them and normalizes the whole X (each
+    of their gradients is then the same on every rank). X and out are [bsz, seq, d].
+
+    Parameters:
+        w_qkv [d, 3d], w_o [d, d]: the attention's; w1 [d, h], w2 [h, d]: the MLP's
+        world_size, rank: p must divide num_heads and h
+    """
+
+    def __init__(self, w_qkv, w_o, w1, w2, world_size: int, rank: int):
+        super().__init__()
+        d = w_o.shape[0]
+        self.ln1 = nn.LayerNorm(d)   # the parameters' order: ln1, attention, ln2, MLP
+        self.attn = ParallelSelfAttention(w_qkv, w_o, world_size, rank)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = MegatronMLP(w1, w2, world_size, rank)
+
+    def forward(self, X):
+        bsz, seq, d = X.shape
+        # BEGIN SOLUTION: H = ..., out = ... (2 lines)
+        H = X + self.attn(self.ln1(X))
+        out = H + self.mlp(self.ln2(H).reshape(bsz * seq, d)).reshape(bsz, seq, d)
+        # END SOLUTION
+        return out
+
+
+def init_block_weights(seed):
+    """W_qkv [d, 3d], W_o [d, d], W1 [d, hidden_dim], W2 [hidden_dim, d] (d = num_heads * head_dim),
+    drawn after torch.manual_seed(seed) and scaled by 1/sqrt(fan_in)."""
+    d = num_heads * head_dim
+    torch.manual_seed(seed)
+    shapes = ((d, 3 * d), (d, d), (d, hidden_dim), (hidden_dim, d))
+    return tuple(torch.randn(*shape) / shape[0] ** 0.5 for shape in shapes)
+
+
+def block_batch(seed, device):
+    """The block's input X [global_batch_size, seq_len, d] and the gradient G of its output that
+    backward starts from (the same shape), drawn after torch.manual_seed(seed + 1)."""
+    d = num_heads * head_dim
+    torch.manual_seed(seed + 1)
+    inputs = torch.randn(global_batch_size, seq_len, d)
+    return inputs.to(device), torch.randn(global_batch_size, seq_len, d).to(device)
+
+
+def block_single_device(seed=42, device=None):
+    """The check of the block: the same block on one device, in plain PyTorch.
+
+    Returns:
+        (output, input_grad), each [global_batch_size, seq_len, d]
+    """
+    device = get_device() if device is None else device
+    w_qkv, w_o, w1, w2 = (w.to(device) for w in init_block_weights(seed))
+    inputs, grad_output = block_batch(seed, device)
+    inputs.requires_grad_(True)
+    bsz, seq, d = inputs.shape
+    norm = nn.functional.layer_norm
+    q, k, v = (norm(inputs, (d,)) @ w_qkv).reshape(bsz, seq, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+    future = torch.ones(seq, seq, dtype=torch.bool, device=device).triu(1)
+    weights = (q @ k.transpose(-2, -1) / head_dim ** 0.5).masked_fill(future, float("-inf")).softmax(dim=-1)
+    H = inputs + (weights @ v).transpose(1, 2).reshape(bsz, seq, d) @ w_o
+    out = H + nn.functional.gelu(norm(H, (d,)) @ w1) @ w2
+    out.backward(grad_output)
+    return out.detach(), inputs.grad
+
+
+def transformer_block_forward_backward(seed=42, device=None):
+    """ParallelTransformerBlock on the batch of block_batch(seed), backward from its G.
+
+    Returns:
+        (output, input_grad), each [global_batch_size, seq_len, d], the same on every rank
+    """
+    device = get_device() if device is None else device
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    block = ParallelTransformerBlock(*init_block_weights(seed), world_size, rank).to(device)
+    inputs, grad_output = block_batch(seed, device)
+    inputs.requires_grad_(True)
+    out = block(inputs)
+    check(out, tuple(inputs.shape))
+    out.backward(grad_output)
+    return out.detach(), inputs.grad
+
+
+def check_transformer_block(seed, device):
+    """Run Part 7 and compare it with the single-device block: its output, then its input's gradient."""
+    block_results = run_part("TransformerBlock", transformer_block_forward_backward, seed=seed, device=device)
+    if block_results is not None:
+        for want, got in zip(block_single_device(seed=seed, device=device), block_results):
+            compare_tensors(want, got, prefix="TransformerBlock")
+# END PART transformer_block
+
+
 def run_part(prefix, part, *args, **kwargs):
     """Call one part; log it as not implemented (and return None) while it still has a TODO."""
     try:
@@ -831,6 +994,12 @@ def main():
         log(f"[Rank {rank}] Part 6: the vocabulary split over the ranks (optional), world size {world_size}.")
     check_vocab_parallel(world_size, rank, device)
 # END PART vocab_parallel
+# BEGIN PART transformer_block
+
+    if rank == 0:
+        log(f"[Rank {rank}] Part 7: a transformer block in tensor parallel (optional), world size {world_size}.")
+    check_transformer_block(seed, device)
+# END PART transformer_block
 
     dist.barrier()
     dist.destroy_process_group()

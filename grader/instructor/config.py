@@ -15,9 +15,11 @@ import re
 from pathlib import Path
 
 from grader import kit
-from grader.rubric import load_rubric, public_rubric
+from grader.feasible import counts
+from grader.rubric import Check, load_rubric, public_rubric
 
-KEYS = ("global_batch_size", "input_dim", "output_dim", "seed", "accumulation_steps", "hidden_dim")
+KEYS = tuple(dict.fromkeys(("global_batch_size", "input_dim", "output_dim", "seed", "accumulation_steps",
+                           *counts(Check))))   # and each optional part's own sizes that count something
 # What the handout says, by pattern: each group is the value of the key beside it.
 HANDOUT = (
     (r"\[input_dim, output_dim\] = \[(\d+), (\d+)\]", ("input_dim", "output_dim")),

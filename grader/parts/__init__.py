@@ -1,9 +1,9 @@
 """The parts of the assignment: one module per part, each holding everything the grader knows of it.
 
-Parts 1-4 are every course's. Part 5, Megatron's MLP block, and Part 6, the vocabulary split over
-the ranks, are optional: a course turns one on by giving it points in its rubric (`parts:
-megatron_mlp: {...}`); without them it is neither run nor shown, and the student release carries
-no trace of it (grader.instructor.release).
+Parts 1-4 are every course's. Part 5, Megatron's MLP block, Part 6, the vocabulary split over the
+ranks, and Part 7, a transformer block on Part 5's layers, are optional: a course turns one on by
+giving it points in its rubric (`parts: megatron_mlp: {...}`); without them it is neither run nor
+shown, and the student release carries no trace of it (grader.instructor.release).
 
 A part is a `Part` record, made in its own module of this package (grader/parts/baseline.py ...)
 and registered below, in the order of the handout (Part 1 first). The record holds the part's
@@ -26,7 +26,8 @@ one-rank check shows its math and nothing of its parallel work (grader.worth say
 check is worth). A parallel part names the collectives its algorithm calls on every rank at each
 kind of check, with the values each moves (`moves`: grader.verdict.comm holds the ranks' calls to
 them at every check of more than one rank). Each part names the sizes it splits (`splits`): the
-rubric refuses a check that runs the part where one does not divide (grader.feasible).
+rubric refuses a check that runs the part where one does not divide (grader.feasible), and the
+parts whose code it builds on (`needs`): the rubric refuses it on where one of those is off.
 
 The kinds of check are listed once, in `KINDS`: a check's kind travels to the ranks by its name
 (the job's check mapping, `kind`). This package is shared: it imports no room and no torch at its
@@ -99,6 +100,7 @@ class Part:
     kinds: tuple = (STEP,)     # the kinds of rubric check that run it (KINDS)
     optional: bool = False     # run and shown only where the course's rubric gives it points
     splits: tuple = ()         # (size, by, what) of a check this part divides: size must divide by `by`
+    needs: tuple = ()          # ids of the parts whose code it builds on: on only with them (grader.feasible)
     parallel: bool = False     # its work is communication: a one-rank check needs none of it
     layer: str = ""            # the class a check of a kind other than the step runs alone
     moves: tuple = ()          # Moves: the collectives a check of several ranks must see it call
@@ -131,14 +133,17 @@ def register(*modules) -> tuple:
             missing = set(part.kinds) - set(getattr(part, hook))
             assert not missing, f"{part.id}: no {hook} for the kinds {sorted(missing)}"
         assert set(part.kinds) <= set(KINDS), f"{part.id}: kinds {part.kinds}, known {KINDS}"
+        known = {p.id for p in parts[:parts.index(part)]}
+        assert set(part.needs) <= known, f"{part.id}: needs {part.needs}, registered before it {sorted(known)}"
     assert len({p.id for p in parts}) == len(parts), "a part id registered twice"
     return parts
 
 
 from grader.parts import (baseline, data_parallel, grad_accumulation, megatron_mlp,  # noqa: E402 - they use Part
-                          tensor_parallel, vocab_parallel)
+                          tensor_parallel, transformer_block, vocab_parallel)
 
-PARTS = register(baseline, grad_accumulation, data_parallel, tensor_parallel, megatron_mlp, vocab_parallel)
+PARTS = register(baseline, grad_accumulation, data_parallel, tensor_parallel, megatron_mlp, vocab_parallel,
+                 transformer_block)
 PART_IDS = tuple(p.id for p in PARTS)
 CORE_PART_IDS = tuple(p.id for p in PARTS if not p.optional)   # every course's parts
 OPTIONAL_PART_IDS = tuple(p.id for p in PARTS if p.optional)

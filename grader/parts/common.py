@@ -13,12 +13,15 @@ Layouts, each drawn by grader.rerun.secret (its docstring says what a rank sees 
     BLOCK     the real X, and W1, W2 real only in the rank's own shards (an MLP block run alone)
     VOCAB     the real tokens and targets, an embedding E and a head W real only in the rank's own
               vocabulary ids (E's rows, W's columns), in float64 (the vocabulary split over the ranks)
+    LAYER     the real X [B, S, d], and a transformer block's weights real only in the rank's own
+              shards (its heads' columns of W_qkv and rows of W_o, its MLP's shards)
 """
 
 from grader.parts import BACKWARD
 
-WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, VOCAB = "whole", "rows", "columns", "weight", "shards", "block", "vocab"
-LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, VOCAB)   # every layout grader.rerun.secret draws
+WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK = "whole", "rows", "columns", "weight", "shards", "block"
+VOCAB, LAYER = "vocab", "layer"
+LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, VOCAB, LAYER)   # every layout grader.rerun.secret draws
 HIDDEN_DIM = 128   # the rubric's default hidden width: a check mapping without one
 
 
@@ -47,31 +50,33 @@ def one_weight(module, call, check: dict, data) -> dict:
     return {"weight": returned_weight(call())}
 
 
-def output_gradient(seed: int, batch: int, output_dim: int):
-    """G: the gradient a layer or block run alone starts its backward from (seeded with the check's
-    seed + 1; the verdict draws the same)."""
+def output_gradient(seed: int, *shape: int):
+    """G [*shape]: the gradient a layer or block run alone starts its backward from (seeded with the
+    check's seed + 1; the verdict draws the same)."""
     import torch
-    return torch.randn(batch, output_dim, generator=torch.Generator().manual_seed(seed + 1))
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
 
 
 def run_alone(module, class_name: str, weights: tuple, x, check: dict, out_dim: int) -> tuple:
     """The hand-in's class `class_name`, built on this rank as `class_name(*weights, world_size,
-    rank)`, run alone on X [B, d_in], its backward started from G [B, out_dim] (output_gradient):
-    ({"output": Y, "input_grad": dX}, the layer, whose parameters hold their gradients), or
-    ({"output": Y}, None) where Y has the wrong shape or no graph (the shape is then the diagnosis)."""
+    rank)`, run alone on X [B, d_in] (or [B, S, d_in]: a block of sequences), its backward started
+    from G [B, out_dim] ([B, S, out_dim]; output_gradient): ({"output": Y, "input_grad": dX}, the
+    layer, whose parameters hold their gradients), or ({"output": Y}, None) where Y has the wrong
+    shape or no graph (the shape is then the diagnosis)."""
     import torch
     import torch.distributed as dist
     layer_class = getattr(module, class_name, None)
     if not isinstance(layer_class, type):
         raise TypeError(f"assignment4.py has no class {class_name}")
-    grad_output = output_gradient(check["seed"], check["global_batch_size"], out_dim)
+    shape = (*x.shape[:-1], out_dim)
+    grad_output = output_gradient(check["seed"], *shape)
     x = x.detach().clone().requires_grad_(True)
     layer = layer_class(*weights, dist.get_world_size(), dist.get_rank())
     out = layer(x)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{class_name} returned {type(out).__name__}, not a tensor")
     tensors = {"output": out.detach().clone()}
-    if tuple(out.shape) != (x.shape[0], out_dim) or not out.requires_grad:
+    if tuple(out.shape) != shape or not out.requires_grad:
         return tensors, None
     out.backward(grad_output.to(out.dtype))
     if x.grad is not None:

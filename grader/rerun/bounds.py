@@ -9,6 +9,8 @@ global batch; p: its world size), as its record says (grader.parts: `room`, `sho
     step, Part 5           W1 [d_in, h], W2 [h, d_in]
     backward, Part 4       output [B, d_out], input_grad [B, d_in], weight_grad [d_in, d_out / p]
     backward, Part 5       output [B, d_in], input_grad [B, d_in], w1_grad [d_in, h / p], w2_grad [h / p, d_in]
+    backward, the block    output [B, S, d], input_grad [B, S, d], and its 8 parameters' gradients
+                           (grader.parts.transformer_block: the largest W_qkv's shard [d, 3d / p])
 
 `room` is the most values one of them holds. A tensor of more than twice that (and more than
 FLOOR) is refused: a wrong shape of about the right size still reaches the verdict, which names
@@ -24,7 +26,7 @@ from grader.rerun import channel, protocol
 from grader.rerun.protocol import ErrorInfo, RankStatus, Result, WorldReport
 
 FLOOR = 4096          # values any tensor may have, however small the check
-EXTRAS = 4            # tensors a part returns beside its first (Part 5's backward: 3)
+EXTRAS = 10           # tensors a part returns beside its first (the transformer block's backward: 9)
 COMM, DEVICES, SKIPPED = 1000, 100, 2000   # records kept of a rank's word
 EXCEPTION, TRACEBACK, DETAIL = 2000, 6000, 4000   # characters kept of a text
 REPORT_BYTES = channel.MAX_MESSAGE_BYTES - (1 << 20)   # a report's bytes, with room to spare

@@ -84,7 +84,7 @@ def _rank_run(rank: int, result: protocol.Result, words: Words) -> RankRun:
         try:
             run.weight = channel.decode_tensor(result.weight)
             run.dtype = str(result.weight.get("dtype", ""))[:20]
-            run.extra = {str(name)[:40]: channel.decode_tensor(t) for name, t in list(result.extra.items())[:8]}
+            run.extra = {str(name)[:40]: channel.decode_tensor(t) for name, t in list(result.extra.items())[:bounds.EXTRAS]}
         except (channel.ChannelError, AttributeError) as e:
             run.status = "crashed"
             run.exception = "the returned weight could not be read back" + ("" if words.hidden else f" ({e})")

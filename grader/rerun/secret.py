@@ -46,6 +46,9 @@ names the layout of each kind of check it runs (grader.parts: `layouts`):
               elsewhere, widened to float64 (logits near 1e4 keep their differences): `vocab`, below.
               A loss taken whole on one rank from its own E and W is wrong; the embedding needs the
               all-reduce of every rank's lookups, the loss every rank's sums (the vocabulary split)
+    LAYER     the real X [B, S, d], and a transformer block's W_qkv, W_o, W1, W2 real only in its own
+              shards (its heads' columns of W_q, W_k and W_v, their rows of W_o, its MLP's shards):
+              `layer`, below (the transformer block alone)
 
 Each part has seeds of its own (at each check), so nothing one part saw helps in another. The
 initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as the handout writes it.
@@ -62,7 +65,7 @@ from dataclasses import dataclass
 import torch
 
 from grader.parts import BY_ID, kind_of
-from grader.parts.common import BLOCK, ROWS, SHARDS, VOCAB, WEIGHT, WHOLE
+from grader.parts.common import BLOCK, LAYER, ROWS, SHARDS, VOCAB, WEIGHT, WHOLE
 from grader.rerun.protocol import PartSecret
 
 
@@ -126,6 +129,7 @@ class PartData:
     targets: torch.Tensor = None     # [B] int64 (VOCAB: the ids the loss predicts, IGNORE_INDEX for padding)
     embedding: torch.Tensor = None   # [V, I] float64 (VOCAB: the embedding table E)
     head: torch.Tensor = None        # [I, V] float64 (VOCAB: the LM head W)
+    weights: tuple = ()              # (LAYER: the W_qkv [d, 3d], W_o [d, d], W1 [d, h], W2 [h, d] it is handed)
 
 
 def tensors(secret: PartSecret, layout_: str, batch: int, input_dim: int, output_dim: int,
@@ -172,6 +176,30 @@ def block(secret: PartSecret, batch: int, d: int, h: int, rank=None) -> tuple:
             w1[:, k * share:(k + 1) * share] = torch.randn(d, share, generator=g)
             w2[k * share:(k + 1) * share] = torch.randn(share, d, generator=g)
     return _randn(secret.seed, batch, d), w1 / d ** 0.5, w2 / h ** 0.5
+
+
+def layer(secret: PartSecret, check: dict, rank=None) -> PartData:
+    """The transformer block run alone: X [B, S, d] (d = num_heads * head_dim) and its weights
+    (W_qkv [d, 3d] = [W_q | W_k | W_v], W_o [d, d], W1 [d, h], W2 [h, d]), the real ones (`rank`
+    None) or rank `rank`'s view: real values only in its own heads' columns [r*d/p, (r+1)*d/p) of
+    W_q, W_k and W_v, the same rows of W_o, and its own shards of W1 and W2, its own noise
+    elsewhere. Scaled by 1/sqrt(fan_in), as init_block_weights scales."""
+    p = max(1, len(secret.blocks))
+    b, s, h = check["global_batch_size"], check["seq_len"], check["hidden_dim"]
+    d = check["num_heads"] * check["head_dim"]
+    cols, share = d // p, h // p
+    shapes = ((d, 3 * d), (d, d), (d, h), (h, d))
+    qkv, wo, w1, w2 = [torch.empty(*shape) for shape in shapes] if rank is None else _noise(secret.noise[rank], *shapes)
+    for k in range(p):
+        if rank is None or k == rank:
+            g = torch.Generator().manual_seed(secret.blocks[k])
+            for j in range(3):   # W_q, W_k, W_v: rank k's heads' columns of each
+                qkv[:, j * d + k * cols:j * d + (k + 1) * cols] = torch.randn(d, cols, generator=g)
+            wo[k * cols:(k + 1) * cols] = torch.randn(cols, d, generator=g)
+            w1[:, k * share:(k + 1) * share] = torch.randn(d, share, generator=g)
+            w2[k * share:(k + 1) * share] = torch.randn(share, d, generator=g)
+    weights = tuple(w / shape[0] ** 0.5 for w, shape in zip((qkv, wo, w1, w2), shapes))
+    return PartData(x=_randn(secret.seed, b, s, d), weights=weights)
 
 
 def mlp_weights(seed: int, d: int, h: int) -> tuple:
@@ -272,6 +300,8 @@ def rank_view(run, check: dict, rank: int) -> Served:
     if layout_ == BLOCK:
         x, w1, w2 = block(run.data, b, d, check["hidden_dim"], rank)
         return Served(seed=check["seed"], data=PartData(x=x, w1=w1, w2=w2))
+    if layout_ == LAYER:
+        return Served(seed=check["seed"], data=layer(run.data, check, rank))
     if layout_ == SHARDS:
         return Served(batch=tensors(run.data, WHOLE, b, d, d), sizes=(b, d, d), seed=run.data.blocks[rank])
     data = tensors(run.data, layout_, b, d, o, rank)

@@ -31,7 +31,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from grader.parts import BY_ID, kind_of
+from grader.parts import BY_ID, OWN_SIZES, kind_of
 from grader.rerun import bounds, environment, protocol, secret
 from grader.rerun.source import compile_assignment, load_source, run_assignment
 from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
@@ -77,7 +77,7 @@ def configure(module, check: dict, rank: int, world_size: int, seed: int = None)
     """Set the check's configuration on the module, and the globals handout-style code reads
     (`seed`: the seed the part is called with, where it is not the check's: Part 5's step)."""
     values = {k: check[k] for k in ("global_batch_size", "input_dim", "output_dim", "seed",
-                                    "accumulation_steps", "hidden_dim", "vocab_size") if k in check}
+                                    "accumulation_steps", "hidden_dim", *OWN_SIZES) if k in check}
     node, local_rank, per_node = layout(check, rank, world_size)
     values.update(world_size=world_size, rank=rank, local_rank=local_rank, local_world_size=per_node,
                   local_batch_size=check["global_batch_size"] // world_size)

@@ -1,0 +1,82 @@
+"""Part 7 (optional), a transformer block in tensor parallel: the attention's heads split over the
+ranks, Part 5's MLP, LayerNorm replicated.
+
+A course turns it on by giving it points in its rubric, with Part 5 on too (`needs`): the block is
+built of Part 5's ColumnParallelLinear, RowParallelLinear and MegatronMLP. Its checks read the
+rubric's num_heads, head_dim and seq_len (its own sizes), and Part 5's hidden_dim.
+
+At a backward check the block `ParallelTransformerBlock(W_qkv, W_o, W1, W2, world_size, rank)` runs
+alone (`forward_and_backward`) on X [B, S, d] (d = num_heads * head_dim), handed weights real only
+in its own shards (LAYER: its heads' columns of W_q, W_k and W_v, the same rows of W_o, its shards
+of W1 and W2), its backward started from G [B, S, d]. The output, the gradient of X and the
+gradient of every parameter of the rank (both LayerNorms', its shards') are judged, and the usual
+mistakes named, by grader.verdict.transformer: the heads not divided over the ranks, W_qkv's
+columns not regrouped by head, the attention's row-parallel output not reduced (no g), the QKV
+projection without f. Dropout is 0 at every check, so the values are deterministic.
+"""
+
+from grader.parts import BACKWARD, B, Moves, Part, megatron_mlp
+from grader.parts.common import HIDDEN_DIM, LAYER, alone_should, run_alone
+
+# The block's parameters in the order it registers them, as the rank sends their gradients back.
+PARAMETERS = ("ln1_weight", "ln1_bias", "qkv", "proj", "ln2_weight", "ln2_bias", "w1", "w2")
+TOKENS = (B, "seq_len", "num_heads", "head_dim")   # B x S x d: an activation of the block
+DEFAULTS = {"num_heads": 4, "head_dim": 8, "seq_len": 8, "hidden_dim": HIDDEN_DIM}   # the rubric's: a mapping without them
+
+
+def size(check: dict, key: str) -> int:
+    """One of the block's sizes of a job's check mapping (the rubric's default where it has none)."""
+    return int(check.get(key) or DEFAULTS[key])
+
+
+def width(check: dict) -> int:
+    """The block's width d = num_heads * head_dim."""
+    return size(check, "num_heads") * size(check, "head_dim")
+
+
+def forward_and_backward(module, call, check: dict, data) -> dict:
+    """The hand-in's block run alone on every rank on `data` (a grader.rerun.secret.PartData: x
+    [B, S, d], and the weights real in the rank's own shards), backward started from G [B, S, d]:
+
+        output          the block's output, [B, S, d] on every rank
+        input_grad      the gradient of X, [B, S, d] on every rank
+        <name>_grad     the gradient of each of its parameters (PARAMETERS), in the order the block
+                        registers them: the LayerNorms' [d], the rank's QKV shard [d, 3d / p] (its
+                        heads' Q, K, V columns), W_o's rows [d / p, d], W1's columns [d, h / p], W2's
+                        rows [h / p, d]
+    """
+    tensors, block = run_alone(module, "ParallelTransformerBlock", data.weights, data.x, check, width(check))
+    params = list(block.parameters()) if block is not None else []
+    if len(params) == len(PARAMETERS) and all(p.grad is not None for p in params):
+        tensors.update({f"{name}_grad": p.grad.detach().clone() for name, p in zip(PARAMETERS, params)})
+    return tensors
+
+
+def room(check: dict, kind: str) -> int:
+    """The most values one of its tensors holds: X [B, S, d], W_qkv [d, 3d], W1 [d, h]."""
+    d, b, s, h = width(check), int(check.get(B) or 0), size(check, "seq_len"), size(check, "hidden_dim")
+    return max(b * s * d, 3 * d * d, d * h)
+
+
+def should(check: dict, kind: str, hidden: bool) -> str:
+    """What it should return, said in a refusal (no size at a hidden check)."""
+    return alone_should(room(check, kind), hidden)
+
+
+PART = Part(
+    "transformer_block", "Part 7 (optional): a transformer block in tensor parallel", "TransformerBlock",
+    "transformer_block_forward_backward",
+    ("ParallelSelfAttention", "ParallelTransformerBlock", "transformer_block_forward_backward"),
+    layouts={BACKWARD: LAYER}, runs={BACKWARD: forward_and_backward},
+    judging={BACKWARD: "grader.verdict.transformer:BLOCK_JUDGING"},
+    room=room, should=should, kinds=(BACKWARD,), optional=True,
+    splits=(("num_heads", "world_size", "the attention's heads over the ranks"),
+            ("hidden_dim", "world_size", "the MLP's hidden width over the ranks")),
+    needs=(megatron_mlp.PART.id,), parallel=True, layer="ParallelTransformerBlock",
+    own_sizes=("num_heads", "head_dim", "seq_len"),   # and Part 5's hidden_dim, which it needs on
+    moves=(Moves(BACKWARD, "all_reduce", "the attention's partial outputs in g's forward", TOKENS),
+           Moves(BACKWARD, "all_reduce", "the MLP's partial outputs in g's forward", TOKENS),
+           Moves(BACKWARD, "all_reduce", "the gradient of the MLP's input in f's backward", TOKENS),
+           Moves(BACKWARD, "all_reduce", "the gradient of the attention's input in f's backward", TOKENS)),
+    lab={"lab/gpt_parallel.py": "the attention's heads split over the ranks, between f and g",
+         "lab/transformer.py": "runs lab/gpt_parallel.py's blocks, so it goes where that goes"})

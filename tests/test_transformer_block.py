@@ -1,0 +1,175 @@
+"""The transformer block in tensor parallel (optional, on Part 5's layers): the verdict's math against
+the reference's own code at several world sizes, the rubric's refusals (Part 5 off, heads that do not
+divide), and a batch graded with the part turned on (the reference, the skeleton, a mutant per usual
+mistake)."""
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from grader.batch.run import grade_batch
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
+from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
+from grader.verdict import comm, transformer
+from tests.corpus import (MUTANTS, PART5, PART7, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint,
+                          skeleton, with_part7, write_zip)
+from tests.worlds import load_module, run_world
+
+PART = "transformer_block"
+BLOCK_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.part == PART)
+CHECK = dict(seed=11, global_batch_size=3, hidden_dim=16, num_heads=4, head_dim=4, seq_len=5)
+
+
+def _reference_block(rank, world_size, config):
+    """The reference's transformer_block_forward_backward and block_single_device at `config`, in one
+    rank of a real gloo world, as plain lists."""
+    module = load_module(REFERENCE)
+    for key, value in config.items():
+        setattr(module, key, value)
+    parallel = module.transformer_block_forward_backward(seed=config["seed"], device="cpu")
+    single = module.block_single_device(seed=config["seed"], device="cpu")
+    return [t.tolist() for t in (*parallel, *single)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_the_graders_block_is_the_references(world_size):
+    check = Check(world_size=world_size, **CHECK)
+    layer = transformer.seeded(check)
+    want = transformer.ranks(layer, world_size)
+    single = transformer.ranks(layer, 1)[0]
+    for found in want:   # every rank: the single-device block's output and gradient of X
+        assert torch.allclose(found["output"], single["output"]) and torch.allclose(found["input_grad"], single["input_grad"])
+        for name in ("ln1_weight", "ln1_bias", "ln2_weight", "ln2_bias"):   # replicated: whole on every rank
+            assert torch.allclose(found[f"{name}_grad"], single[f"{name}_grad"]), name
+    for name, dim in (("w1", 1), ("w2", 0), ("proj", 0)):   # the shards' gradients: the single device's, cut
+        assert torch.allclose(torch.cat([f[f"{name}_grad"] for f in want], dim=dim), single[f"{name}_grad"]), name
+    config = {k: getattr(check, k) for k in CHECK}
+    for out, grad_x, single_out, single_grad in run_world(world_size, _reference_block, config):
+        assert torch.allclose(torch.tensor(out, dtype=torch.float64), want[0]["output"], atol=1e-5)
+        assert torch.allclose(torch.tensor(grad_x, dtype=torch.float64), want[0]["input_grad"], atol=1e-5)
+        assert torch.allclose(torch.tensor(single_out), torch.tensor(out), atol=1e-5)
+        assert torch.allclose(torch.tensor(single_grad), torch.tensor(grad_x), atol=1e-5)
+
+
+def test_the_qkv_shards_hold_each_ranks_heads():
+    """Rank r's QKV gradient is the single device's W_q, W_k and W_v columns of its heads, side by side."""
+    layer = transformer.seeded(Check(world_size=2, **CHECK))
+    want, single = transformer.ranks(layer, 2), transformer.ranks(layer, 1)[0]["qkv_grad"]
+    d = layer.x.shape[-1]
+    for r in range(2):
+        heads = torch.cat([single[:, j * d + r * d // 2:j * d + (r + 1) * d // 2] for j in range(3)], dim=1)
+        assert torch.allclose(want[r]["qkv_grad"], heads)
+
+
+def test_each_mistake_computes_something_else_than_the_block():
+    layer = transformer.seeded(Check(world_size=4, **CHECK))
+    right = transformer.ranks(layer, 4)
+    for mistake in transformer.ORDER:
+        found = transformer.ranks(layer, 4, mistake)
+        differs = [n for n in right[1] if not torch.allclose(found[1][n], right[1][n])]
+        assert differs, mistake
+    no_f = transformer.ranks(layer, 4, transformer.Mistake.ATTN_NO_F)
+    assert all(torch.allclose(no_f[r]["output"], right[r]["output"]) for r in range(4))   # backward only
+    assert transformer.ranks(layer, 1, transformer.Mistake.ATTN_NO_G)[0]["output"].allclose(right[0]["output"])
+
+
+def _rubric_data() -> dict:
+    return yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
+
+
+def test_the_block_needs_part_5_and_heads_the_world_sizes_divide_listed_at_once():
+    data = with_part7(_rubric_data())
+    on = rubric_from_dict(data)
+    assert on.part_ids[-3:] == ("megatron_mlp", "vocab_parallel", PART) and on.max_score == load_rubric().max_score
+    assert all((PART in on.parts_at(c)) == (c.kind == "backward") for c in on.checks)
+    data["parts"]["megatron_mlp"] = None
+    data["checks"][1]["num_heads"] = 6   # default-backward, at 4 ranks (and 1, 2)
+    with pytest.raises(RubricError) as info:
+        rubric_from_dict(data, "r.yaml")
+    said = str(info.value)
+    assert "2 problems" in said
+    assert ("r.yaml.parts: Part 7 (optional): a transformer block in tensor parallel builds on the code of "
+            "Part 5 (optional): Megatron's MLP block, which the rubric leaves off: turn megatron_mlp on too, "
+            "or leave transformer_block off") in said
+    assert ("splits the attention's heads over the ranks, but num_heads (6) is not divisible by world_size (4): "
+            "set the check's num_heads to a multiple of 4 (e.g. 4 or 8)") in said
+
+
+@pytest.mark.stock_rubric
+def test_the_stock_course_leaves_the_block_off():
+    stock = load_rubric()
+    assert PART not in stock.parts and all(PART not in stock.parts_at(c) for c in stock.checks)
+    data = _rubric_data()
+    data["parts"] = {**data["parts"], **PART5}
+    assert rubric_from_dict(data).digest() == rubric_from_dict({**data, "parts": {**data["parts"], PART: None}}).digest()
+
+
+def test_the_reference_moves_exactly_what_the_part_says_and_passes_at_every_check(tmp_path):
+    """The part's `moves` are the reference's real calls (four all-reduces of [B, S, d] per rank at a
+    check of several ranks, none at one), and the verdict passes the reference's values."""
+    rubric = load_rubric(fast_rubric(tmp_path, **{k: v for k, v in with_part7(_rubric_data()).items()
+                                                  if k in ("parts", "checks")}))
+    executor = WarmExecutor("best")
+    executor.start()
+    try:
+        for check in (c for c in rubric.checks if PART in rubric.parts_at(c)):
+            run = run_check(executor, prepare_code(REFERENCE), check, rubric, tmp_path, [PART])[PART]
+            assert run.status == "passed", (check.name, run.detail)
+            needs = comm.needed(PART, check)
+            assert bool(needs) == (check.world_size > 1) and set(needs) <= {"all_reduce"}, check.name
+            for rank, r in run.ranks.items():
+                assert {c: comm.moved(r.comm, c, check.world_size)[1] for c in needs} == needs, (check.name, rank)
+    finally:
+        executor.close()
+
+
+@pytest.fixture(scope="module")
+def graded_on(reference_run, tmp_path_factory):
+    """A batch graded with the block (and Part 5) on: {student: grading.json} and the rubric."""
+    tmp = tmp_path_factory.mktemp("block")
+    rubric_path = fast_rubric(tmp, **{k: v for k, v in with_part7(_rubric_data()).items() if k in ("parts", "checks")})
+    log, err = reference_run
+    inbox = tmp / "inbox"
+    inbox.mkdir()
+    handins = {"reference": REFERENCE.read_text(), "skeleton": skeleton(("baseline", "grad_accumulation",
+                                                                         "data_parallel", "tensor_parallel",
+                                                                         "megatron_mlp", "vocab_parallel")),
+               **{name: mutate(name) for name in BLOCK_MUTANTS}}
+    for name, code in handins.items():
+        write_zip(inbox / f"{name}.zip", Files(code=code, log=refingerprint(log, code), err=err))
+    out = tmp / "out"
+    grade_batch([inbox], out, jobs=2, rubric_path=rubric_path, progress=False)
+    results = {p.parent.name: json.loads(p.read_text()) for p in (out / "students").glob("*/grading.json")}
+    return results, load_rubric(rubric_path)
+
+
+@pytest.mark.timeout(900)
+def test_the_reference_passes_the_block_at_every_check_with_its_log_and_bonus(graded_on):
+    results, rubric = graded_on
+    r = results["reference"]
+    part = r["parts"][PART]
+    assert part["status"] == "passed", part["message"]
+    assert [o["check"] for o in part["checks"]] == [c.name for c in rubric.checks if c.kind == "backward"]
+    assert part["log"]["passed"] and part["score"] == PART7[PART]["log"] + PART7[PART]["rerun"]
+    assert r["max_score"] == rubric.max_score and r["score"] == rubric.max_score + 30   # three bonuses
+
+
+def test_the_skeleton_scores_nothing_in_the_block(graded_on):
+    part = graded_on[0]["skeleton"]["parts"][PART]
+    assert part["status"] == "not_implemented" and part["score"] == 0, part["message"]
+    assert graded_on[0]["skeleton"]["parts"]["megatron_mlp"]["status"] == "passed"   # filled in: the block's own TODOs
+
+
+@pytest.mark.parametrize("name", BLOCK_MUTANTS)
+def test_each_block_mistake_fails_the_block_with_its_diagnosis_and_costs_nothing_else(graded_on, name):
+    results, rubric = graded_on
+    mutant, r = MUTANTS[name], results[name]
+    part = r["parts"][PART]
+    assert part["status"] == "failed" and mutant.diagnosis in part["message"], part["message"]
+    assert part["rerun_points"] < rubric.parts[PART].rerun
+    for other, p in r["parts"].items():
+        if other != PART:
+            assert p["status"] == "passed", (other, p["message"])
