@@ -90,6 +90,10 @@ def with_part7(data: dict) -> dict:
     return data
 
 
+# Every optional part on (the last part's turns on those it builds on): what the course's copy runs.
+with_every_part = with_part7
+
+
 def fast_rubric(tmp: Path, source: Path = ROOT / "grader" / "rubric.yaml", **changes) -> Path:
     """A copy of the rubric `source` with FAST timeouts and `changes`, written into `tmp`."""
     data = yaml.safe_load(source.read_text())

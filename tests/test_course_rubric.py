@@ -3,7 +3,7 @@ points, a new hidden check, another default batch (in the rubric, the reference 
 alike) and another tolerance builds its release, and the kit's own tests pass in it, the
 stock-course tests skipped and named.
 
-Those two runs of the suite in a copy (Part 5 off and on) carry the marker `course`: `make test`
+Those two runs of the suite in a copy (every optional part off, and every one on) carry the marker `course`: `make test`
 leaves them out and says so, `make test-course` runs them, and `.ci/run` runs both targets."""
 
 import os
@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from grader.instructor.config import reference_constants
-from tests.corpus import ROOT, with_part5
+from grader.parts import OPTIONAL_PART_IDS
+from tests.corpus import ROOT, with_every_part
 
 KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "docs", "README.md", "pyproject.toml")
 # The kit's tests run in the changed copy: the whole corpus graded and diagnosed, the rubric and the
@@ -44,11 +45,11 @@ def instructors_copy(tmp_path: Path) -> Path:
     return copy
 
 
-def customise(copy: Path, part5: bool = False) -> dict:
+def customise(copy: Path, optional: bool = False) -> dict:
     """What a new instructor changes: Part 1 raised by 3 points, two hidden checks added (one of 3
     ranks, a world size the stock course has none of), the default batch doubled everywhere it is
-    said, a looser tolerance; with `part5`, the optional Part 5 turned on as a bonus (the hidden
-    widths its checks' world sizes need, as a refused rubric says). Returns the new default batch."""
+    said, a looser tolerance; with `optional`, every optional part turned on as a bonus (with the
+    sizes its checks' world sizes need, as a refused rubric says). Returns the new default batch."""
     rubric_path = copy / "grader" / "rubric.yaml"
     rubric = yaml.safe_load(rubric_path.read_text())
     rubric["parts"]["baseline"]["rerun"] += 3
@@ -58,8 +59,8 @@ def customise(copy: Path, part5: bool = False) -> dict:
     rubric["checks"].append({"name": f"three-ranks-{len(rubric['checks'])}", "hidden": True, "world_size": 3,
                              "seed": 6, "global_batch_size": 36, "input_dim": 11, "output_dim": 21,
                              "accumulation_steps": 3})   # a world size the stock course has none of
-    if part5:   # with the hidden widths its checks' world sizes need, as a refused rubric says
-        rubric = with_part5(rubric)
+    if optional:   # with the sizes its checks' world sizes need (widths, vocabularies, heads), as a refused rubric says
+        rubric = with_every_part(rubric)
     rubric["tolerance"] = {"rtol": 2e-4, "atol": 2e-5}
     reference = copy / "assignment_4" / "reference" / "assignment4.py"
     old = reference_constants(reference)["global_batch_size"]
@@ -85,10 +86,10 @@ def run(copy: Path, *args, timeout: int) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(900)
 @pytest.mark.torch
 @pytest.mark.course   # the kit's suite again, in the copy: make test-course, not make test
-@pytest.mark.parametrize("part5", [False, True], ids=["part5-off", "part5-on"])
-def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path, part5):
+@pytest.mark.parametrize("optional", [False, True], ids=["optional-parts-off", "optional-parts-on"])
+def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path, optional):
     copy = instructors_copy(tmp_path)
-    batch = customise(copy, part5)
+    batch = customise(copy, optional)
     made = run(copy, "-m", "grader", "skeleton", timeout=60)
     assert made.returncode == 0 and "written" in made.stdout, made.stderr
     released = run(copy, "-m", "grader", "release", "--out", str(tmp_path / "release"), timeout=120)
@@ -98,8 +99,8 @@ def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path
         (ROOT / "grader" / "rubric.yaml").read_text())["parts"]["baseline"]["rerun"] + 3
     assert {c["global_batch_size"] for c in public["checks"]} == {batch["new"]}
     assert batch["added"] not in (tmp_path / "release" / "grader" / "rubric-public.yaml").read_text()
-    assert ("megatron_mlp" in public["parts"]) == part5
-    assert ("class RowParallelLinear" in (tmp_path / "release" / "assignment_4" / "assignment4.py").read_text()) == part5
+    assert all((part in public["parts"]) == optional for part in OPTIONAL_PART_IDS), public["parts"]
+    assert ("class RowParallelLinear" in (tmp_path / "release" / "assignment_4" / "assignment4.py").read_text()) == optional
 
     suite = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slurm", "-k", UNRELATED, *SUITE,
                 timeout=840)

@@ -111,3 +111,15 @@ def test_the_registry_keeps_the_handouts_order():
     assert [parts.number(p.id) for p in PARTS] == list(range(1, len(PARTS) + 1))
     assert BY_ID == {p.id: p for p in PARTS}
     assert parts.CORE_PART_IDS + parts.OPTIONAL_PART_IDS == parts.PART_IDS   # the optional parts come last
+
+
+def test_the_course_copys_every_part_rubric_turns_on_every_optional_part_and_is_accepted():
+    """tests.corpus.with_every_part is what `make test-course` grades with every optional part on: a
+    part added later must be in it, and the rubric it makes must pass every rule of the rubric."""
+    import yaml
+
+    from grader.rubric import rubric_from_dict
+    from tests.corpus import with_every_part
+    data = with_every_part(yaml.safe_load((kit.GRADER / "rubric.yaml").read_text()))
+    rubric = rubric_from_dict(data, "with_every_part")
+    assert set(rubric.part_ids) == {p.id for p in PARTS}
