@@ -25,7 +25,8 @@ Part 6  vocab_parallel_loss                  (optional) the vocabulary split ove
         full logits, torch's cross_entropy) with "[VocabParallel][Rank r] Tensors match: ..." lines
 Part 7  transformer_block_forward_backward   (optional) a transformer block in tensor parallel: attention
         heads split over the ranks, Part 5's MLP; its output and its input's gradient are checked
-        against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines
+        against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines;
+        the grader also runs transformer_single_step, one SGD step of a tiny transformer built of it
 
 Fill in the lines marked TODO. Each TODO raises NotImplementedError until you replace it, and the
 script reports that part as not implemented yet and goes on with the next.

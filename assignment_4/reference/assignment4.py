@@ -30,7 +30,8 @@ Part 6  vocab_parallel_loss                  (optional) the vocabulary split ove
 # BEGIN PART transformer_block
 Part 7  transformer_block_forward_backward   (optional) a transformer block in tensor parallel: attention
         heads split over the ranks, Part 5's MLP; its output and its input's gradient are checked
-        against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines
+        against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines;
+        the grader also runs transformer_single_step, one SGD step of a tiny transformer built of it
 # END PART transformer_block
 
 Fill in the lines marked TODO. Each TODO raises NotImplementedError until you replace it, and the
