@@ -25,7 +25,8 @@ Part 6  vocab_parallel_loss                  (optional) the vocabulary split ove
         full logits, torch's cross_entropy) with "[VocabParallel][Rank r] Tensors match: ..." lines
 Part 7  transformer_block_forward_backward   (optional) a transformer block in tensor parallel: attention
         heads split over the ranks, Part 5's MLP; its output and its input's gradient are checked
-        against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines
+        against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines;
+        the grader also runs transformer_single_step, one SGD step of a tiny transformer built of it
 
 Fill in the lines marked TODO. Each TODO raises NotImplementedError until you replace it, and the
 script reports that part as not implemented yet and goes on with the next.
@@ -860,6 +861,43 @@ def check_transformer_block(seed, device):
     if block_results is not None:
         for want, got in zip(block_single_device(seed=seed, device=device), block_results):
             compare_tensors(want, got, prefix="TransformerBlock")
+
+
+def transformer_single_step(tokens, targets, embedding, blocks, head, world_size, rank):
+    """Part 7's step: one SGD step (learning_rate) of a tiny transformer in tensor parallel.
+
+    tokens, targets [B, S] (int64, global ids); embedding E [V, d], blocks: num_layers tuples
+    (W_qkv [d, 3d], W_o [d, d], W1 [d, h], W2 [h, d]), head W [d, V], the full weights. Rank r
+    keeps E's rows and W's columns of its vocabulary ids, and each block's shards (Part 7's block):
+
+        x = VocabParallelEmbedding(E)(tokens)              [B, S, d], the same on every rank (g)
+        x = block_L(... block_1(x))                        ParallelTransformerBlock, one by one
+        z_r = f(LayerNorm(x)) @ W_r                        [B S, V / p], never gathered
+        loss = vocab_parallel_cross_entropy(z_r, targets)  the mean over the B S tokens
+
+    Returns:
+        (loss, the rank's updated parameters): the loss, a scalar tensor, the same on every rank; its
+        parameters after the step, in this order: E_r [V / p, d], each block's eight (as
+        ParallelTransformerBlock registers them), the final LayerNorm's weight and bias [d], W_r [d, V / p]
+    """
+    embed = VocabParallelEmbedding(embedding, world_size, rank)
+    layers = nn.ModuleList(ParallelTransformerBlock(*weights, world_size, rank) for weights in blocks)
+    norm = nn.LayerNorm(embedding.shape[1])
+    start, end = vocab_slice(head.shape[1], world_size, rank)
+    head_shard = nn.Parameter(head[:, start:end].clone())
+    params = [embed.weight, *layers.parameters(), norm.weight, norm.bias, head_shard]
+    optimizer = optim.SGD(params, lr=learning_rate)
+    bsz, seq = tokens.shape
+    x = embed(tokens)
+    for layer in layers:
+        x = layer(x)
+    # f before the head: every rank's columns use the whole x; in backward, their gradients are summed.
+    # TODO: x = ..., logits = ... (the rank's columns [B S, V / p], 2 lines)
+    raise NotImplementedError("TODO in transformer_single_step: x = ..., logits = ... (the rank's columns [B S, V / p], 2 lines)")
+    check(logits, (bsz * seq, end - start))
+    # TODO: loss = ..., then the step (zero the gradients, backward, optimizer step: 4 lines)
+    raise NotImplementedError('TODO in transformer_single_step: loss = ..., then the step (zero the gradients, backward, optimizer step: 4 lines)')
+    return loss.detach(), [p.detach().clone() for p in params]
 
 
 def run_part(prefix, part, *args, **kwargs):

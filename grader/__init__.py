@@ -29,8 +29,8 @@ room (tests/test_layout.py holds the map to that):
                  namespaces sandbox enters, with scratch's fresh /tmp and memory's cgroup and
                  watchdog, and supervise runs its parts; in each rank worker loads the code (source)
                  and runs what the part's record says at the check's kind (a step, a layer alone),
-                 wrapped in hooks; secret derives each part's data by its layout; protocol types the
-                 messages and channel
+                 wrapped in hooks; secret derives each part's data by its layout (model_data: the
+                 optional Part 7's tiny transformer); protocol types the messages and channel
                  frames them, bounds holds what a rank sends back to its part's size; check runs a
                  hand-in's parts at one check; hidden keeps a hidden check's results free of a
                  rank's words. What holds a world: memory (its watchdog; outside: what the world
@@ -50,7 +50,7 @@ room (tests/test_layout.py holds the map to that):
                  (judging): compare and diagnose (the weights),
                  backward (the tensor-parallel layer's gradients), megatron (the optional Part 5's
                  block), vocab (the optional Part 6's loss and gradients), transformer (the optional
-                 Part 7's block), comm (a parallel part's collectives: right values count only with them),
+                 Part 7's block) and transformer_step (its tiny transformer's step), comm (a parallel part's collectives: right values count only with them),
                  say (what a student may see of hidden checks), score (the points)
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its

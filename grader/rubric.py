@@ -59,6 +59,7 @@ class Check:
     num_heads: int = 4     # the transformer block only: its attention heads (split over the ranks)
     head_dim: int = 8      # ... the features of one head: the block's width d = num_heads * head_dim
     seq_len: int = 8       # ... the tokens of one sequence: its input X [global_batch_size, seq_len, d]
+    num_layers: int = 2    # ... its step: the blocks of the tiny transformer (embedding, blocks, loss)
     hidden: bool = False   # named in feedback, its values never shown
     weight: float = 1.0    # share of each part's re-run points (of the parts it runs)
     nodes: int = 1         # the world laid out as this many nodes of world_size / nodes ranks each

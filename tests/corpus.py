@@ -311,6 +311,14 @@ MUTANTS = {
         ("        qkv = self.qkv(X.reshape(bsz * seq, d))   # the layers take rows of tokens\n",
          "        qkv = X.reshape(bsz * seq, d) @ self.qkv.W\n")],
         diagnosis="each rank's gradient of X through the attention is only its own heads' share"),
+    # The tiny transformer's step (Part 7's step checks): its own mistakes, beside the block's.
+    "tstep_head_without_f": Mutant("transformer_block", [
+        ("    x = BroadcastParallel.apply(norm(x).reshape(bsz * seq, -1))\n", "    x = norm(x).reshape(bsz * seq, -1)\n")],
+        diagnosis="the gradient of the head's input is only the rank's own vocabulary columns' share"),
+    "tstep_logits_gathered": Mutant("transformer_block", [
+        ("    loss = vocab_parallel_cross_entropy(logits, targets.reshape(-1), world_size, rank)\n",
+         "    loss = nn.functional.cross_entropy(GatherParallel.apply(logits), targets.reshape(-1))\n")],
+        diagnosis="the head's logits were gathered over the ranks"),
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }

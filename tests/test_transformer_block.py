@@ -1,7 +1,7 @@
 """The transformer block in tensor parallel (optional, on Part 5's layers): the verdict's math against
-the reference's own code at several world sizes, the rubric's refusals (Part 5 off, heads that do not
-divide), and a batch graded with the part turned on (the reference, the skeleton, a mutant per usual
-mistake)."""
+the reference's own code at several world sizes (the block alone, and the tiny transformer's step),
+the rubric's refusals (Part 5 off, heads that do not divide), and a batch graded with the part turned
+on (the reference, the skeleton, a mutant per usual mistake)."""
 
 import json
 
@@ -12,8 +12,10 @@ import yaml
 from grader.batch.run import grade_batch
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
+from grader.rerun import model_data
+from grader.rerun.secret import derive
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
-from grader.verdict import comm, transformer
+from grader.verdict import comm, transformer, transformer_step
 from tests.corpus import (MUTANTS, PART5, PART7, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint,
                           skeleton, with_part7, write_zip)
 from tests.worlds import load_module, run_world
@@ -21,6 +23,8 @@ from tests.worlds import load_module, run_world
 PART = "transformer_block"
 BLOCK_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.part == PART)
 CHECK = dict(seed=11, global_batch_size=3, hidden_dim=16, num_heads=4, head_dim=4, seq_len=5)
+STEP_CHECK = dict(CHECK, vocab_size=16, num_layers=2, kind="step")
+KEY = bytes(range(32))
 
 
 def _reference_block(rank, world_size, config):
@@ -54,6 +58,47 @@ def test_the_graders_block_is_the_references(world_size):
         assert torch.allclose(torch.tensor(single_grad), torch.tensor(grad_x), atol=1e-5)
 
 
+def _reference_step(rank, world_size, config):
+    """The reference's transformer_single_step on rank `rank`'s view of the step's data (KEY's draw
+    at `config`): [its loss, its updated parameters flattened]."""
+    module = load_module(REFERENCE)
+    for key in ("num_heads", "head_dim", "seq_len", "hidden_dim", "vocab_size"):
+        setattr(module, key, config[key])
+    data = model_data.model(derive(KEY, config, PART, world_size), config, rank)
+    loss, params = module.transformer_single_step(data.tokens, data.targets, data.embedding, data.blocks,
+                                                  data.head, world_size, rank)
+    return [float(loss), torch.cat([p.reshape(-1) for p in params]).tolist()]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_the_graders_step_is_the_single_device_models_and_the_references(world_size):
+    """The verdict's step at p ranks is the single-device model's cut into the ranks' shards, and the
+    reference's ranks, each on its own view (noise outside its shards), give it."""
+    check = Check(world_size=world_size, **STEP_CHECK)
+    model = transformer_step.served(check, 0.5, derive(KEY, STEP_CHECK, PART, world_size))
+    want, single = transformer_step.ranks(model, world_size), transformer_step.ranks(model, 1)[0]
+    for found in want:   # replicated: the loss and the final LayerNorm whole on every rank
+        assert torch.allclose(found["loss"], single["loss"])
+        assert all(torch.allclose(a, b) for a, b in zip(found["params"][-3:-1], single["params"][-3:-1]))
+    assert torch.allclose(torch.cat([f["params"][0] for f in want]), single["params"][0])        # E's rows
+    assert torch.allclose(torch.cat([f["params"][-1] for f in want], dim=1), single["params"][-1])   # W's columns
+    assert torch.allclose(torch.cat([f["params"][7] for f in want], dim=1), single["params"][7])     # W1's columns
+    assert not torch.allclose(single["params"][0], model.embedding)   # the step moved E
+    for rank, (loss, flat) in enumerate(run_world(world_size, _reference_step, STEP_CHECK)):
+        assert abs(loss - float(want[rank]["loss"])) < 1e-5
+        assert transformer_step.close(torch.tensor(flat, dtype=torch.float64),
+                                      transformer_step._flat(want[rank]["params"]), load_rubric().tolerance)
+
+
+def test_each_step_mistake_computes_something_else_than_the_step():
+    check = Check(world_size=4, **STEP_CHECK)
+    model = transformer_step.served(check, 0.5, derive(KEY, STEP_CHECK, PART, 4))
+    right = transformer_step._flat(transformer_step.ranks(model, 4)[1]["params"])
+    for mistake in transformer_step.ORDER:
+        assert not torch.allclose(transformer_step._flat(transformer_step.ranks(model, 4, mistake)[1]["params"]),
+                                  right), mistake
+
+
 def test_the_qkv_shards_hold_each_ranks_heads():
     """Rank r's QKV gradient is the single device's W_q, W_k and W_v columns of its heads, side by side."""
     layer = transformer.seeded(Check(world_size=2, **CHECK))
@@ -84,7 +129,7 @@ def test_the_block_needs_part_5_and_heads_the_world_sizes_divide_listed_at_once(
     data = with_part7(_rubric_data())
     on = rubric_from_dict(data)
     assert on.part_ids[-3:] == ("megatron_mlp", "vocab_parallel", PART) and on.max_score == load_rubric().max_score
-    assert all((PART in on.parts_at(c)) == (c.kind == "backward") for c in on.checks)
+    assert all(PART in on.parts_at(c) for c in on.checks)   # the step checks and the backward checks
     data["parts"]["megatron_mlp"] = None
     data["checks"][1]["num_heads"] = 6   # default-backward, at 4 ranks (and 1, 2)
     with pytest.raises(RubricError) as info:
@@ -152,7 +197,7 @@ def test_the_reference_passes_the_block_at_every_check_with_its_log_and_bonus(gr
     r = results["reference"]
     part = r["parts"][PART]
     assert part["status"] == "passed", part["message"]
-    assert [o["check"] for o in part["checks"]] == [c.name for c in rubric.checks if c.kind == "backward"]
+    assert [o["check"] for o in part["checks"]] == [c.name for c in rubric.checks]   # every kind
     assert part["log"]["passed"] and part["score"] == PART7[PART]["log"] + PART7[PART]["rerun"]
     assert r["max_score"] == rubric.max_score and r["score"] == rubric.max_score + 30   # three bonuses
 

@@ -15,13 +15,15 @@ Layouts, each drawn by grader.rerun.secret (its docstring says what a rank sees 
               vocabulary ids (E's rows, W's columns), in float64 (the vocabulary split over the ranks)
     LAYER     the real X [B, S, d], and a transformer block's weights real only in the rank's own
               shards (its heads' columns of W_qkv and rows of W_o, its MLP's shards)
+    MODEL     the real tokens and targets [B, S], and a tiny transformer's weights real only in the
+              rank's own shards (E's rows, each block's shards, the head's columns)
 """
 
 from grader.parts import BACKWARD
 
 WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK = "whole", "rows", "columns", "weight", "shards", "block"
-VOCAB, LAYER = "vocab", "layer"
-LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, VOCAB, LAYER)   # every layout grader.rerun.secret draws
+VOCAB, LAYER, MODEL = "vocab", "layer", "model"
+LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, VOCAB, LAYER, MODEL)   # every layout grader.rerun.secret draws
 HIDDEN_DIM = 128   # the rubric's default hidden width: a check mapping without one
 
 

@@ -13,15 +13,26 @@ gradient of every parameter of the rank (both LayerNorms', its shards') are judg
 mistakes named, by grader.verdict.transformer: the heads not divided over the ranks, W_qkv's
 columns not regrouped by head, the attention's row-parallel output not reduced (no g), the QKV
 projection without f. Dropout is 0 at every check, so the values are deterministic.
+
+At a step check a tiny transformer takes one SGD step: `transformer_single_step(tokens, targets,
+embedding, blocks, head, world_size, rank)` (Part 6's vocabulary-parallel embedding, the check's
+num_layers blocks, a final LayerNorm, the LM head split by vocabulary columns and Part 6's loss;
+`needs` Part 6 too), handed every weight real only in its own shards (MODEL,
+grader.rerun.model_data). The rank sends back its loss and its updated shards, flattened in the
+order of STEP_SHAPES (`stepped`): never more than the model's weights, the logits [B S, V] never.
+grader.verdict.transformer_step takes the single-device model's step and names the usual mistakes.
 """
 
-from grader.parts import BACKWARD, B, Moves, Part, megatron_mlp
-from grader.parts.common import HIDDEN_DIM, LAYER, alone_should, run_alone
+from grader.parts import BACKWARD, STEP, B, Moves, Part, megatron_mlp, vocab_parallel
+from grader.parts.common import HIDDEN_DIM, LAYER, MODEL, alone_should, run_alone
 
 # The block's parameters in the order it registers them, as the rank sends their gradients back.
+import math
+
 PARAMETERS = ("ln1_weight", "ln1_bias", "qkv", "proj", "ln2_weight", "ln2_bias", "w1", "w2")
 TOKENS = (B, "seq_len", "num_heads", "head_dim")   # B x S x d: an activation of the block
-DEFAULTS = {"num_heads": 4, "head_dim": 8, "seq_len": 8, "hidden_dim": HIDDEN_DIM}   # the rubric's: a mapping without them
+DEFAULTS = {"num_heads": 4, "head_dim": 8, "seq_len": 8, "hidden_dim": HIDDEN_DIM, "num_layers": 2,
+            "vocab_size": vocab_parallel.VOCAB_SIZE}   # the rubric's: a mapping without them
 
 
 def size(check: dict, key: str) -> int:
@@ -52,29 +63,79 @@ def forward_and_backward(module, call, check: dict, data) -> dict:
     return tensors
 
 
+STEP_FUNCTION = "transformer_single_step"
+
+
+def step_shapes(check: dict, p: int) -> list:
+    """The shapes of rank r's parameters of the tiny transformer, in the order it returns them:
+    E_r [V/p, d], each block's eight (PARAMETERS), the final LayerNorm's weight and bias [d], W_r [d, V/p]."""
+    d, h, v = width(check), size(check, "hidden_dim"), size(check, "vocab_size")
+    block = [(d,), (d,), (d, 3 * d // p), (d // p, d), (d,), (d,), (d, h // p), (h // p, d)]
+    return [(v // p, d)] + block * size(check, "num_layers") + [(d,), (d,), (d, v // p)]
+
+
+def stepped(module, call, check: dict, data) -> dict:
+    """The hand-in's step on every rank, on `data` (grader.rerun.model_data: tokens, targets, and
+    the weights real in the rank's own shards): {"weight": its updated parameters flattened one
+    after another in the order of step_shapes, "loss": [1]}."""
+    import torch
+    import torch.distributed as dist
+    function = getattr(module, STEP_FUNCTION, None)
+    if not callable(function):
+        raise TypeError(f"assignment4.py has no function {STEP_FUNCTION}()")
+    p = dist.get_world_size()
+    value = function(data.tokens, data.targets, data.embedding, data.blocks, data.head, p, dist.get_rank())
+    if not isinstance(value, (tuple, list)) or len(value) != 2 or not isinstance(value[0], torch.Tensor) or \
+            not isinstance(value[1], (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in value[1]):
+        raise TypeError(f"{STEP_FUNCTION} returned {type(value).__name__}, not (loss, the list of the rank's "
+                        f"updated parameters)")
+    loss, params = value
+    if [tuple(t.shape) for t in params] != step_shapes(check, p):
+        raise TypeError(f"{STEP_FUNCTION} returned parameters that are not the rank's shards: E's rows, each "
+                        f"block's eight parameters, the final LayerNorm's weight and bias, the head's columns")
+    return {"weight": torch.cat([t.detach().reshape(-1).double() for t in params]),
+            "loss": loss.detach().reshape(-1).double()}
+
+
 def room(check: dict, kind: str) -> int:
-    """The most values one of its tensors holds: X [B, S, d], W_qkv [d, 3d], W1 [d, h]."""
+    """The most values one of its tensors holds: X [B, S, d], W_qkv [d, 3d], W1 [d, h]; at a step,
+    every parameter of the model at one rank, flattened."""
+    if kind == STEP:
+        return sum(math.prod(shape) for shape in step_shapes(check, 1))
     d, b, s, h = width(check), int(check.get(B) or 0), size(check, "seq_len"), size(check, "hidden_dim")
     return max(b * s * d, 3 * d * d, d * h)
 
 
 def should(check: dict, kind: str, hidden: bool) -> str:
     """What it should return, said in a refusal (no size at a hidden check)."""
+    if kind == STEP:
+        return "the loss and the rank's updated parameters" + ("" if hidden else f", at most {room(check, kind)} values")
     return alone_should(room(check, kind), hidden)
 
 
 PART = Part(
     "transformer_block", "Part 7 (optional): a transformer block in tensor parallel", "TransformerBlock",
     "transformer_block_forward_backward",
-    ("ParallelSelfAttention", "ParallelTransformerBlock", "transformer_block_forward_backward"),
-    layouts={BACKWARD: LAYER}, runs={BACKWARD: forward_and_backward},
-    judging={BACKWARD: "grader.verdict.transformer:BLOCK_JUDGING"},
-    room=room, should=should, kinds=(BACKWARD,), optional=True,
+    ("ParallelSelfAttention", "ParallelTransformerBlock", "transformer_block_forward_backward", STEP_FUNCTION),
+    layouts={STEP: MODEL, BACKWARD: LAYER}, runs={STEP: stepped, BACKWARD: forward_and_backward},
+    judging={STEP: "grader.verdict.transformer_step:STEP_JUDGING",
+             BACKWARD: "grader.verdict.transformer:BLOCK_JUDGING"},
+    room=room, should=should, kinds=(STEP, BACKWARD), optional=True,
     splits=(("num_heads", "world_size", "the attention's heads over the ranks"),
-            ("hidden_dim", "world_size", "the MLP's hidden width over the ranks")),
-    needs=(megatron_mlp.PART.id,), parallel=True, layer="ParallelTransformerBlock",
-    own_sizes=("num_heads", "head_dim", "seq_len"),   # and Part 5's hidden_dim, which it needs on
-    moves=(Moves(BACKWARD, "all_reduce", "the attention's partial outputs in g's forward", TOKENS),
+            ("hidden_dim", "world_size", "the MLP's hidden width over the ranks"),
+            ("vocab_size", "world_size", "the vocabulary over the ranks")),
+    needs=(megatron_mlp.PART.id, vocab_parallel.PART.id), parallel=True, layer="ParallelTransformerBlock",
+    own_sizes=("num_heads", "head_dim", "seq_len", "num_layers"),   # and Part 5's hidden_dim, Part 6's vocab_size
+    moves=(Moves(STEP, "all_reduce", "the embedding's partial lookups in g's forward", TOKENS),
+           Moves(STEP, "all_reduce", "each block's attention outputs in g's forward", ("num_layers", *TOKENS)),
+           Moves(STEP, "all_reduce", "each block's MLP outputs in g's forward", ("num_layers", *TOKENS)),
+           Moves(STEP, "all_reduce", "the gradient of each block's MLP input in f's backward", ("num_layers", *TOKENS)),
+           Moves(STEP, "all_reduce", "the gradient of each block's attention input in f's backward",
+                 ("num_layers", *TOKENS)),
+           Moves(STEP, "all_reduce", "the gradient of the head's input in f's backward", TOKENS),
+           Moves(STEP, "all_reduce", "each token's sum of exponentials", (B, "seq_len")),
+           Moves(STEP, "all_reduce", "each token's target logit, from the rank that holds it", (B, "seq_len")),
+           Moves(BACKWARD, "all_reduce", "the attention's partial outputs in g's forward", TOKENS),
            Moves(BACKWARD, "all_reduce", "the MLP's partial outputs in g's forward", TOKENS),
            Moves(BACKWARD, "all_reduce", "the gradient of the MLP's input in f's backward", TOKENS),
            Moves(BACKWARD, "all_reduce", "the gradient of the attention's input in f's backward", TOKENS)),

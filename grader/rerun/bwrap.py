@@ -48,7 +48,8 @@ ALTERNATIVES = "/etc/alternatives"
 # tests/test_layout.py holds this list to the zygote's imports.
 ENGINE = ("__init__.py", "limits.py", "parts/*.py", "typed.py", "rerun/__init__.py", "rerun/bounds.py",
           "rerun/cgroup.py", "rerun/channel.py", "rerun/environment.py", "rerun/hooks.py", "rerun/memory.py",
-          "rerun/outside.py", "rerun/protocol.py", "rerun/readable.py", "rerun/sandbox.py", "rerun/scratch.py",
+          "rerun/model_data.py", "rerun/outside.py", "rerun/protocol.py", "rerun/readable.py", "rerun/sandbox.py",
+          "rerun/scratch.py",
           "rerun/secret.py", "rerun/sockets.py", "rerun/source.py", "rerun/supervise.py", "rerun/sweep.py",
           "rerun/tasks.py", "rerun/worker.py", "rerun/world.py", "rerun/zygote.py")   # parts/*.py: every part
 PASSWD = "a4:x:{uid}:{gid}:a4 sandbox:/tmp:/bin/false\n"

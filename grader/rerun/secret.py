@@ -49,6 +49,8 @@ names the layout of each kind of check it runs (grader.parts: `layouts`):
     LAYER     the real X [B, S, d], and a transformer block's W_qkv, W_o, W1, W2 real only in its own
               shards (its heads' columns of W_q, W_k and W_v, their rows of W_o, its MLP's shards):
               `layer`, below (the transformer block alone)
+    MODEL     the real tokens and targets [B, S], a tiny transformer's weights real only in its own
+              shards: grader.rerun.model_data (the transformer's step)
 
 Each part has seeds of its own (at each check), so nothing one part saw helps in another. The
 initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as the handout writes it.
@@ -65,7 +67,8 @@ from dataclasses import dataclass
 import torch
 
 from grader.parts import BY_ID, kind_of
-from grader.parts.common import BLOCK, LAYER, ROWS, SHARDS, VOCAB, WEIGHT, WHOLE
+from grader.parts.common import BLOCK, LAYER, MODEL, ROWS, SHARDS, VOCAB, WEIGHT, WHOLE
+from grader.rerun import model_data
 from grader.rerun.protocol import PartSecret
 
 
@@ -287,7 +290,7 @@ class Served:
     batch: PartData = None    # what utils.create_batch returns when asked for `sizes` (None: the seeded batch)
     sizes: tuple = ()         # (batch_size, input_dim, output_dim) the part asks create_batch for
     seed: int = 0             # the part's `seed` argument (and the module's `seed`)
-    data: PartData = None     # what a layer or block run alone is handed (WEIGHT, BLOCK)
+    data: PartData = None     # what a layer or block run alone is handed (WEIGHT, BLOCK; MODEL: a ModelData)
 
 
 def rank_view(run, check: dict, rank: int) -> Served:
@@ -302,6 +305,8 @@ def rank_view(run, check: dict, rank: int) -> Served:
         return Served(seed=check["seed"], data=PartData(x=x, w1=w1, w2=w2))
     if layout_ == LAYER:
         return Served(seed=check["seed"], data=layer(run.data, check, rank))
+    if layout_ == MODEL:
+        return Served(seed=check["seed"], data=model_data.model(run.data, check, rank))
     if layout_ == SHARDS:
         return Served(batch=tensors(run.data, WHOLE, b, d, d), sizes=(b, d, d), seed=run.data.blocks[rank])
     data = tensors(run.data, layout_, b, d, o, rank)

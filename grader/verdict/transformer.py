@@ -161,6 +161,22 @@ def _shards(layer: Layer, p: int, mistake: Mistake) -> list:
     return list(zip(qkvs, wo.chunk(p, dim=0), w1.chunk(p, dim=1), w2.chunk(p, dim=0)))
 
 
+def block(x: list, params: list, heads: int, head_dim: int, mistake: Mistake = Mistake.NONE) -> list:
+    """The block on every rank's copy of its input x [B, S, d] (one per rank), with rank r's
+    parameters params[r] (PARAMETERS' order) and `heads` heads of head_dim features on each:
+    every rank's output, joined to the others only where f and g join the ranks."""
+    p, d = len(x), x[0].shape[-1]
+    n1w, n1b, qkv, wo, n2w, n2b, w1, w2 = zip(*params)
+    no_f = mistake is Mistake.NO_F
+    normed = _f([F.layer_norm(x[r], (d,), n1w[r], n1b[r]) for r in range(p)], no_f or mistake is Mistake.ATTN_NO_F)
+    attn = _g([_attention(normed[r], qkv[r], heads, head_dim) @ wo[r] for r in range(p)], mistake,
+              skip=mistake is Mistake.ATTN_NO_G)
+    h = [x[r] + attn[r] for r in range(p)]
+    normed = _f([F.layer_norm(h[r], (d,), n2w[r], n2b[r]) for r in range(p)], no_f)
+    mlp = _g([F.gelu(normed[r] @ w1[r]) @ w2[r] for r in range(p)], mistake)
+    return [h[r] + mlp[r] for r in range(p)]
+
+
 def ranks(layer: Layer, p: int, mistake: Mistake = Mistake.NONE) -> list:
     """What every rank of p gives, with `mistake` in the block: [{"output", "input_grad", and
     "<name>_grad" for each of PARAMETERS}], rank by rank."""
@@ -169,15 +185,7 @@ def ranks(layer: Layer, p: int, mistake: Mistake = Mistake.NONE) -> list:
     ones, zeros = torch.ones(d, dtype=layer.x.dtype), torch.zeros(d, dtype=layer.x.dtype)
     leaves = [[t.clone().requires_grad_(True) for t in (layer.x, ones, zeros, *shard[:2], ones, zeros, *shard[2:])]
               for shard in _shards(layer, p, mistake)]
-    x, n1w, n1b, qkv, wo, n2w, n2b, w1, w2 = zip(*leaves)
-    no_f = mistake is Mistake.NO_F
-    normed = _f([F.layer_norm(x[r], (d,), n1w[r], n1b[r]) for r in range(p)], no_f or mistake is Mistake.ATTN_NO_F)
-    attn = _g([_attention(normed[r], qkv[r], heads, layer.head_dim) @ wo[r] for r in range(p)], mistake,
-              skip=mistake is Mistake.ATTN_NO_G)
-    h = [x[r] + attn[r] for r in range(p)]
-    normed = _f([F.layer_norm(h[r], (d,), n2w[r], n2b[r]) for r in range(p)], no_f)
-    mlp = _g([F.gelu(normed[r] @ w1[r]) @ w2[r] for r in range(p)], mistake)
-    out = [h[r] + mlp[r] for r in range(p)]
+    out = block([leaf[0] for leaf in leaves], [leaf[1:] for leaf in leaves], heads, layer.head_dim, mistake)
     torch.autograd.backward(out, [layer.g] * p)
     said = []
     for r in range(p):
