@@ -90,6 +90,24 @@ def with_part7(data: dict) -> dict:
     return data
 
 
+
+PART8 = {"sequence_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 8 turned on, as a bonus
+
+
+def with_part8(data: dict) -> dict:
+    """A copy of rubric `data` with Part 8, sequence parallelism, turned on as a bonus, with Parts 5-7
+    it builds on (with_part7), and each check whose world sizes do not divide its sequence given a
+    seq_len they divide."""
+    data = with_part7(data)
+    data["parts"].update(PART8)
+    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
+    for check in data.get("checks") or []:
+        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
+        seq, step = check.get("seq_len", Check().seq_len), math.lcm(*sizes)
+        if seq % step:
+            check["seq_len"] = step * max(1, round(seq / step))
+    return data
+
 def fast_rubric(tmp: Path, source: Path = ROOT / "grader" / "rubric.yaml", **changes) -> Path:
     """A copy of the rubric `source` with FAST timeouts and `changes`, written into `tmp`."""
     data = yaml.safe_load(source.read_text())
@@ -307,6 +325,24 @@ MUTANTS = {
         ("        qkv = self.qkv(X.reshape(bsz * seq, d))   # the layers take rows of tokens\n",
          "        qkv = X.reshape(bsz * seq, d) @ self.qkv.W\n")],
         diagnosis="each rank's gradient of X through the attention is only its own heads' share"),
+    # Sequence parallelism (optional, on Part 7's block): graded only where the rubric turns it on.
+    "sp_no_gather": Mutant("sequence_parallel", [
+        ("        normed = GatherSequence.apply(self.layer_norm(block.ln1, X))\n",
+         "        normed = self.layer_norm(block.ln1, X)\n"),
+        ("        H = X + ReduceScatterSequence.apply(self.attend(normed) @ block.attn.proj.W)\n",
+         "        H = X + ReduceParallel.apply(self.attend(normed) @ block.attn.proj.W)\n")],
+        diagnosis="each rank attends only its own slice of the sequence"),
+    "sp_all_reduce_for_reduce_scatter": Mutant("sequence_parallel", [
+        ("        reduce_scatter(out, sequence_first(x), op=dist.ReduceOp.SUM)\n",
+         "        whole = sequence_first(x)\n        dist.all_reduce(whole)\n"
+         "        out = whole.chunk(world_size)[dist.get_rank()]\n")],
+        diagnosis="no rank called a reduce-scatter"),
+    "sp_layernorm_not_reduced": Mutant("sequence_parallel", [
+        ("        weight = BroadcastParallel.apply(norm.weight)\n", "        weight = norm.weight\n")],
+        diagnosis="the LayerNorms' weight gradients are each rank's own tokens' share only"),
+    "sp_gather_wrong_dim": Mutant("sequence_parallel", [
+        ("    all_gather(out, sequence_first(x))\n", "    all_gather(out, x.contiguous())\n")],
+        diagnosis="the all-gather joined the slices along the wrong dimension"),
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }
