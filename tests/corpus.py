@@ -333,16 +333,17 @@ MUTANTS = {
          "        H = X + ReduceParallel.apply(self.attend(normed) @ block.attn.proj.W)\n")],
         diagnosis="each rank attends only its own slice of the sequence"),
     "sp_all_reduce_for_reduce_scatter": Mutant("sequence_parallel", [
-        ("        reduce_scatter(out, sequence_first(x), op=dist.ReduceOp.SUM)\n",
-         "        whole = sequence_first(x)\n        dist.all_reduce(whole)\n"
-         "        out = whole.chunk(world_size)[dist.get_rank()]\n")],
+        ("    reduce_scatter(out, sequence_first(x), op=dist.ReduceOp.SUM)\n",
+         "    whole = sequence_first(x)\n    dist.all_reduce(whole)\n"
+         "    out = whole.chunk(world_size)[dist.get_rank()]\n")],
         diagnosis="no rank called a reduce-scatter"),
     "sp_layernorm_not_reduced": Mutant("sequence_parallel", [
         ("        weight = BroadcastParallel.apply(norm.weight)\n", "        weight = norm.weight\n")],
         diagnosis="the LayerNorms' weight gradients are each rank's own tokens' share only"),
     "sp_gather_wrong_dim": Mutant("sequence_parallel", [
-        ("    all_gather(out, sequence_first(x))\n", "    all_gather(out, x.contiguous())\n")],
-        diagnosis="the all-gather joined the slices along the wrong dimension"),
+        ("    return out.transpose(0, 1)   # [seq, bsz, d] -> [bsz, seq, d]\n",
+         "    return out.reshape(bsz, world_size * local_seq, d)\n")],
+        diagnosis="the all-gathered slices were put back along the wrong dimension"),
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }

@@ -959,7 +959,7 @@ def gather_sequence(x):
     # BEGIN SOLUTION: all-gather the slices along the sequence into out (1 line)
     all_gather(out, sequence_first(x))
     # END SOLUTION
-    return out.transpose(0, 1)
+    return out.transpose(0, 1)   # [seq, bsz, d] -> [bsz, seq, d]
 
 
 def reduce_scatter_sequence(x):
@@ -1040,7 +1040,7 @@ class SequenceParallelBlock(nn.Module):
 
     def attend(self, X):
         """The rank's heads on the whole sequence X [bsz, seq, d] -> [bsz, seq, d / p], before W_o."""
-        attn, (bsz, seq, d) = self.block.attn, X.shape
+        attn, (bsz, seq, _) = self.block.attn, X.shape
         q, k, v = (X @ attn.qkv.W).reshape(bsz, seq, 3, attn.local_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
         future = torch.ones(seq, seq, dtype=torch.bool, device=X.device).triu(1)
         weights = nn.functional.dropout((q @ k.transpose(-2, -1) / attn.head_dim ** 0.5)
@@ -1081,6 +1081,8 @@ def sequence_parallel_forward_backward(seed=42, device=None):
 
 def check_sequence_parallel(seed, device):
     """Run Part 8 and compare it with the rank's slices of the single-device block's output and input gradient."""
+    if dist.get_rank() == 0:
+        log(f"[Rank 0] Part 8: sequence parallelism on the block (optional), world size {dist.get_world_size()}.")
     results = run_part("SequenceParallel", sequence_parallel_forward_backward, seed=seed, device=device)
     if results is not None:
         local = results[0].shape[1]
@@ -1097,6 +1099,13 @@ def run_part(prefix, part, *args, **kwargs):
     except NotImplementedError as e:
         log(f"[{prefix}][Rank {dist.get_rank()}] Not implemented yet: {e}")
         return None
+
+
+def finish(rank):
+    """Wait for every rank, then leave the process group."""
+    dist.barrier()
+    dist.destroy_process_group()
+    log(f"[Rank {rank}] done")
 
 
 def main():
@@ -1155,15 +1164,10 @@ def main():
     check_transformer_block(seed, device)
 # END PART transformer_block
 # BEGIN PART sequence_parallel
-
-    if rank == 0:
-        log(f"[Rank {rank}] Part 8: sequence parallelism on the block (optional), world size {world_size}.")
-    check_sequence_parallel(seed, device)
+    check_sequence_parallel(seed, device)   # it logs its own header on rank 0
 # END PART sequence_parallel
 
-    dist.barrier()
-    dist.destroy_process_group()
-    log(f"[Rank {rank}] done")
+    finish(rank)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ __all__ = ["Mistake", "ranks", "judge", "seeded", "served", "SEQUENCE_JUDGING"]
 class Mistake(enum.Enum):
     NONE = "none"
     NO_GATHER = "no_gather"                 # no all-gather before the QKV projection (g after W_o instead)
-    GATHER_WRONG_DIM = "gather_wrong_dim"   # the slices all-gathered as they lie, [B, S/p, d], along dim 0
+    GATHER_WRONG_DIM = "gather_wrong_dim"   # the gathered [S, B, d] reshaped to [B, S, d], not transposed
     LN_NOT_REDUCED = "ln_not_reduced"       # the LayerNorms' weights' gradients not all-reduced
 
 
@@ -47,9 +47,9 @@ SAID = {
     Mistake.NO_GATHER: ("each rank attends only its own slice of the sequence: the all-gather along the sequence "
                         "(GatherSequence) must come before the QKV projection, so that every rank's heads see "
                         "every token, and the reduce-scatter (ReduceScatterSequence) after W_o"),
-    Mistake.GATHER_WRONG_DIM: ("the all-gather joined the slices along the wrong dimension: it concatenates along "
-                               "dimension 0, so each rank's slice [bsz, seq / p, d] must go in sequence-first "
-                               "([seq / p, bsz, d]) and the gathered tensor be turned back to [bsz, seq, d]"),
+    Mistake.GATHER_WRONG_DIM: ("the all-gathered slices were put back along the wrong dimension: the all-gather "
+                               "joins along dimension 0, so it gathers [seq, bsz, d], sequence-first, which must be "
+                               "transposed back to [bsz, seq, d], not reshaped to it (that mixes tokens and sequences)"),
     Mistake.LN_NOT_REDUCED: ("the LayerNorms' weight gradients are each rank's own tokens' share only: every rank "
                              "holds the whole LayerNorm but applies it to its slice of the sequence, so the "
                              "gradients of its weight must be all-reduced over the ranks (f on the weight)"),
@@ -58,13 +58,12 @@ ORDER = (Mistake.NO_GATHER, Mistake.GATHER_WRONG_DIM, Mistake.LN_NOT_REDUCED)   
 
 
 def _gather(parts: list, mistake: Mistake) -> list:
-    """AG over the ranks' slices [B, S/p, d]: every rank the same [B, S, d] (in a wrong order where
-    they were gathered batch-first; at one rank there is nothing to gather)."""
+    """AG over the ranks' slices [B, S/p, d]: every rank the same [B, S, d] (its values in a wrong
+    order where the sequence-first [S, B, d] was reshaped, not transposed; at one rank there is
+    nothing to gather)."""
+    joined = torch.cat(parts, dim=1)
     if mistake is Mistake.GATHER_WRONG_DIM and len(parts) > 1:
-        b, s, d = parts[0].shape
-        joined = torch.stack(parts).reshape(len(parts) * s, b, d).transpose(0, 1)
-    else:
-        joined = torch.cat(parts, dim=1)
+        joined = joined.transpose(0, 1).reshape(joined.shape)
     return [joined for _ in parts]
 
 
