@@ -27,6 +27,10 @@ Part 7  transformer_block_forward_backward   (optional) a transformer block in t
         heads split over the ranks, Part 5's MLP; its output and its input's gradient are checked
         against the single-device block's (block_single_device) with "[TransformerBlock][Rank r] ..." lines;
         the grader also runs transformer_single_step, one SGD step of a tiny transformer built of it
+Part 8  sequence_parallel_forward_backward   (optional) sequence parallelism on Part 7's block: LayerNorm on
+        the rank's slice of the sequence, an all-gather before each column-parallel linear and a
+        reduce-scatter after each row-parallel one; checked against block_single_device's slices
+        with "[SequenceParallel][Rank r] ..." lines
 
 Fill in the lines marked TODO. Each TODO raises NotImplementedError until you replace it, and the
 script reports that part as not implemented yet and goes on with the next.
@@ -898,6 +902,144 @@ def transformer_single_step(tokens, targets, embedding, blocks, head, world_size
     # TODO: loss = ..., then the step (zero the gradients, backward, optimizer step: 4 lines)
     raise NotImplementedError('TODO in transformer_single_step: loss = ..., then the step (zero the gradients, backward, optimizer step: 4 lines)')
     return loss.detach(), [p.detach().clone() for p in params]
+### Part 8 (optional): sequence parallelism on Part 7's block (Korthikanti et al., arXiv 2205.05198).
+def sequence_first(x):
+    """[bsz, seq, d] -> [seq, bsz, d], contiguous: the collectives join and cut along dimension 0."""
+    return x.transpose(0, 1).contiguous()
+
+
+def gather_sequence(x):
+    """[bsz, seq / p, d], the rank's slice of the sequence -> [bsz, seq, d]: every rank's slice in
+    rank order (rank 0's tokens first), on every rank."""
+    world_size = dist.get_world_size()
+    if world_size == 1:
+        return x
+    bsz, local_seq, d = x.shape
+    out = torch.empty(world_size * local_seq, bsz, d, dtype=x.dtype, device=x.device)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # its newer name
+    # TODO: all-gather the slices along the sequence into out (1 line)
+    raise NotImplementedError('TODO in gather_sequence: all-gather the slices along the sequence into out (1 line)')
+    return out.transpose(0, 1)   # [seq, bsz, d] -> [bsz, seq, d]
+
+
+def reduce_scatter_sequence(x):
+    """[bsz, seq, d], a partial sum on each rank -> [bsz, seq / p, d]: the rank's own slice of the
+    sequence of the sum over the ranks."""
+    world_size = dist.get_world_size()
+    if world_size == 1:
+        return x
+    bsz, seq, d = x.shape
+    out = torch.empty(divide(seq, world_size, "seq_len", "world_size"), bsz, d, dtype=x.dtype, device=x.device)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor   # its newer name
+    # TODO: reduce-scatter x's sum along the sequence into out (1 line)
+    raise NotImplementedError("TODO in reduce_scatter_sequence: reduce-scatter x's sum along the sequence into out (1 line)")
+    return out.transpose(0, 1)
+
+
+class GatherSequence(torch.autograd.Function):
+    """Sequence parallel's f: forward all-gathers the slices along the sequence; backward
+    reduce-scatters the gradient along it (every rank's share of the gradient of each token, summed,
+    goes back to the rank that holds the token)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return gather_sequence(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # TODO: return ... (1 line)
+        raise NotImplementedError('TODO in GatherSequence.backward: return ... (1 line)')
+
+
+class ReduceScatterSequence(torch.autograd.Function):
+    """Sequence parallel's g: forward reduce-scatters the ranks' partial sums along the sequence;
+    backward all-gathers the gradient of the slices (each partial sum feeds every token)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return reduce_scatter_sequence(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # TODO: return ... (1 line)
+        raise NotImplementedError('TODO in ReduceScatterSequence.backward: return ... (1 line)')
+
+
+class SequenceParallelBlock(nn.Module):
+    """Part 7's block with sequence parallelism: rank i of p holds X_i [bsz, seq / p, d], its slice
+    of the sequence (tokens [i seq / p, (i + 1) seq / p)), and returns its slice of the output.
+
+        H_i   = X_i + RS(Attn_i(AG(LN1(X_i))) @ W_o,i)       AG: all-gather, RS: reduce-scatter
+        out_i = H_i + RS(GeLU(AG(LN2(H_i)) @ W1_i) @ W2_i)   along the sequence
+
+    LayerNorm and the residuals work on the rank's slice; the attention and the MLP on the whole
+    sequence, with Part 7's shards (its ParallelTransformerBlock holds them, and the LayerNorms).
+    Every rank holds the whole LayerNorms but applies them to its own tokens only, so their
+    gradients are partial sums: f (BroadcastParallel) on the weight and bias all-reduces them.
+
+    Parameters:
+        w_qkv [d, 3d], w_o [d, d], w1 [d, h], w2 [h, d]: as for ParallelTransformerBlock
+        world_size, rank: p must divide num_heads, h and seq_len
+    """
+
+    def __init__(self, w_qkv, w_o, w1, w2, world_size: int, rank: int):
+        super().__init__()
+        self.block = ParallelTransformerBlock(w_qkv, w_o, w1, w2, world_size, rank)
+
+    def layer_norm(self, norm, X):
+        """norm (an nn.LayerNorm) on the rank's tokens X; its weight's and bias's gradients summed
+        over the ranks in backward."""
+        # TODO: weight = ..., bias = ... (2 lines)
+        raise NotImplementedError('TODO in SequenceParallelBlock.layer_norm: weight = ..., bias = ... (2 lines)')
+        return nn.functional.layer_norm(X, norm.normalized_shape, weight, bias, norm.eps)
+
+    def attend(self, X):
+        """The rank's heads on the whole sequence X [bsz, seq, d] -> [bsz, seq, d / p], before W_o."""
+        attn, (bsz, seq, _) = self.block.attn, X.shape
+        q, k, v = (X @ attn.qkv.W).reshape(bsz, seq, 3, attn.local_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        future = torch.ones(seq, seq, dtype=torch.bool, device=X.device).triu(1)
+        weights = nn.functional.dropout((q @ k.transpose(-2, -1) / attn.head_dim ** 0.5)
+                                        .masked_fill(future, float("-inf")).softmax(dim=-1), dropout, self.training)
+        return (weights @ v).transpose(1, 2).reshape(bsz, seq, attn.local_heads * attn.head_dim)
+
+    def forward(self, X):
+        """X_i [bsz, seq / p, d] -> out_i [bsz, seq / p, d]."""
+        block = self.block
+        # TODO: normed = ..., H = ..., normed = ..., out = ... (4 lines)
+        raise NotImplementedError('TODO in SequenceParallelBlock.forward: normed = ..., H = ..., normed = ..., out = ... (4 lines)')
+        return out
+
+
+def sequence_parallel_forward_backward(seed=42, device=None):
+    """SequenceParallelBlock on this rank's slice of the batch of block_batch(seed), backward from
+    the same slice of its G.
+
+    Returns:
+        (output, input_grad), each [global_batch_size, seq_len / p, d]: the rank's slices
+    """
+    device = get_device() if device is None else device
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    block = SequenceParallelBlock(*init_block_weights(seed), world_size, rank).to(device)
+    inputs, grad_output = block_batch(seed, device)
+    local = divide(inputs.shape[1], world_size, "seq_len", "world_size")
+    mine = slice(rank * local, (rank + 1) * local)
+    inputs = inputs[:, mine].detach().requires_grad_(True)
+    out = block(inputs)
+    check(out, tuple(inputs.shape))
+    out.backward(grad_output[:, mine])
+    return out.detach(), inputs.grad
+
+
+def check_sequence_parallel(seed, device):
+    """Run Part 8 and compare it with the rank's slices of the single-device block's output and input gradient."""
+    if dist.get_rank() == 0:
+        log(f"[Rank 0] Part 8: sequence parallelism on the block (optional), world size {dist.get_world_size()}.")
+    results = run_part("SequenceParallel", sequence_parallel_forward_backward, seed=seed, device=device)
+    if results is not None:
+        local = results[0].shape[1]
+        mine = slice(dist.get_rank() * local, (dist.get_rank() + 1) * local)
+        for want, got in zip(block_single_device(seed=seed, device=device), results):
+            compare_tensors(want[:, mine], got, prefix="SequenceParallel")
 
 
 def run_part(prefix, part, *args, **kwargs):
@@ -907,6 +1049,13 @@ def run_part(prefix, part, *args, **kwargs):
     except NotImplementedError as e:
         log(f"[{prefix}][Rank {dist.get_rank()}] Not implemented yet: {e}")
         return None
+
+
+def finish(rank):
+    """Wait for every rank, then leave the process group."""
+    dist.barrier()
+    dist.destroy_process_group()
+    log(f"[Rank {rank}] done")
 
 
 def main():
@@ -958,10 +1107,9 @@ def main():
     if rank == 0:
         log(f"[Rank {rank}] Part 7: a transformer block in tensor parallel (optional), world size {world_size}.")
     check_transformer_block(seed, device)
+    check_sequence_parallel(seed, device)   # it logs its own header on rank 0
 
-    dist.barrier()
-    dist.destroy_process_group()
-    log(f"[Rank {rank}] done")
+    finish(rank)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ backward check).
 
     python benchmarks/part_worlds.py [--worlds 20] [--rubric FILE]
 
-`--rubric benchmarks/part6.yaml` (or part5.yaml, part7.yaml) turns optional parts on. Each figure is the median
+`--rubric benchmarks/part6.yaml` (or part5.yaml, part7.yaml, part8.yaml) turns optional parts on. Each figure is the median
 over the worlds, in milliseconds, with the sandbox: the whole world (the round trip) and its parts'
 own time (from the ranks ready to the results sent); the first worlds warm the executor and are
 not counted.

@@ -20,7 +20,8 @@ room (tests/test_layout.py holds the map to that):
                  plot uses it too), cli (the command line; __main__ runs it)
     parts/       shared too: the parts of the assignment, a module each holding all the grader knows of
                  that part, as its record's data and hooks (baseline, grad_accumulation,
-                 data_parallel, tensor_parallel, megatron_mlp, vocab_parallel, transformer_block);
+                 data_parallel, tensor_parallel, megatron_mlp, vocab_parallel, transformer_block,
+                 sequence_parallel);
                  common (the layouts' names, the usual hooks and what the hooks share); the registry and the kinds of check in its __init__
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox and bring back its
                  weights. The executors (executor, executors, torchrun) start zygote, the warm
@@ -50,7 +51,9 @@ room (tests/test_layout.py holds the map to that):
                  (judging): compare and diagnose (the weights),
                  backward (the tensor-parallel layer's gradients), megatron (the optional Part 5's
                  block), vocab (the optional Part 6's loss and gradients), transformer (the optional
-                 Part 7's block) and transformer_step (its tiny transformer's step), comm (a parallel part's collectives: right values count only with them),
+                 Part 7's block) and transformer_step (its tiny transformer's step), sequence (the
+                 optional Part 8's sequence-parallel block), comm (a parallel part's collectives:
+                 right values count only with them, a capped one no more),
                  say (what a student may see of hidden checks), score (the points)
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its

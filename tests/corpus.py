@@ -90,8 +90,26 @@ def with_part7(data: dict) -> dict:
     return data
 
 
+PART8 = {"sequence_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 8 turned on, as a bonus
+
+
+def with_part8(data: dict) -> dict:
+    """A copy of rubric `data` with Part 8, sequence parallelism, turned on as a bonus, with Parts 5-7
+    it builds on (with_part7), and each check whose world sizes do not divide its sequence given a
+    seq_len they divide."""
+    data = with_part7(data)
+    data["parts"].update(PART8)
+    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
+    for check in data.get("checks") or []:
+        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
+        seq, step = check.get("seq_len", Check().seq_len), math.lcm(*sizes)
+        if seq % step:
+            check["seq_len"] = step * max(1, round(seq / step))
+    return data
+
+
 # Every optional part on (the last part's turns on those it builds on): what the course's copy runs.
-with_every_part = with_part7
+with_every_part = with_part8
 
 
 def fast_rubric(tmp: Path, source: Path = ROOT / "grader" / "rubric.yaml", **changes) -> Path:
@@ -319,6 +337,25 @@ MUTANTS = {
         ("    loss = vocab_parallel_cross_entropy(logits, targets.reshape(-1), world_size, rank)\n",
          "    loss = nn.functional.cross_entropy(GatherParallel.apply(logits), targets.reshape(-1))\n")],
         diagnosis="the head's logits were gathered over the ranks"),
+    # Sequence parallelism (optional, on Part 7's block): graded only where the rubric turns it on.
+    "sp_no_gather": Mutant("sequence_parallel", [
+        ("        normed = GatherSequence.apply(self.layer_norm(block.ln1, X))\n",
+         "        normed = self.layer_norm(block.ln1, X)\n"),
+        ("        H = X + ReduceScatterSequence.apply(self.attend(normed) @ block.attn.proj.W)\n",
+         "        H = X + ReduceParallel.apply(self.attend(normed) @ block.attn.proj.W)\n")],
+        diagnosis="each rank attends only its own slice of the sequence"),
+    "sp_all_reduce_for_reduce_scatter": Mutant("sequence_parallel", [
+        ("    reduce_scatter(out, sequence_first(x), op=dist.ReduceOp.SUM)\n",
+         "    whole = sequence_first(x)\n    dist.all_reduce(whole)\n"
+         "    out = whole.chunk(world_size)[dist.get_rank()]\n")],
+        diagnosis="no rank called a reduce-scatter"),
+    "sp_layernorm_not_reduced": Mutant("sequence_parallel", [
+        ("        weight = BroadcastParallel.apply(norm.weight)\n", "        weight = norm.weight\n")],
+        diagnosis="the LayerNorms' weight gradients are each rank's own tokens' share only"),
+    "sp_gather_wrong_dim": Mutant("sequence_parallel", [
+        ("    return out.transpose(0, 1)   # [seq, bsz, d] -> [bsz, seq, d]\n",
+         "    return out.reshape(bsz, world_size * local_seq, d)\n")],
+        diagnosis="the all-gathered slices were put back along the wrong dimension"),
     "does_not_parse": Mutant("", [("class CustomLinearLayer(nn.Module):\n", "class CustomLinearLayer(nn.Module:\n")],
                              status="crashed", diagnosis="could not be loaded", others="crashed"),
 }

@@ -63,9 +63,10 @@ def kind_of(check: dict) -> str:
 class Moves:
     """A collective a parallel part's algorithm calls on every rank at one kind of check, and what
     it moves: per rank, the product of the check's `sizes` ("output_dim/world_size": that size
-    shared over the ranks). For an all-gather that is the rank's own shard, what it contributes."""
+    shared over the ranks). For an all-gather that is the rank's own shard, what it contributes; for
+    a reduce-scatter the rank's own share of the sum, what it receives."""
     kind: str          # the kind of check (KINDS)
-    collective: str    # "all_reduce" (a sum, or a mean) or "all_gather"
+    collective: str    # "all_reduce" (a sum, or a mean), "all_gather" or "reduce_scatter" (a sum)
     what: str          # what it carries, for people: "the weight's gradient"
     sizes: tuple       # names of the check's sizes whose product is the values it moves per rank
 
@@ -104,6 +105,8 @@ class Part:
     parallel: bool = False     # its work is communication: a one-rank check needs none of it
     layer: str = ""            # the class a check of a kind other than the step runs alone
     moves: tuple = ()          # Moves: the collectives a check of several ranks must see it call
+    at_most: tuple = ()        # collectives it must not call beyond what its `moves` say (none, where they
+                               # say none): a check of several ranks fails a rank that moved more with them
     arguments: tuple = ()      # keys of the check its function is called with by name (beside seed, device)
     own_sizes: tuple = ()      # keys of a check only this part reads (left out where it is off)
     fixed: tuple = ()          # (key, what): `what` divided by a number written into the code, not by
@@ -140,10 +143,11 @@ def register(*modules) -> tuple:
 
 
 from grader.parts import (baseline, data_parallel, grad_accumulation, megatron_mlp,  # noqa: E402 - they use Part
-                          tensor_parallel, transformer_block, vocab_parallel)
+                          sequence_parallel, tensor_parallel, transformer_block,
+                          vocab_parallel)
 
 PARTS = register(baseline, grad_accumulation, data_parallel, tensor_parallel, megatron_mlp, vocab_parallel,
-                 transformer_block)
+                 transformer_block, sequence_parallel)
 PART_IDS = tuple(p.id for p in PARTS)
 CORE_PART_IDS = tuple(p.id for p in PARTS if not p.optional)   # every course's parts
 OPTIONAL_PART_IDS = tuple(p.id for p in PARTS if p.optional)

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 # The collectives a part may call; each call is recorded with its element count.
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
-               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single",
+               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single", "broadcast",
                "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
                "isend", "irecv", "barrier", "all_gather_object", "broadcast_object_list")
 

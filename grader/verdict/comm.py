@@ -10,6 +10,12 @@ calls (grader.parts: each part's `moves`) with at least the values the algorithm
                  PREMUL_SUM); one call of a flattened buffer or one per parameter alike
     all-gather   the sum of the shards the rank contributed: all_gather(list, shard) and
                  all_gather_into_tensor(out, shard) are recorded as p * shard + shard values
+    reduce-scatter  the sum of the shares of the sum the rank received: reduce_scatter(share, list)
+                 and reduce_scatter_tensor(share, whole) are recorded as share + p * share values
+
+A part may also cap a collective (its `at_most`): a rank that moved more with it than the moves
+say fails too (sequence parallelism all-reduces its LayerNorms' gradients, and nothing else: an
+all-reduce of the activations in place of its reduce-scatter gives the right values).
 
 Totals, never exact counts: a barrier, a broadcast of the initial weight or a gradient reduced in
 several pieces pass. A one-rank check needs no collective (it has no one to talk to).
@@ -28,15 +34,18 @@ from grader.results import Status
 from grader.verdict.say import Say
 
 SUMMING = (None, "SUM", "AVG", "PREMUL_SUM")   # None: all_reduce's default, a sum
-GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base")
+GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single")
+SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
 SAID = {"all_reduce": ("an all-reduce", "all-reduce", "all-reduced"),   # (a noun, the verb, its participle)
-        "all_gather": ("an all-gather", "all-gather", "all-gathered")}
+        "all_gather": ("an all-gather", "all-gather", "all-gathered"),
+        "reduce_scatter": ("a reduce-scatter", "reduce-scatter", "reduce-scattered")}
 
 
 @dataclass
 class Shortfall:
-    """One rank's collective of a part that moved fewer values than the algorithm moves."""
-    collective: str    # "all_reduce" or "all_gather"
+    """One rank's collective of a part that moved fewer values than the algorithm moves (or more,
+    where the part caps it: `at_most`)."""
+    collective: str    # "all_reduce", "all_gather" or "reduce_scatter"
     calls: int         # the rank's calls of that collective in the part
     moved: int         # the values they moved, in all
     needed: int        # the values the algorithm moves
@@ -66,18 +75,21 @@ def moved(calls: list, collective: str, world_size: int) -> tuple:
     if collective == "all_reduce":
         mine = [c for c in calls if c.get("op") == "all_reduce" and c.get("reduce_op") in SUMMING]
         return len(mine), sum(c.get("numel", 0) for c in mine)
-    mine = [c for c in calls if c.get("op") in GATHERS]
+    mine = [c for c in calls if c.get("op") in (GATHERS if collective == "all_gather" else SCATTERS)]
     return len(mine), sum(c.get("numel", 0) for c in mine) // (world_size + 1)
 
 
 def shortfalls(part_id: str, check, ranks: dict) -> dict:
-    """collective -> {rank: Shortfall} for each collective of the part some rank fell short of, in
-    the order of the part's moves."""
-    short = {}
-    for collective, volume in needed(part_id, check).items():
+    """collective -> {rank: Shortfall} for each collective of the part some rank fell short of (or
+    went beyond, where the part caps it), in the order of the part's moves."""
+    short, capped = {}, BY_ID[part_id].at_most
+    needs = needed(part_id, check)
+    if check.world_size > 1:
+        needs.update({c: needs.get(c, 0) for c in capped})
+    for collective, volume in needs.items():
         for rank, run in sorted(ranks.items()):
             calls, values = moved(run.comm, collective, check.world_size)
-            if values < volume:
+            if values < volume or (collective in capped and values > volume):
                 short.setdefault(collective, {})[rank] = Shortfall(collective, calls, values, volume)
     return short
 
@@ -97,6 +109,8 @@ def _clause(part, check, short: dict, total: int, say: Say) -> str:
     first = short[min(short)]
     alike = sorted(r for r, s in short.items() if s == first)   # said once for the ranks alike
     noun, verb, done = SAID[first.collective]
+    if first.moved > first.needed:
+        return _beyond(part, check, first, say.ranks(alike, total), say)
     if not first.calls:
         said = "no rank called " + noun if len(alike) == total else f"{say.ranks(alike, total)} called no {verb}"
     elif say.hidden:
@@ -106,6 +120,18 @@ def _clause(part, check, short: dict, total: int, say: Say) -> str:
     what = [f"{m.what} ({_volume(m, check, say)})" for m in part.moves
             if m.kind == check.kind and m.collective == first.collective]
     return f"{said}: {part.title.split(':')[0].split(' (')[0]} must {verb} {' and '.join(what)} across the ranks"
+
+
+def _beyond(part, check, over: Shortfall, ranks: str, say: Say) -> str:
+    """What ranks that moved more than the part allows with a capped collective did: "ranks 0-3
+    all-reduced 384 values in all, where Part 8 must all-reduce only ..."."""
+    noun, verb, done = SAID[over.collective]
+    what = [f"{m.what} ({_volume(m, check, say)})" for m in part.moves
+            if m.kind == check.kind and m.collective == over.collective]
+    said = f"{ranks} {done} too many values" if say.hidden else f"{ranks} {done} {over.moved} values in all"
+    name = part.title.split(':')[0].split(' (')[0]
+    allowed = f"only {' and '.join(what)}" if what else f"nothing: it calls no {verb}"
+    return f"{said}, where {name} must {verb} {allowed} (the part's other collectives in place of {noun})"
 
 
 def explain(part_id: str, check, short: dict, total: int, say: Say) -> str:
