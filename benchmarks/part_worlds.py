@@ -5,10 +5,10 @@ backward check).
 
     python benchmarks/part_worlds.py [--worlds 20] [--rubric FILE]
 
-`--rubric benchmarks/part6.yaml` (or part5.yaml, part7.yaml, part8.yaml) turns optional parts on. Each figure is the median
-over the worlds, in milliseconds, with the sandbox: the whole world (the round trip) and its parts'
-own time (from the ranks ready to the results sent); the first worlds warm the executor and are
-not counted.
+Every optional part is on unless `--rubric` says otherwise (benchmarks/part8.yaml, the default,
+turns all on; part5.yaml, part6.yaml or part7.yaml fewer). Each figure is the median over the
+worlds, in milliseconds, with the sandbox: the whole world (the round trip) and its parts' own time
+(from the ranks ready to the results sent); the first worlds warm the executor and are not counted.
 """
 
 import argparse
@@ -27,6 +27,7 @@ from grader.rubric import load_rubric
 
 REFERENCE = Path(__file__).resolve().parent.parent / "assignment_4" / "reference" / "assignment4.py"
 WARM_UP = 3   # worlds run first and not counted
+EVERY_PART = Path(__file__).resolve().parent / "part8.yaml"   # every optional part on: each set beside Part 4
 
 
 def timelines(executor, code, check, rubric, part: str, worlds: int) -> list:
@@ -52,7 +53,9 @@ def timelines(executor, code, check, rubric, part: str, worlds: int) -> list:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, default=20)
-    parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
+    parser.add_argument("--rubric", default=str(EVERY_PART),
+                        help="a rubric read on top of grader/rubric.yaml, as grade's --rubric (default: "
+                             "benchmarks/part8.yaml, every optional part on)")
     args = parser.parse_args()
     rubric = load_rubric(args.rubric) if args.rubric else load_rubric()
     first = {}   # kind -> its first public check
