@@ -60,6 +60,7 @@ num_heads = 4             # the transformer block's attention heads; tensor para
 head_dim = 8              # features per head: the block's width is d = num_heads * head_dim
 seq_len = 8               # tokens per sequence: the block's input is [global_batch_size, seq_len, d]
 dropout = 0.0             # the attention's dropout: 0, so that every run gives the same values
+num_layers = 2            # the tiny transformer's blocks (the step: embedding, blocks, head, loss)
 
 
 class CustomLinearLayer(nn.Module):
