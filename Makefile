@@ -9,7 +9,7 @@
 #   make test-configs  where the course runs beyond this checkout and root: an ordinary user (useradd),
 #                    no user namespaces, a tight ulimit -u, a module Python, the kit installed elsewhere,
 #                    a student's fresh folder (marker configs)
-#   make test-course the suite again in an instructor's changed copy of the kit (rubric, sizes, every optional part off and on)
+#   make test-course the suite again in an instructor's changed copy of the kit (rubric, sizes, Part 5)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
@@ -118,7 +118,7 @@ test-student: $(STAMP)
 test-configs: $(STAMP)
 	@$(TIMED) $(PYTEST_FILES) -m configs
 
-# The kit's suite run again in an instructor's changed copy of the kit, every optional part off and on
+# The kit's suite run again in an instructor's changed copy of the kit, the optional parts off and Part 5 on
 # (tests/test_course_rubric.py, marker course): one copy per process.
 test-course: $(STAMP)
 	@$(TIMED) $(PY) -m pytest -m course -n $(TEST_PROCESSES) --dist load
