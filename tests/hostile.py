@@ -99,13 +99,15 @@ ATTACKS = {
         "if leaks:\n    raise RuntimeError(f'LEAK {{leaks[:3]}}')\n"),
     # Reads every readable mapping of its own process for the hidden checks' names, the rubric's
     # keys and the reference's markers (spelt backwards here, so that only the needles themselves,
-    # once each, are in memory when nothing leaked).
+    # once each, are in memory when nothing leaked). Rank 0 scans for all: every rank is started
+    # alike, and four scans of torch's CUDA build at once on two cores outlast the part's timeout.
     "scan_own_memory": Attack(
-        "import ctypes\n"
+        "import ctypes, os\n"
         "needles = [n[::-1].encode() for n in ('sknar-owt', 'sezis-ddo', 'knar-elgnis', 'NOITULOS NIGEB',\n"
         "                                      'nrettap_di_tneduts', 'YLNO ECNEREFER')]\n"
         "counts = dict.fromkeys(needles, 0)\n"
-        "for line in open('/proc/self/maps').read().splitlines():\n"
+        "maps = open('/proc/self/maps').read().splitlines() if os.environ.get('RANK', '0') == '0' else []\n"
+        "for line in maps:\n"
         "    fields = line.split()\n"
         "    start, end = (int(x, 16) for x in fields[0].split('-'))\n"
         "    anonymous = len(fields) < 6 or fields[5] in ('[heap]', '[stack]')\n"
