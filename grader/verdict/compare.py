@@ -141,6 +141,28 @@ def unfinished(run, check, say: Say) -> CheckOutcome:
     return outcome
 
 
+def by_rank(run, check, say: Say, problem, *, wrong: str, right: str, worst=None) -> CheckOutcome:
+    """The outcome of a check judged rank by rank, as Parts 5-8 judge theirs: `problem(rank, r)` says
+    what is wrong with one rank's results ("" when nothing); the first failing rank's is the
+    diagnosis. `worst(rank, r)`, where given, is a rank's largest difference (None: not comparable).
+    The message: "{wrong} on {those ranks}: {diagnosis}", or `right` when every rank passed."""
+    if run.status != Status.PASSED:
+        return unfinished(run, check, say)
+    outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size,
+                           status=Status.PASSED, message="", collectives=collectives(run.ranks))
+    found = {rank: text for rank, r in sorted(run.ranks.items()) if (text := problem(rank, r))}
+    outcome.failing_ranks = sorted(found)
+    if worst is not None:
+        diffs = [worst(rank, r) for rank, r in run.ranks.items()]
+        outcome.max_abs_diff = max((d for d in diffs if d is not None), default=float("inf"))
+    if found:
+        outcome.status, outcome.diagnosis = Status.FAILED, found[min(found)]
+        outcome.message = f"{wrong} on {say.ranks(sorted(found), len(run.ranks))}: {outcome.diagnosis}"
+    else:
+        outcome.message = right
+    return outcome
+
+
 def judge(run, exp: Expected, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of one part at one check, from its PartRun. `passed`: the checks this part passed
     already (grader.verdict.diagnose); `say`: how this check's numbers are said."""

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from grader.parts.common import close, output_gradient
 from grader.rerun import secret
 from grader.results import CheckOutcome, Status
-from grader.verdict.compare import collectives, unfinished, weight_digest
+from grader.verdict.compare import by_rank, collectives, unfinished, weight_digest
 from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 
@@ -293,20 +293,10 @@ def _backward_problem(r, rank: int, b: Block, p: int, tol, say: Say) -> str:
 
 def judge_backward(run, b: Block, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of Part 5's block alone at a backward check."""
-    say = say or Say(check)
-    outcome = _opened(run, check, say)
-    if outcome.status != Status.PASSED:
-        return outcome
-    p = check.world_size
-    found = {rank: text for rank, r in sorted(run.ranks.items())
-             if (text := _backward_problem(r, rank, b, p, tol, say))}
-    outcome.failing_ranks = sorted(found)
-    if found:
-        outcome.status, outcome.diagnosis = Status.FAILED, found[min(found)]
-        outcome.message = f"the block is wrong on {say.ranks(sorted(found), len(run.ranks))}: {outcome.diagnosis}"
-    else:
-        outcome.message = "the block's output and gradients match the single-device block's on every rank"
-    return outcome
+    say, p = say or Say(check), check.world_size
+    return by_rank(run, check, say, lambda rank, r: _backward_problem(r, rank, b, p, tol, say),
+                   wrong="the block is wrong",
+                   right="the block's output and gradients match the single-device block's on every rank")
 
 
 # Part 5's record names these (grader.parts.megatron_mlp: `judging`).

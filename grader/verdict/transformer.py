@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from grader.parts.common import close as _same, output_gradient
 from grader.rerun import secret
 from grader.results import CheckOutcome, Status
-from grader.verdict.compare import collectives, unfinished
+from grader.verdict.compare import by_rank
 from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 
@@ -239,24 +239,13 @@ def _problem(r, rank: int, want: dict, layer: Layer, p: int, tol, say: Say) -> s
 
 def judge(run, layer: Layer, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of the block alone at a backward check: every rank's output and gradients."""
-    say = say or Say(check)
-    if run.status != Status.PASSED:
-        return unfinished(run, check, say)
-    outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size,
-                           status=Status.PASSED, message="", collectives=collectives(run.ranks))
-    p = check.world_size
-    want = ranks(layer, p)
-    found = {rank: text for rank, r in sorted(run.ranks.items())
-             if (text := _problem(r, rank, want[rank], layer, p, tol, say))}
-    outcome.failing_ranks = sorted(found)
-    outcome.max_abs_diff = max((float((r.weight - want[k]["output"]).abs().max()) for k, r in run.ranks.items()
-                                if r.weight.shape == want[k]["output"].shape), default=float("inf"))
-    if found:
-        outcome.status, outcome.diagnosis = Status.FAILED, found[min(found)]
-        outcome.message = f"the block is wrong on {say.ranks(sorted(found), len(run.ranks))}: {outcome.diagnosis}"
-    else:
-        outcome.message = "the block's output and gradients match the single-device block's on every rank"
-    return outcome
+    say, p = say or Say(check), check.world_size
+    want = ranks(layer, p) if run.status == Status.PASSED else []
+
+    def worst(rank, r):
+        return float((r.weight - want[rank]["output"]).abs().max()) if r.weight.shape == want[rank]["output"].shape else None
+    return by_rank(run, check, say, lambda rank, r: _problem(r, rank, want[rank], layer, p, tol, say),
+                   wrong="the block is wrong", right="the block's output and gradients match the single-device block's on every rank", worst=worst)
 
 
 # The part's record names it (grader.parts.transformer_block: `judging`).

@@ -32,7 +32,7 @@ from grader.results import CheckOutcome, Status
 from grader.rerun import model_data
 from grader.verdict import transformer
 from grader.verdict.comm import moved
-from grader.verdict.compare import collectives, unfinished
+from grader.verdict.compare import by_rank
 from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 from grader.verdict.transformer import Layer, Mistake as Block, PARAMETERS, WHAT
@@ -171,27 +171,22 @@ def _problem(r, rank: int, want: dict, m: Model, p: int, tol, say: Say, cache: d
 
 
 def judge(run, m: Model, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
-    """The outcome of the tiny transformer's step at a step check: every rank's loss and parameters."""
-    say = say or Say(check)
-    if run.status != Status.PASSED:
-        return unfinished(run, check, say)
-    outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size,
-                           status=Status.PASSED, message="", collectives=collectives(run.ranks))
-    p, cache = check.world_size, {}
-    want = ranks(m, p)
-    found = {rank: text for rank, r in sorted(run.ranks.items())
-             if (text := _problem(r, rank, want[rank], m, p, tol, say, cache))}
-    if not found and p > 1:
-        found = {rank: SAID["gathered"] for rank, r in sorted(run.ranks.items()) if _gathered(r, check)}
-    outcome.failing_ranks = sorted(found)
-    outcome.max_abs_diff = max((float((r.weight - _flat(want[k]["params"])).abs().max())
-                                for k, r in run.ranks.items() if r.weight.shape == _flat(want[k]["params"]).shape),
-                               default=float("inf"))
-    if found:
-        outcome.status, outcome.diagnosis = Status.FAILED, found[min(found)]
-        outcome.message = f"the step is wrong on {say.ranks(sorted(found), len(run.ranks))}: {outcome.diagnosis}"
-    else:
-        outcome.message = "the loss and the updated parameters match the single-device model's step on every rank"
+    """The outcome of the tiny transformer's step at a step check: every rank's loss and parameters;
+    when every rank's values are right, a rank that gathered what it should not is wrong still."""
+    say, p, cache = say or Say(check), check.world_size, {}
+    want = ranks(m, p) if run.status == Status.PASSED else []
+
+    def worst(rank, r):
+        flat = _flat(want[rank]["params"])
+        return float((r.weight - flat).abs().max()) if r.weight.shape == flat.shape else None
+
+    def gathered(rank, r):
+        return SAID["gathered"] if _gathered(r, check) else ""
+    say_wrong, right = "the step is wrong", "the loss and the updated parameters match the single-device model's step on every rank"
+    outcome = by_rank(run, check, say, lambda rank, r: _problem(r, rank, want[rank], m, p, tol, say, cache),
+                      wrong=say_wrong, right=right, worst=worst)
+    if outcome.status == Status.PASSED and p > 1:
+        outcome = by_rank(run, check, say, gathered, wrong=say_wrong, right=right, worst=worst)
     return outcome
 
 

@@ -28,7 +28,7 @@ import torch
 from grader.parts.common import close
 from grader.rerun import secret
 from grader.results import CheckOutcome, Status
-from grader.verdict.compare import collectives, unfinished
+from grader.verdict.compare import by_rank
 from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 
@@ -179,22 +179,11 @@ def _problem(got: dict, rank: int, d: Data, p: int, want: dict, tol, say: Say) -
 
 def judge(run, d: Data, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of Part 6 at a backward check: every rank's loss and gradients."""
-    say = say or Say(check)
-    if run.status != Status.PASSED:
-        return unfinished(run, check, say)
-    outcome = CheckOutcome(check=check.name, hidden=check.hidden, world_size=check.world_size,
-                           status=Status.PASSED, message="", collectives=collectives(run.ranks))
-    p = check.world_size
-    want = simulate(d, p)
-    found = {rank: text for rank, r in sorted(run.ranks.items())
-             if (text := _problem(_got(r), rank, d, p, want[rank], tol, say))}
-    outcome.failing_ranks = sorted(found)
-    if found:
-        outcome.status, outcome.diagnosis = Status.FAILED, found[min(found)]
-        outcome.message = f"wrong on {say.ranks(sorted(found), len(run.ranks))}: {outcome.diagnosis}"
-    else:
-        outcome.message = "the loss and both gradients match torch's cross_entropy on the full logits on every rank"
-    return outcome
+    say, p = say or Say(check), check.world_size
+    want = simulate(d, p) if run.status == Status.PASSED else []
+    return by_rank(run, check, say, lambda rank, r: _problem(_got(r), rank, d, p, want[rank], tol, say),
+                   wrong="wrong", right="the loss and both gradients match torch's cross_entropy on the full "
+                                        "logits on every rank")
 
 
 # Part 6's record names this (grader.parts.vocab_parallel: `judging`).
