@@ -40,7 +40,7 @@ import torch.distributed as dist  # noqa: E402
 
 from grader.batch.run import grade_batch  # noqa: E402
 from grader.evidence.logfile import parse_log  # noqa: E402
-from grader.rerun import worker  # noqa: E402
+from grader.rerun.rank import worker  # noqa: E402
 from grader.rubric import load_rubric  # noqa: E402
 from tests.corpus import MUTANTS as CORPUS, REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
 

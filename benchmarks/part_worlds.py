@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from grader.parts import BY_ID
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.rubric import load_rubric
 
 REFERENCE = Path(__file__).resolve().parent.parent / "assignment_4" / "reference" / "assignment4.py"

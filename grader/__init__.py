@@ -24,22 +24,23 @@ room (tests/test_layout.py holds the map to that):
                  sequence_parallel);
                  common (the layouts' names, the usual hooks and what the hooks share); the registry and the kinds of check in its __init__
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox and bring back its
-                 weights. The executors (executor, executors, torchrun) start zygote, the warm
-                 helper (startup: its environment and the refusals to start it), inside the sandbox
-                 bwrap builds; a world (world) forks its ranks in the
-                 namespaces sandbox enters, with scratch's fresh /tmp and memory's cgroup and
-                 watchdog, and supervise runs its parts; in each rank worker loads the code (source)
-                 and runs what the part's record says at the check's kind (a step, a layer alone),
-                 wrapped in hooks; secret derives each part's data by its layout (model_data: the
-                 optional Part 7's tiny transformer); protocol types the messages and channel
-                 frames them, bounds holds what a rank sends back to its part's size; check runs a
-                 hand-in's parts at one check; hidden keeps a hidden check's results free of a
-                 rank's words. What holds a world: memory (its watchdog; outside: what the world
-                 holds beyond its processes' Pss, its sockets' buffers by sockets), tasks (its
-                 count of processes and threads), cgroup, sweep (without the sandbox, a world's
-                 processes and files ended with it), environment (the variables a
-                 rank and the helper get), readable (code and Python the ranks' user can read);
-                 machine says why a machine cannot grade
+                 weights. On the grader's side, the executors (executor, executors, torchrun)
+                 start zygote, the warm helper (startup: its environment and the refusals to start
+                 it); check runs a hand-in's parts at one check; machine says why a machine cannot
+                 grade. Inside the sandbox, zygote forks a world (world), whose leader supervise
+                 runs its parts. Three wings beside them, each importing no module above it:
+                 sandbox/, what holds a hand-in: bwrap builds the job sandbox, namespaces the
+                 world's own, scratch its fresh /tmp, cgroup its limits, memory its watchdog
+                 (outside: what the world holds beyond its processes' Pss, its sockets' buffers by
+                 sockets), tasks its count of processes and threads, sweep (without the sandbox, a
+                 world's processes and files ended with it), environment (the variables a rank and
+                 the helper get), readable (code and Python the ranks' user can read);
+                 wire/, what crosses between the grader and the ranks: protocol types the messages
+                 and channel frames them, bounds holds what a rank sends back to its part's size,
+                 secret derives each part's data by its layout (model_data: the optional Part 7's
+                 tiny transformer), hidden keeps a hidden check's results free of a rank's words;
+                 rank/, what runs inside a rank: worker loads the code (source) and runs what the
+                 part's record says at the check's kind (a step, a layer alone), wrapped in hooks
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
                  hand-ins), download (whose each file of an LMS download is), listing (a folder's or
                  a zip's files, each read from disk only when used), handin (unpack safely, locate
@@ -90,8 +91,10 @@ Import rules (tests/test_layout.py holds the code to them):
 - shared modules import no torch and no room (a part's hooks import torch when called, never at the
   top); nothing imports cli, and cli imports a command's room
   only when that command runs;
-- rerun and evidence import only shared modules; intake adds evidence (a hand-in's runs are found
-  by what they hold); verdict adds rerun and evidence; pipeline adds all four;
+- rerun and evidence import only shared modules; of rerun's wings, wire and sandbox import no other
+  wing, rank imports those two, and no wing imports the room's own modules (the executor's side);
+- intake adds evidence (a hand-in's runs are found by what they hold); verdict adds rerun and
+  evidence; pipeline adds all four;
 - batch, student and gradescope may use everything above (batch also analytics), never each other;
 - instructor imports only shared modules (no engine, no pipeline);
 - grades imports only shared modules and analytics: it reads results, never runs code;

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 # The rubric's `timeouts`, each default written once here (grader.rubric.Timeouts has them all,
-# grader.rerun.protocol.Timeouts what a world's leader is told), in seconds.
+# grader.rerun.wire.protocol.Timeouts what a world's leader is told), in seconds.
 PART_SECONDS = 20.0           # wall clock of one part in one world
 PROCESS_GROUP_SECONDS = 10.0  # how long a collective waits for a missing rank
 WORLD_START_SECONDS = 60.0    # from starting a world to every rank having loaded the code
@@ -48,13 +48,13 @@ PARSE_SECONDS = 10
 # Open files of one rank (RLIMIT_NOFILE, soft and hard): a rank of the reference holds 12 at 4 ranks
 # (its output, result and data pipes, gloo's sockets to each peer and its store), a world of 16 ranks
 # about 30. Each open socket or pipe may hold kernel buffers no Pss shows; the watchdog counts the
-# sockets' (grader.rerun.outside), and this bounds how many a rank can hold.
+# sockets' (grader.rerun.sandbox.outside), and this bounds how many a rank can hold.
 RANK_OPEN_FILES = 256
 
 
 @dataclass
 class Limits:
-    """What one world of a re-run may use (grader.rerun.sandbox, cgroup and memory enforce them)."""
+    """What one world of a re-run may use (grader.rerun.sandbox.namespaces, cgroup and memory enforce them)."""
     # Memory of one world: its ranks and everything they start, together (the sum of their Pss), held
     # by a cgroup of the world's own where there is one and by a watchdog everywhere. A 4-rank world of
     # the reference at the stock rubric's largest check peaks near 260 MB with torch's CPU build and

@@ -8,7 +8,7 @@ parses. So:
 - the size of a hand-in's code is held first: grader.intake refuses an assignment4.py above the
   rubric's `files.max_code_kb` or `files.max_code_lines` (grader.limits: CODE_KB, CODE_LINES)
   before anything parses it;
-- `spans`, what a hidden check needs of the code (grader.rerun.hidden), is parsed in a child Python
+- `spans`, what a hidden check needs of the code (grader.rerun.wire.hidden), is parsed in a child Python
   (`-I -S`: no site, no environment's paths) that caps its own address space (limits.PARSE_MB) and
   CPU time (limits.PARSE_SECONDS) before it reads a byte, under a wall clock of its own; what it
   says is JSON, read field by field. A parse that fails for any reason (code that does not parse,
@@ -28,7 +28,7 @@ import threading
 from grader.limits import CODE_KB, PARSE_MB, PARSE_SECONDS
 
 STACK_MB = 64   # the parsing thread's stack: 8 times what Python 3.10 needs at the caps, used as deep as code nests
-NAME_CHARS = 100     # a definition's name kept at most this long (grader.rerun.hidden's frames match no longer)
+NAME_CHARS = 100     # a definition's name kept at most this long (grader.rerun.wire.hidden's frames match no longer)
 MAX_DEFINITIONS = 20000   # more than 10,000 lines can define
 
 # The child: its limits first, then the source from stdin, then {name: [[first, last], ...]} on stdout.

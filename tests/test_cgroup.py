@@ -4,7 +4,7 @@ import os
 import shutil
 import subprocess
 
-from grader.rerun import cgroup
+from grader.rerun.sandbox import cgroup
 
 
 def test_the_scope_advice_offers_systemd_run_only_where_it_reaches_the_users_manager(tmp_path):

@@ -32,7 +32,7 @@ import dataclasses, json, shutil, sys
 from pathlib import Path
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.rubric import load_rubric
 mode, world_size, files = sys.argv[1], int(sys.argv[2]), sys.argv[4:]
 scratch = Path(scratch_dir("a4-test-"))   # as `grade` makes its own: ranks of an id of their own pass
@@ -134,7 +134,7 @@ import dataclasses, json, sys
 from pathlib import Path
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.rubric import load_rubric
 rubric = load_rubric()
 # The world must still be running when the test kills this process, however loaded the machine.
@@ -200,7 +200,7 @@ def test_a_killed_graders_cgroups_and_what_is_in_them_go_at_the_next_start(tmp_p
     time.sleep(1)
     stale = _live({pid for folder in folders for pid in _in_cgroup(folder)})
     assert stale and all(folder.exists() for folder in folders)   # what a killed grader leaves
-    subprocess.run([sys.executable, "-c", "from grader.rerun import cgroup\nc = cgroup.WorldCgroup.make()\n"
+    subprocess.run([sys.executable, "-c", "from grader.rerun.sandbox import cgroup\nc = cgroup.WorldCgroup.make()\n"
                     "c and c.remove()"], cwd=ROOT, check=True, timeout=120)
     time.sleep(0.5)
     assert not any(folder.exists() for folder in folders)

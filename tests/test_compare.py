@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from grader.rerun import secret
+from grader.rerun.wire import secret
 from grader.rerun.check import PartRun, RankRun
 from grader.results import Status
 from grader.rubric import DEFAULT_RUBRIC, Check, RubricError, Tolerance, load_rubric, public_rubric, rubric_from_dict
@@ -408,7 +408,7 @@ def test_a_wrong_key_in_a_rubric_file_is_one_line_naming_the_file_the_key_and_th
 
 
 def test_the_protocol_decoder_refuses_an_unknown_key_a_wrong_type_and_a_bool_for_a_number():
-    from grader.rerun import protocol
+    from grader.rerun.wire import protocol
     message = protocol.encode(protocol.Result(part="baseline", status=protocol.RankStatus.OK, seconds=1.0))
     assert protocol.decode(message) == protocol.Result(part="baseline", status=protocol.RankStatus.OK, seconds=1.0)
     report = protocol.decode(protocol.encode(protocol.WorldReport(exit_codes={0: 0, 1: None})))

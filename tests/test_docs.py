@@ -108,7 +108,7 @@ def module_file(dotted: str):
 
 
 def stale_module(name: str) -> bool:
-    """True when a dotted name (grader.rerun.secret, grader.kit.HANDIN_ROOMS, utils.create_batch) names
+    """True when a dotted name (grader.rerun.wire.secret, grader.kit.HANDIN_ROOMS, utils.create_batch) names
     nothing: its longest module prefix must be a module, and the next part defined there."""
     head, *rest = name.rstrip("()").split(".")
     parts = ALIASES.get(head, head).split(".") + rest
@@ -246,7 +246,7 @@ def test_it_catches_a_broken_link_a_renamed_module_and_a_removed_flag():
         ["final-grades.md#no-such-heading", "nowhere.md"]
     assert stale_names(doc, "The data comes from `grader.rerun.secrets` (`grader/rerun/secrets.py`).") == \
         ["grader.rerun.secrets", "grader/rerun/secrets.py"]
-    assert stale_names(doc, "`grader.kit.NO_SUCH_NAME`, `utils.create_batch`, `grader.rerun.secret`") == \
+    assert stale_names(doc, "`grader.kit.NO_SUCH_NAME`, `utils.create_batch`, `grader.rerun.wire.secret`") == \
         ["grader.kit.NO_SUCH_NAME"]
     assert bad_commands(doc, "```bash\npython -m grader grade x --out y --no-such-flag\n"
                              "python -m grader regrade x\n```\nand `a4 check --log f --nope`, `--gone`.") == \

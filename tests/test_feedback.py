@@ -260,7 +260,7 @@ def test_ranks_that_did_the_same_are_named_together_in_a_hang():
     """Rank 0 waits in an all-reduce the three others returned without: one clause for the three,
     at a public check with their numbers, at a hidden one without."""
     from grader.rerun.check import hang_detail
-    from grader.rerun.hidden import Words
+    from grader.rerun.wire.hidden import Words
     call = {"op": "all_reduce", "numel": 2048, "reduce_op": "sum"}
     calls = {0: [call], 1: [], 2: [], 3: []}
     said = hang_detail(calls, {1, 2, 3}, Words({}, hidden=False))

@@ -93,12 +93,12 @@ def patched_worker() -> str:
 
 class _Forger:
     import sys as _sys
-    _worker = _sys.modules.get("grader.rerun.worker")
+    _worker = _sys.modules.get("grader.rerun.rank.worker")
     if _worker is not None:
         def _run_part(module, part_id, check, comm, data, _real=_worker.run_part):
             result = _real(module, "baseline", check, comm, data)
             if result.weight is not None and part_id != "baseline":
-                from grader.rerun import channel
+                from grader.rerun.wire import channel
                 result.weight = channel.encode_tensor(module._one_device_step(check["seed"]))
             result.part = part_id
             return result
@@ -112,7 +112,7 @@ def forged_protocol() -> str:
     code = skeleton(filled=["baseline"]) + CLOSED_FORM
     return _replace(code, "    # Same seed, same initial weight: on every rank and in every part.\n",
                     textwrap.indent(textwrap.dedent('''
-        from grader.rerun import channel, protocol
+        from grader.rerun.wire import channel, protocol
         import os
         for part in ("grad_accumulation", "data_parallel", "tensor_parallel"):
             protocol.send(3, protocol.Start(part=part)) if hasattr(protocol, "Start") else None
@@ -127,7 +127,7 @@ def claimed_infra_error() -> str:
     """The reference, whose Part 1 says the grader's machinery failed, and exits."""
     return _replace(REFERENCE.read_text(), "    # Same seed, same initial weight: on every rank and in every part.\n",
                     textwrap.indent(textwrap.dedent('''
-        from grader.rerun import protocol
+        from grader.rerun.wire import protocol
         import os
         protocol.send(3, protocol.InfraError(error=protocol.ErrorInfo(exception="gloo failed")))
         os._exit(0)
@@ -139,7 +139,7 @@ def _stall_after(function: str) -> str:
     anchor = {"single_step_with_grad_accumulation": "    optimizer.step()\n    return model.W.detach()\n\n\n### Part 3",
               "full_column_parallel_single_step": "    check(global_updated_weight, (input_dim, output_dim))\n"}[function]
     stall = ("    import sys as _sys, time as _time\n"
-             "    _sys.modules['grader.rerun.protocol'].receive = lambda *a, **k: _time.sleep(10 ** 6)\n")
+             "    _sys.modules['grader.rerun.wire.protocol'].receive = lambda *a, **k: _time.sleep(10 ** 6)\n")
     return _replace(REFERENCE.read_text(), anchor, stall + anchor)
 
 
@@ -282,7 +282,8 @@ def test_a_whole_batch_data_parallel_step_with_an_all_reduce_of_nothing_earns_no
 def test_data_is_the_keys_so_a_weight_cannot_be_replayed_under_another(tmp_path):
     """Two keys give different data, the same key the same: the reference passes every run, the same
     key's two runs agree to the bit, and one key's weights judged against the other's data fail."""
-    from grader.rerun import check as rerun, secret
+    from grader.rerun import check as rerun
+    from grader.rerun.wire import secret
     from grader.verdict import compare
     rubric = load_rubric(fast_rubric(tmp_path))
     check = next(c for c in rubric.checks if c.name == "two-ranks")

@@ -1,5 +1,5 @@
 """Every reply between a zygote and its executor is delivered, and delivered as its own world's: the
-framed stream (grader.rerun.channel) over real pipes and real processes, writers killed mid-frame
+framed stream (grader.rerun.wire.channel) over real pipes and real processes, writers killed mid-frame
 included."""
 
 import os
@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from grader.rerun import channel, protocol
+from grader.rerun.wire import channel, protocol
 from grader.rerun.executor import WarmExecutor
-from grader.rerun.protocol import WorldJob, WorldReport
+from grader.rerun.wire.protocol import WorldJob, WorldReport
 
 
 def frame(world: int, message) -> bytes:
@@ -84,7 +84,7 @@ def test_a_frame_whose_bytes_changed_is_stepped_over():
 # leaders read no data key: the zygote steps over each, as a real one does after a leader that died.
 TWICE = textwrap.dedent("""
     import sys
-    from grader.rerun import channel, protocol
+    from grader.rerun.wire import channel, protocol
     send = lambda world, message: channel.send_framed(1, world, protocol.encode(message))
     send(0, protocol.Hello(isolation={"sandbox": "none"}))
     channel.read_framed(0)   # Setup: the kit's folder

@@ -505,7 +505,7 @@ def test_the_source_digest_is_exactly_what_grading_depends_on(tmp_path):
                 "gradescope/bundle.py", "rubric.yaml"):
         (grader / rel).write_text((grader / rel).read_text() + "\n# a comment\n")
         assert kit.source_digest(grader, kit.UTILS) == before, rel
-    for rel in ("rerun/worker.py", "verdict/compare.py", "batch/local.py", "rubric.py"):
+    for rel in ("rerun/rank/worker.py", "verdict/compare.py", "batch/local.py", "rubric.py"):
         text = (grader / rel).read_text()
         (grader / rel).write_text(text + "\n# a fix\n")
         assert kit.source_digest(grader, kit.UTILS) != before, rel

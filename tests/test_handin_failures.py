@@ -24,9 +24,9 @@ import yaml
 
 from grader import kit
 from grader.intake.handin import HandinError, extract_zip
-from grader.rerun import bounds, channel, protocol
+from grader.rerun.wire import bounds, channel, protocol
 from grader.rerun.executor import WarmExecutor
-from grader.rerun.protocol import RankStatus, Result, StopReason, WorldJob, WorldReport
+from grader.rerun.wire.protocol import RankStatus, Result, StopReason, WorldJob, WorldReport
 from grader.rubric import load_rubric
 from tests.corpus import FULL, REFERENCE, ROOT, Files, zip_bytes
 from tests.hostile import ATTACKS, build, returns_huge
@@ -109,7 +109,7 @@ def test_the_refusal_names_sizes_at_a_public_check_only():
 # report's frame is cut short, then the zygote says it is ready again, as a real one does.
 TORN = textwrap.dedent("""
     import os
-    from grader.rerun import channel, protocol
+    from grader.rerun.wire import channel, protocol
     send = lambda world, message: channel.send_framed(1, world, protocol.encode(message))
     send(0, protocol.Hello(isolation={"sandbox": "none"}))
     channel.read_framed(0)   # Setup: the kit's folder

@@ -57,7 +57,7 @@ def imports(path: Path, top_level_only: bool = False) -> set:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
             if node.module.startswith("grader"):
-                # `from grader.rerun import channel` imports grader.rerun.channel
+                # `from grader.rerun.wire import channel` imports grader.rerun.wire.channel
                 names |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules()}
     return names
 
@@ -105,7 +105,7 @@ def unmapped(doc: str) -> list:
     rooms = room_map(doc)
     missing = [f"room {room}" for room in ("shared", *kit.ROOMS) if room not in rooms]
     for module in modules():
-        parts = module.split(".")   # grader, grader.kit, grader.rerun (its __init__), grader.rerun.hooks
+        parts = module.split(".")   # grader, grader.kit, grader.rerun (its __init__), grader.rerun.rank.hooks
         if len(parts) == 2 and parts[1] in kit.ROOMS or len(parts) == 1:
             continue
         room = parts[1] if len(parts) >= 3 else "shared"   # a room's sub-package (grades.lms) is the room's
@@ -121,7 +121,7 @@ def test_the_map_names_every_room_and_module():
 
 def test_a_module_left_off_the_map_is_found():
     import grader
-    assert unmapped(grader.__doc__.replace("hooks", "wrappers")) == ["grader.rerun.hooks"]
+    assert unmapped(grader.__doc__.replace("hooks", "wrappers")) == ["grader.rerun.rank.hooks"]
     assert unmapped(grader.__doc__.replace(" typed (", " types (")) == ["grader.typed"]
     assert "room analytics" in unmapped(grader.__doc__.replace("    analytics/", "    numbers/"))
 
@@ -149,6 +149,39 @@ def test_imports_follow_the_rules(module):
     if room == "cli":
         rooms = {room_of(n) for n in imports(path, top_level_only=True) if n.startswith("grader")}
         assert rooms <= {"shared", "package"}, f"the command line imports {rooms} before a command runs"
+
+
+# A room's wings (sub-packages) -> the other wings each may import. The room's own modules may
+# import every wing; no wing imports them (grader/__init__.py: the engine's wings).
+WINGS = {"rerun": {"wire": set(), "sandbox": set(), "rank": {"wire", "sandbox"}}}
+ROOM_LINES = 2500   # a room, or a wing of one, that a reader can hold in mind
+
+
+def wing_of(module: str) -> str:
+    """The wing of `module` ("" for a room's own modules, or a module outside any winged room)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) >= 3 and parts[2] in WINGS.get(parts[1], {}) else ""
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if wing_of(m)))
+def test_wings_import_only_the_wings_they_may(module):
+    room, wing = module.split(".")[1], wing_of(module)
+    for name in imports(modules()[module]):
+        if name.startswith(f"grader.{room}.") and name in modules():
+            target = wing_of(name)
+            assert target, f"{module} (wing {wing}) imports the room's own {name}"
+            assert target in {wing} | WINGS[room][wing], f"{module} (wing {wing}) imports {name} (wing {target})"
+
+
+def test_no_room_or_wing_is_too_long_to_hold_in_mind():
+    lines = {}
+    for module, path in modules().items():
+        parts = module.split(".")
+        if len(parts) > 2 and parts[1] in kit.ROOMS:
+            key = parts[1] + ("/" + wing_of(module) if wing_of(module) else "")
+            lines[key] = lines.get(key, 0) + len(path.read_text().splitlines())
+    assert {"rerun/sandbox", "rerun/wire", "rerun/rank"} <= set(lines), lines
+    assert not {k: n for k, n in lines.items() if n > ROOM_LINES}, f"split into wings: {lines}"
 
 
 def test_no_module_imports_one_that_imports_it():
@@ -244,7 +277,7 @@ def test_the_command_line_loads_no_torch_and_no_room():
 
 
 def test_the_sandbox_stages_what_the_zygote_imports_and_no_more():
-    from grader.rerun.bwrap import ENGINE
+    from grader.rerun.sandbox.bwrap import ENGINE
     found, todo = set(), ["grader.rerun.zygote"]
     while todo:
         module = todo.pop()
@@ -304,7 +337,7 @@ def test_a_stale_name_is_found():
         ["grader.grade.grade_handin", "grader.handin.Handin"]
     assert stale_names("enforced by the sandbox (grader/sandbox.py), see grader.rerun.nowhere") == \
         ["grader/sandbox.py", "grader.rerun.nowhere"]
-    assert stale_names("grader.pipeline.grade.grade_handin, grader/rerun/sandbox.py, grader.rerun.protocol") == []
+    assert stale_names("grader.pipeline.grade.grade_handin, grader/rerun/sandbox/namespaces.py, grader.rerun.wire.protocol") == []
 
 
 # A hand-in's files: the pipeline alone writes them (grader.pipeline.record); the routes collect statuses.

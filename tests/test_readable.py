@@ -1,4 +1,4 @@
-"""What a rank under a user id of its own cannot read of the Python (grader.rerun.readable), tried
+"""What a rank under a user id of its own cannot read of the Python (grader.rerun.sandbox.readable), tried
 as that id on a tree made for it: an unreadable module is named, a distribution's link to a target
 that is not installed is not (it dangles for every user alike: no chmod helps, no rank loads it),
 and a link into a folder the id cannot pass is named.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.rerun import bwrap, readable
+from grader.rerun.sandbox import bwrap, readable
 from tests.conftest import skip_unless_required
 
 NOBODY = 65534

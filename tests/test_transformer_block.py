@@ -12,8 +12,8 @@ import yaml
 from grader.batch.run import grade_batch
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
-from grader.rerun import model_data
-from grader.rerun.secret import derive
+from grader.rerun.wire import model_data
+from grader.rerun.wire.secret import derive
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
 from grader.verdict import comm, transformer, transformer_step
 from tests.corpus import (MUTANTS, PART5, PART7, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint,

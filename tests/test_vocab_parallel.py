@@ -11,10 +11,10 @@ import torch.nn.functional as F
 import yaml
 
 from grader.batch.run import grade_batch
-from grader.rerun import secret
+from grader.rerun.wire import secret
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
-from grader.rerun.protocol import PartSecret
+from grader.rerun.wire.protocol import PartSecret
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
 from grader.verdict import comm, vocab
 from tests.corpus import (MUTANTS, PART6, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint, skeleton,

@@ -1,4 +1,4 @@
-"""Memory that no process's Pss shows, held to the world's limit (grader.rerun.outside), and one
+"""Memory that no process's Pss shows, held to the world's limit (grader.rerun.sandbox.outside), and one
 out-of-memory cause getting one verdict whichever layer caught it: the world's cgroup (root, cgroup
 v1 or v2) or its watchdog (an ordinary user without a cgroup).
 
@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from grader.limits import RANK_OPEN_FILES
-from grader.rerun import outside, sockets
+from grader.rerun.sandbox import outside, sockets
 from tests import tas
 from tests.corpus import FULL, ROOT, Files, zip_bytes
 from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, inject, memory_attack

@@ -7,7 +7,7 @@ the canary's cause (the reference is wrong, the rubric's limits are too small fo
 cannot run a world) and its fix, and no score is written. A crash while grading one hand-in becomes that hand-in's result; the batch
 goes on. Every hand-in's files are written by the pipeline as soon as it is graded
 (grader.pipeline.record); this module collects only each one's status. Every world of a batch runs on
-the data of OUT's data key (OUT/.data-key, grader.rerun.secret), so the same code gives the same
+the data of OUT's data key (OUT/.data-key, grader.rerun.wire.secret), so the same code gives the same
 weight in every hand-in and every regrade into OUT.
 """
 
@@ -23,9 +23,9 @@ from grader.batch.progress import Progress
 from grader.limits import Jobs, default_jobs, read_machine
 from grader.pipeline.canary import canary
 from grader.pipeline.record import grade_into, infra_into
-from grader.rerun import secret
+from grader.rerun.wire import secret
 from grader.rerun.executors import make_executor
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.results import Cause, Status, write_canary
 
 
@@ -33,7 +33,7 @@ DATA_KEY = ".data-key"
 
 
 def data_key(out: Path) -> bytes:
-    """The batch's data key (grader.rerun.secret): OUT/.data-key, made on the first `grade` into
+    """The batch's data key (grader.rerun.wire.secret): OUT/.data-key, made on the first `grade` into
     OUT (hex, readable by its owner alone) and read by every later one, and by every array task,
     so regrades and later hand-ins run on the same data."""
     path = Path(out) / DATA_KEY

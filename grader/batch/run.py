@@ -19,7 +19,7 @@
 - The hand-ins left are graded on this machine (grader.batch.local: the canary first, `jobs` at
   once) or by the tasks of a Slurm job array (grader.batch.array).
 - Every world runs on the data of OUT's data key (OUT/.data-key, made by the first `grade` into OUT,
-  readable by its owner alone; grader.rerun.secret): the same wrong code gives the same weight in
+  readable by its owner alone; grader.rerun.wire.secret): the same wrong code gives the same weight in
   every hand-in and every regrade into OUT. Deleting it gives the next run new data.
 - Every hand-in's files are written by the pipeline as soon as it is graded, atomically
   (grader.pipeline.record), whichever route graded it; the routes return only each hand-in's

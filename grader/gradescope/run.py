@@ -26,7 +26,7 @@ from grader.names import gradescope_user
 from grader.pipeline.grade import grade_handin
 from grader.pipeline.record import gradescope_into, limited_into
 from grader.rerun.executors import make_executor
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.results import grading_crashed, new_result
 from grader.rubric import load_rubric
 
@@ -47,7 +47,7 @@ def protect(submission: Path, metadata: Path = None, results: Path = None) -> No
     submission_metadata.json (after the due date it holds the student's earlier results, hidden
     checks included) and the results folder unreadable to hand-in code. Gradescope's container runs
     everything as root, usually without user namespaces, so there is no bubblewrap sandbox; but
-    ranks then run under a user id of their own (grader.rerun.sandbox), and files only root may read
+    ranks then run under a user id of their own (grader.rerun.sandbox.namespaces), and files only root may read
     need no namespace. Their code reaches them over the zygote's pipe, so they need none of these."""
     if os.geteuid() != 0:
         return

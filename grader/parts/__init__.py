@@ -11,9 +11,9 @@ metadata (its id, title, function, log prefix), and its behaviour as data and ho
 room calls without ever asking which part it holds:
 
     rank side (grader.rerun)   how its data is drawn at each kind of check (`layouts`, a layout of
-                               grader.rerun.secret), what its function is called with (`arguments`),
+                               grader.rerun.wire.secret), what its function is called with (`arguments`),
                                what a rank runs and sends back at each kind (`runs`), how large a
-                               tensor it may return (`room`, `should`: grader.rerun.bounds)
+                               tensor it may return (`room`, `should`: grader.rerun.wire.bounds)
     verdict (grader.verdict)   how each kind is judged (`judging`: a grader.verdict.judging.Judging
                                by name, since the verdict's code is not the ranks' to import), its
                                usual mistakes (`fixed`, `factors`, `mistakes`, `run_mistake`)
@@ -92,7 +92,7 @@ class Part:
     log_prefix: str    # the "[Prefix]" of its comparison lines in our log format
     function: str      # the function of assignment4.py that runs it
     scopes: tuple      # top-level names of the reference whose solutions make up the part
-    layouts: dict      # kind -> how its data is drawn (grader.rerun.secret: WHOLE, ROWS, COLUMNS ...)
+    layouts: dict      # kind -> how its data is drawn (grader.rerun.wire.secret: WHOLE, ROWS, COLUMNS ...)
     runs: dict         # kind -> the rank's run: (module, call, check, data) -> {name: tensor}, its answer
                        # first (`call` calls the part's function with its arguments); grader.parts.common
     judging: dict      # kind -> "module:NAME": the Judging NAME of a module of grader.verdict (judging)

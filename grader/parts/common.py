@@ -3,7 +3,7 @@
 Hooks run where torch is loaded already (a rank, the verdict); each imports it when called, so that
 the shared vocabulary imports no torch.
 
-Layouts, each drawn by grader.rerun.secret (its docstring says what a rank sees of each):
+Layouts, each drawn by grader.rerun.wire.secret (its docstring says what a rank sees of each):
 
     WHOLE     the real X and Y, the same on every rank
     ROWS      real rows only in the rank's own slice of X and Y
@@ -23,7 +23,7 @@ from grader.parts import BACKWARD
 
 WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK = "whole", "rows", "columns", "weight", "shards", "block"
 VOCAB, LAYER, MODEL = "vocab", "layer", "model"
-LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, VOCAB, LAYER, MODEL)   # every layout grader.rerun.secret draws
+LAYOUTS = (WHOLE, ROWS, COLUMNS, WEIGHT, SHARDS, BLOCK, VOCAB, LAYER, MODEL)   # every layout grader.rerun.wire.secret draws
 HIDDEN_DIM = 128   # the rubric's default hidden width: a check mapping without one
 
 

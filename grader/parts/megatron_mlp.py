@@ -35,7 +35,7 @@ def two_weights(module, call, check: dict, data) -> dict:
 
 
 def forward_and_backward(module, call, check: dict, data) -> dict:
-    """The hand-in's block run alone on every rank, on `data` (a grader.rerun.secret.PartData: x, and
+    """The hand-in's block run alone on every rank, on `data` (a grader.rerun.wire.secret.PartData: x, and
     w1, w2 real in the rank's own shards), backward started from G of the output [B, input_dim]:
 
         output      the block's output, [B, input_dim] on every rank (GeLU(X W1) W2)

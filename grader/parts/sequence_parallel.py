@@ -26,7 +26,7 @@ WIDTH = ("num_heads", "head_dim")                             # d: a LayerNorm's
 
 def forward_and_backward(module, call, check: dict, data) -> dict:
     """The hand-in's block run alone on every rank on its slice of `data`'s X (a
-    grader.rerun.secret.PartData: x [B, S, d], the weights real in the rank's own shards), backward
+    grader.rerun.wire.secret.PartData: x [B, S, d], the weights real in the rank's own shards), backward
     started from the same slice of G [B, S, d] (grader.parts.common.output_gradient):
 
         output          the rank's slice of the block's output, [B, S/p, d]

@@ -19,7 +19,7 @@ from grader.parts.common import (COLUMNS, WEIGHT, close, layout_matters, local_r
 
 
 def forward_and_backward(module, call, check: dict, data) -> dict:
-    """The hand-in's layer run alone on every rank on `data` (a grader.rerun.secret.PartData: x, w0),
+    """The hand-in's layer run alone on every rank on `data` (a grader.rerun.wire.secret.PartData: x, w0),
     backward started from G (grader.parts.common.output_gradient):
 
         output       the layer's output, [B, output_dim] on every rank (X @ W0)

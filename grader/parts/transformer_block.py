@@ -18,7 +18,7 @@ At a step check a tiny transformer takes one SGD step: `transformer_single_step(
 embedding, blocks, head, world_size, rank)` (Part 6's vocabulary-parallel embedding, the check's
 num_layers blocks, a final LayerNorm, the LM head split by vocabulary columns and Part 6's loss;
 `needs` Part 6 too), handed every weight real only in its own shards (MODEL,
-grader.rerun.model_data). The rank sends back its loss and its updated shards, flattened in the
+grader.rerun.wire.model_data). The rank sends back its loss and its updated shards, flattened in the
 order of STEP_SHAPES (`stepped`): never more than the model's weights, the logits [B S, V] never.
 grader.verdict.transformer_step takes the single-device model's step and names the usual mistakes.
 """
@@ -46,7 +46,7 @@ def width(check: dict) -> int:
 
 
 def forward_and_backward(module, call, check: dict, data) -> dict:
-    """The hand-in's block run alone on every rank on `data` (a grader.rerun.secret.PartData: x
+    """The hand-in's block run alone on every rank on `data` (a grader.rerun.wire.secret.PartData: x
     [B, S, d], and the weights real in the rank's own shards), backward started from G [B, S, d]:
 
         output          the block's output, [B, S, d] on every rank
@@ -75,7 +75,7 @@ def step_shapes(check: dict, p: int) -> list:
 
 
 def stepped(module, call, check: dict, data) -> dict:
-    """The hand-in's step on every rank, on `data` (grader.rerun.model_data: tokens, targets, and
+    """The hand-in's step on every rank, on `data` (grader.rerun.wire.model_data: tokens, targets, and
     the weights real in the rank's own shards): {"weight": its updated parameters flattened one
     after another in the order of step_shapes, "loss": [1]}."""
     import torch

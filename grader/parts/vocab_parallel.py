@@ -6,7 +6,7 @@ function vocab_parallel_loss(tokens, targets, embedding, head, world_size, rank,
 the loss and its backward and returns (loss, the gradient of the rank's logits [B, V/p], the
 gradient of its embedding rows [V/p, d]) (`loss_and_gradients`). Every rank is handed the real
 tokens and targets, and an embedding E [V, input_dim] and a head W [input_dim, V] real only in its
-own vocabulary ids (VOCAB, grader.rerun.secret.vocab): the right loss needs every rank's lookups
+own vocabulary ids (VOCAB, grader.rerun.wire.secret.vocab): the right loss needs every rank's lookups
 (g) and every rank's sums, so a loss taken whole on one rank is wrong. Its checks read sizes no
 other part reads (`own_sizes`): the vocabulary, and what the hidden checks vary: a shift of every
 logit (near 1e4, exp overflows without the max), every target in one rank's slice, padding targets.
@@ -38,7 +38,7 @@ def _returned(value) -> tuple:
 
 
 def loss_and_gradients(module, call, check: dict, data) -> dict:
-    """The hand-in's function on every rank, on `data` (a grader.rerun.secret.PartData: tokens,
+    """The hand-in's function on every rank, on `data` (a grader.rerun.wire.secret.PartData: tokens,
     targets, and E, W real in the rank's own vocabulary ids), with the check's logit shift:
 
         loss            the mean cross-entropy, [1], the same on every rank

@@ -23,10 +23,11 @@ from grader import kit
 from grader.parts import BACKWARD
 from grader.pipeline.canary import canary, lowered
 from grader.pipeline.peak import Peak
-from grader.rerun import bwrap, cgroup, machine, tasks
+from grader.rerun.sandbox import bwrap, cgroup, tasks
+from grader.rerun import machine
 from grader.rerun.executor import CannotGrade, WarmExecutor
 from grader.rerun.executors import make_executor
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.results import Status
 from grader.rubric import RubricError, load_rubric
 

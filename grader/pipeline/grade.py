@@ -23,7 +23,7 @@ from grader.intake import handin as handins
 from grader.parts import PART_IDS
 from grader.rerun import check as rerun
 from grader.rerun import machine
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.results import CheckOutcome, HandinResult, Status, grading_crashed, new_result, ungraded
 from grader.verdict import comm
 from grader.verdict.judging import judging

@@ -4,7 +4,7 @@ Gradescope's results.json. grader.pipeline.record writes them, atomically (a tem
 rename), and nothing else does. (The batch's grades.csv and summary.md are grader.batch.outputs's.)
 
 Hidden checks are named, never their values: their messages were said without them where they
-were made (grader.verdict.say), a rank's own words never reached them (grader.rerun.hidden), and
+were made (grader.verdict.say), a rank's own words never reached them (grader.rerun.wire.hidden), and
 their tracebacks are left out. A crash of the grader itself is said in a sentence; its traceback is
 in grading.json's `grader_error`, for the TAs. A traceback several parts
 share (code that does not load) is shown once. In Gradescope's results.json they go further: each part's

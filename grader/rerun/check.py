@@ -1,17 +1,16 @@
 """Re-run a hand-in's parts at one check: worlds of real gloo ranks, restarted past a failed part.
 
-`run_check` runs every part of the hand-in's `assignment4.py` (beside the trusted `utils.py`) in
-a world of the check's size. When a part ends its world (a crash on some ranks, a hang, a dead
-rank), that part is recorded as such and a new world runs the parts after it, so one broken part
-costs only that part. The weights come back as tensors, checked for shape and type in
-grader.rerun.channel; judging them is grader.verdict.compare's job.
+`run_check` runs every part of the hand-in's `assignment4.py` (beside the trusted `utils.py`) in a
+world of the check's size. When a part ends its world (a crash on some ranks, a hang, a dead rank),
+that part is recorded and a new world runs the parts after it, so one broken part costs only that
+part. The weights come back as tensors, checked for shape and type in grader.rerun.wire.channel.
 
-Everything a rank says passes through grader.rerun.hidden's `Words` on its way into a PartRun: at a
-hidden check only an exception's type and the hand-in's own lines are kept. A part whose world
-timed out, or whose ranks fell out of step, is described from each rank's collectives (its result,
-or the progress record a hung rank left, grader.rerun.hooks): who returned, who waited in which
-collective, what the others called instead (`hang_detail`). At a check of several nodes a GPU index
-at or above LOCAL_WORLD_SIZE fails the part (`_device_problem`).
+Everything a rank says passes through grader.rerun.wire.hidden's `Words` into a PartRun: at a hidden
+check only an exception's type and the hand-in's own lines are kept. A part whose world timed out,
+or whose ranks fell out of step, is described from each rank's collectives (its result, or the
+progress record a hung rank left, grader.rerun.rank.hooks): who returned, who waited in which
+collective, what the others called instead (`hang_detail`). At a check of several nodes a GPU
+index at or above LOCAL_WORLD_SIZE fails the part (`_device_problem`).
 """
 
 import json
@@ -21,11 +20,12 @@ from pathlib import Path
 
 from grader import kit
 from grader.parts import BY_ID, PART_IDS
-from grader.rerun import bounds, channel, memory, protocol
-from grader.rerun.hidden import Words
-from grader.rerun.hooks import COLLECTIVES
-from grader.rerun.protocol import RankStatus, StopReason, WorldJob, WorldReport
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.wire import bounds, channel, protocol
+from grader.rerun.sandbox import memory
+from grader.rerun.wire.hidden import Words
+from grader.rerun.rank.hooks import COLLECTIVES
+from grader.rerun.wire.protocol import RankStatus, StopReason, WorldJob, WorldReport
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.results import Status
 
 
@@ -40,7 +40,7 @@ class RankRun:
     comm: list = field(default_factory=list)   # the rank's own word: it can fail a part, never pass one
     devices: list = field(default_factory=list)  # GPU indices the part asked for
     extra: dict = field(default_factory=dict)   # name -> float64 tensor (a backward check's gradients)
-    oversize: int = 0            # the values of a tensor refused for its size (grader.rerun.bounds)
+    oversize: int = 0            # the values of a tensor refused for its size (grader.rerun.wire.bounds)
 
 
 @dataclass
@@ -51,7 +51,7 @@ class PartRun:
     ranks: dict = field(default_factory=dict)    # rank -> RankRun
     detail: str = ""
     output: str = ""             # what the ranks printed (head and tail), for crashes
-    data: object = None          # the protocol.PartSecret the part ran on (grader.rerun.secret)
+    data: object = None          # the protocol.PartSecret the part ran on (grader.rerun.wire.secret)
 
 
 def prepare_code(assignment: Path) -> dict:
@@ -113,7 +113,7 @@ def _device_problem(ranks: dict, check, words: Words) -> str:
 
 
 def _oom_detail(words: Words, memory_mb: int) -> str:
-    """What an out-of-memory part is told, the same whichever layer caught it (grader.rerun.memory.verdict)."""
+    """What an out-of-memory part is told, the same whichever layer caught it (grader.rerun.sandbox.memory.verdict)."""
     return words.stopped(StopReason.OUT_OF_MEMORY, memory.verdict(memory_mb))
 
 
@@ -134,7 +134,7 @@ def _output_text(report: WorldReport) -> str:
 
 
 def _progress_calls(text: str, part: str) -> list:
-    """The collectives a rank's progress record (grader.rerun.hooks) lists for `part`, in order."""
+    """The collectives a rank's progress record (grader.rerun.rank.hooks) lists for `part`, in order."""
     calls = []
     for line in (text or "").splitlines()[-1000:]:
         try:

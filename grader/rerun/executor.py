@@ -7,7 +7,7 @@
 - `torchrun` (grader.rerun.torchrun): `torchrun --standalone` per world, every rank importing
   torch again: the cold path, kept as the baseline of the throughput benchmark.
 
-Both run the same rank code (grader.rerun.worker) and the same supervision
+Both run the same rank code (grader.rerun.rank.worker) and the same supervision
 (grader.rerun.supervise), and return the same WorldReport. One executor runs one world at a time;
 `--jobs N` makes N of them. This module holds what both share; grader.rerun.executors picks one
 by name.
@@ -28,9 +28,10 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.rerun import bwrap, cgroup, channel, protocol, tasks
-from grader.rerun.protocol import WorldJob, WorldReport
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox import bwrap, cgroup, tasks
+from grader.rerun.wire import channel, protocol
+from grader.rerun.wire.protocol import WorldJob, WorldReport
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.rerun.startup import (HELPER_TASKS, SANDBOX_MODES, CannotGrade, SandboxUnavailable,
                                   child_env, refusal, unfit)   # CannotGrade, SandboxUnavailable: taken from here
 from grader.rerun.world import infra_report, lost_report
@@ -59,7 +60,7 @@ class Counted:
 
 
 class WarmExecutor(Counted):
-    """The zygote, inside bubblewrap (grader.rerun.bwrap) unless the sandbox is off.
+    """The zygote, inside bubblewrap (grader.rerun.sandbox.bwrap) unless the sandbox is off.
 
     sandbox: "auto" needs the whole sandbox (`start` raises SandboxUnavailable without it); "best"
     (a student's own check) runs without it where it cannot start, and says so; "off" never tries.
@@ -69,7 +70,7 @@ class WarmExecutor(Counted):
     def __init__(self, sandbox: str = "auto", limits: Limits = None, key: bytes = None, jobs: int = 1):
         assert sandbox in SANDBOX_MODES, sandbox
         self.sandbox = sandbox
-        self.key = key                       # its worlds' data key (grader.rerun.secret): the batch's, or its own
+        self.key = key                       # its worlds' data key (grader.rerun.wire.secret): the batch's, or its own
         self.limits = limits or Limits()
         self.jobs = jobs                     # the executors of its batch: what the user's task headroom must fit
         self.isolation = {}
@@ -80,7 +81,7 @@ class WarmExecutor(Counted):
         self._settling = None               # a world whose Hello (the zygote ready again) is due
         self.stepped_over = 0               # frames of no world being waited for, or torn
         self._staged = None
-        self._cgroup = None                 # the worlds' cgroup (grader.rerun.cgroup), where one can be had
+        self._cgroup = None                 # the worlds' cgroup (grader.rerun.sandbox.cgroup), where one can be had
         self._launched = None               # (stderr file, start time) of a zygote launched, its Hello not yet read
 
     def _command(self) -> tuple:
@@ -282,7 +283,7 @@ class WarmExecutor(Counted):
         try:
             # The zygote forks on the first; the world's own process reads the job, then its ranks forked, the key.
             if self.key is None:   # drawn at its first world: secret loads torch, which `launch` runs beside
-                from grader.rerun.secret import new_key
+                from grader.rerun.wire.secret import new_key
                 self.key = new_key()
             for message in (protocol.WorldRequest(), job, protocol.DataKey(key=self.key.hex())):
                 channel.send_framed(self._proc.stdin.fileno(), number, protocol.encode(message))

@@ -5,10 +5,10 @@ hand-in (grader.rerun.executor starts it)."""
 import os
 
 from grader import kit
-from grader.rerun import bwrap, environment
+from grader.rerun.sandbox import bwrap, environment
 
 # The only variables of the grader's environment that reach the processes running hand-ins (and
-# the Python's own, grader.rerun.environment.PYTHON).
+# the Python's own, grader.rerun.sandbox.environment.PYTHON).
 PASSED_ON = ("PATH", "LANG", "LC_ALL", "TMPDIR", "GLOO_SOCKET_IFNAME")
 SANDBOX_MODES = ("auto", "off", "best")
 HELPER_TASKS = 8   # the zygote's own tasks, and a world's leader's, beside limits.processes

@@ -2,8 +2,8 @@
 
 `supervise` drives every rank through the job's parts: when a rank is ready, and each time it
 reports a part, it is sent the next part to run (Run, on its data pipe, with the part's data
-(grader.rerun.secret) and a fresh token), or Finish. It reads every rank's messages
-(grader.rerun.protocol) from its own pipe and decides:
+(grader.rerun.wire.secret) and a fresh token), or Finish. It reads every rank's messages
+(grader.rerun.wire.protocol) from its own pipe and decides:
 
 - all ranks reported every part and said done: the world is complete;
 - a part's results disagree across ranks (ok on some, an error on others) or a collective failed:
@@ -25,8 +25,8 @@ import signal
 import time
 
 from grader.parts import kind_of
-from grader.rerun import bounds, channel, protocol
-from grader.rerun.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
+from grader.rerun.wire import bounds, channel, protocol
+from grader.rerun.wire.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
 
 OUTPUT_HEAD = 4096
 OUTPUT_TAIL = 8192
@@ -55,7 +55,7 @@ PROGRESS_TAIL = 65536
 
 
 def _progress(work_dir: str, world_size: int) -> dict:
-    """The tail of each rank's record of its last part's collectives (grader.rerun.hooks), read
+    """The tail of each rank's record of its last part's collectives (grader.rerun.rank.hooks), read
     after the world ended: what a rank that never reported was waiting in."""
     out = {}
     for rank in range(world_size):
@@ -188,7 +188,7 @@ class _Watch:
             token = os.urandom(16).hex()
             self.expecting[rank] = ("result", index, token)
             self.part_started.setdefault(part, time.monotonic())
-            from grader.rerun.secret import view   # torch's, loaded in the world that runs this
+            from grader.rerun.wire.secret import view   # torch's, loaded in the world that runs this
             message = protocol.Run(part=part, token=token, data=view(self.secrets[part], rank))
         else:
             self.expecting[rank] = "done"
@@ -264,9 +264,9 @@ class _Watch:
 
 
 def draw_secrets(job: WorldJob, key: bytes = None) -> dict:
-    """The data of every part of the world (grader.rerun.secret): derived from the data `key`, or
+    """The data of every part of the world (grader.rerun.wire.secret): derived from the data `key`, or
     fresh where there is none. Call only once the ranks are forked: no rank may inherit it."""
-    from grader.rerun import secret   # torch: the grader's side imports this module before it loads torch
+    from grader.rerun.wire import secret   # torch: the grader's side imports this module before it loads torch
     if key:
         return {part: secret.derive(key, job.check, part, job.world_size) for part in job.parts}
     return {part: secret.draw(part, job.world_size, kind_of(job.check)) for part in job.parts}

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.rerun import protocol, secret
+from grader.rerun.wire import protocol, secret
 from grader.rerun.executor import ENTRY, Counted
 from grader.rerun.startup import SandboxUnavailable, child_env, refusal
-from grader.rerun.protocol import WorldJob, WorldReport
+from grader.rerun.wire.protocol import WorldJob, WorldReport
 from grader.rerun.world import write_code
 
 

@@ -1,12 +1,12 @@
 """One re-run world: sandbox it, fork its ranks, supervise them, report.
 
 `lead_world(job, ...)` runs in a process forked for this world alone (from a parent that has
-imported torch and nothing of any hand-in): it enters the world's namespaces (grader.rerun.sandbox),
+imported torch and nothing of any hand-in): it enters the world's namespaces (grader.rerun.sandbox.namespaces),
 writes the hand-in's code into the world's folder, forks `world_size` ranks, each with its limits, stdout and stderr going to a file of its own, and
 hands them to grader.rerun.supervise, which decides when the world ends and at which part.
 
 Only then, with every rank forked, does the leader read the data key the grader sent after the job
-and derive the parts' data from it (grader.rerun.secret): no rank holds it but the view the
+and derive the parts' data from it (grader.rerun.wire.secret): no rank holds it but the view the
 supervisor sends it, and the leader cannot be read by the ranks (it is not dumpable). The data's
 seeds go back to the grader in the world's report.
 
@@ -19,9 +19,9 @@ import os
 import signal
 import time
 
-from grader.rerun import cgroup, protocol, sandbox, scratch, tasks
-from grader.rerun import memory
-from grader.rerun.protocol import Abort, StopReason, WorldJob, WorldReport
+from grader.rerun.sandbox import cgroup, memory, namespaces, scratch, tasks
+from grader.rerun.wire import protocol
+from grader.rerun.wire.protocol import Abort, StopReason, WorldJob, WorldReport
 from grader.rerun.supervise import draw_secrets, supervise
 from grader.limits import Limits
 
@@ -45,10 +45,11 @@ def _close_inherited(keep: int) -> None:
 def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, prepared: dict, nproc: int = 0,
               isolation=None) -> tuple:
     """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its
-    result pipe, write end of its data pipe). `nproc`: its RLIMIT_NPROC (grader.rerun.tasks); where
+    result pipe, write end of its data pipe). `nproc`: its RLIMIT_NPROC (grader.rerun.sandbox.tasks); where
     the world has namespaces of its own (`isolation.per_rank`), the rank gets a view of its own
-    (grader.rerun.scratch.rank_view)."""
-    from grader.rerun import environment, worker
+    (grader.rerun.sandbox.scratch.rank_view)."""
+    from grader.rerun.sandbox import environment
+    from grader.rerun.rank import worker
     read_fd, write_fd = os.pipe()
     data_read, data_write = os.pipe()
     pid = os.fork()
@@ -78,7 +79,7 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
                 os.environ["TMPDIR"] = job.work_dir
             os.chdir(job.work_dir)
             # Not dumpable where its leader is privileged over its user id: no other rank reads it through /proc.
-            sandbox.limit_rank(limits, uid, nproc, dumpable=not (private and isolation.id_range > 1))
+            namespaces.limit_rank(limits, uid, nproc, dumpable=not (private and isolation.id_range > 1))
             environment.hold_rank()
             worker.rank_main(job, rank, 3, prepared, 4)
         finally:
@@ -95,13 +96,13 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
 
 def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=None, began=None) -> WorldReport:
     """Fork the world's ranks, supervise them to the end, and return the world's report.
-    `read_key` reads the data key (grader.rerun.secret) once the ranks are forked (None: fresh data).
-    The world as a whole is held to limits.memory_mb and limits.processes (grader.rerun.memory).
+    `read_key` reads the data key (grader.rerun.wire.secret) once the ranks are forked (None: fresh data).
+    The world as a whole is held to limits.memory_mb and limits.processes (grader.rerun.sandbox.memory).
     The report's timeline gets "forked": seconds from `began` (the leader's start) to every rank forked."""
     began = time.monotonic() if began is None else began
-    from grader.rerun import worker
+    from grader.rerun.rank import worker
     prepared = worker.prepare(job)
-    sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)   # what the ranks start stays below us, for the watchdog
+    namespaces.prctl(namespaces.PR_SET_CHILD_SUBREAPER, 1)   # what the ranks start stays below us, for the watchdog
     held = tasks.Hold[isolation.tasks] if isolation is not None and isolation.tasks else tasks.Hold.WATCHDOG
     nproc = tasks.rank_nproc(held, uid != os.getuid(), limits.processes,
                              machine_visible=isolation is None or not isolation.processes)
@@ -167,7 +168,7 @@ def _as_init(job: WorldJob):
     world ends). In the parent, wait for it: return the report if it failed, else exit."""
     pid = os.fork()
     if pid == 0:
-        sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+        namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
         return None
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code == 0:
@@ -178,20 +179,20 @@ def _as_init(job: WorldJob):
 def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups=None) -> None:
     """The life of a world's leader: namespaces, code, ranks, the data key (`read_key`, once the
     ranks are forked), supervision, report (`reply` sends it to the grader, marked as this world's).
-    `uid`: the ranks' user id (sandbox.world_uid by default); `cgroups`: the folders the world runs
+    `uid`: the ranks' user id (namespaces.world_uid by default); `cgroups`: the folders the world runs
     in (the executor's by default; without the sandbox, one of the world's own below each).
     Never returns."""
     report, began = None, time.monotonic()
     try:
-        sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+        namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
-        uid = sandbox.world_uid(isolation) if uid is None else uid
+        uid = namespaces.world_uid(isolation) if uid is None else uid
         if cgroups or isolation.cgroups:   # before anything of the world is forked: all of it is counted
             cgroup.join(cgroups or isolation.cgroups)
         if isolation.passable:   # outside the sandbox, as root: ranks reach the Python below /root
             scratch.own_mounts(isolation.passable, [job.work_dir])
         if isolation.per_world:   # first: the code goes into the world's own new /tmp
-            sandbox.unshare_world(isolation, limits.tmp_mb)
+            namespaces.unshare_world(isolation, limits.tmp_mb)
             report = _as_init(job)
         if report is None:
             os.makedirs(job.work_dir, exist_ok=True)
@@ -200,9 +201,9 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups
                 scratch.read_only(job.code_dir)
             if uid != os.getuid():
                 os.chown(job.work_dir, uid, uid)
-            sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
+            namespaces.prctl(namespaces.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
             report = run_world(job, uid, limits, read_key, isolation, began)
-    except sandbox.SandboxError as e:
+    except namespaces.SandboxError as e:
         report = infra_report(job, f"the sandbox could not be set up: {e}")
     except BaseException as e:  # noqa: BLE001 - the grader must always get a report
         report = infra_report(job, f"the world's leader failed: {type(e).__name__}: {e}")

@@ -4,10 +4,10 @@ or `--torchrun-rank JOB_FILE` (one rank under torchrun).
 
 The zygote imports torch once, takes one tiny step so the lazy imports are paid, freezes its heap,
 and then, for each world asked of it, forks a leader that alone reads the job (grader.rerun.world)
-and, once it has forked the world's ranks, the data key sent after it (grader.rerun.secret).
+and, once it has forked the world's ranks, the data key sent after it (grader.rerun.wire.secret).
 
 Everything it and the leaders send the executor is a frame marked with the world it belongs to
-(grader.rerun.channel): the world's report, from its leader (or from the zygote when the leader was
+(grader.rerun.wire.channel): the world's report, from its leader (or from the zygote when the leader was
 killed), then a Hello marked with the same world once the zygote has cleaned up after it and is
 ready for the next. Where a world's /tmp could not be emptied the zygote exits instead, and the
 executor starts a new sandbox.
@@ -16,7 +16,7 @@ What a hand-in's ranks do to the processes above them is the hand-in's failure, 
 machine's: the zygote and every leader ignore the signals a rank of the same user could send them
 (grader.rerun.world.SHIELDED; ranks get them back), a leader that is stopped anyway (SIGSTOP,
 where a world has no PID namespace of its own) is killed and its world reported lost, and a world's
-report always fits its frame (grader.rerun.bounds.fit).
+report always fits its frame (grader.rerun.wire.bounds.fit).
 """
 
 import json
@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 
-from grader.rerun import bounds, channel, protocol
+from grader.rerun.wire import bounds, channel, protocol
 from grader.limits import Limits
 
 
@@ -45,7 +45,7 @@ KEY_WAIT = 10.0
 
 def read_key():
     """In a world's leader, once its ranks are forked: the data key the executor sent after the job
-    (grader.rerun.secret), or None if none came (the leader then draws fresh seeds)."""
+    (grader.rerun.wire.secret), or None if none came (the leader then draws fresh seeds)."""
     import select
     try:
         if not select.select([0], [], [], KEY_WAIT)[0]:
@@ -94,7 +94,9 @@ def _boot() -> int:
     sys.dont_write_bytecode = True
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
     # torch is imported once here, inherited by every rank
-    from grader.rerun import environment, sandbox, scratch, sweep, world, worker  # noqa: F401 - every fork's
+    from grader.rerun import world  # noqa: F401 - every fork's modules, imported once here
+    from grader.rerun.rank import worker
+    from grader.rerun.sandbox import environment, namespaces, scratch, sweep  # noqa: F401 - likewise
     environment.bound_zygote()   # before the first fork: every pool of every rank has one thread
     worker.warm_up()
     # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
@@ -103,10 +105,10 @@ def _boot() -> int:
     gc.freeze()
     control_out = os.dup(1)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stray prints must not reach the control pipe
-    sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
-    sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)
-    if not os.environ.get("A4_IN_SANDBOX"):   # a world's orphans come back here, never to init (grader.rerun.sweep)
-        sandbox.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1)
+    namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
+    namespaces.prctl(namespaces.PR_SET_DUMPABLE, 0)
+    if not os.environ.get("A4_IN_SANDBOX"):   # a world's orphans come back here, never to init (grader.rerun.sandbox.sweep)
+        namespaces.prctl(namespaces.PR_SET_CHILD_SUBREAPER, 1)
     import encodings.idna  # noqa: F401 - a hand-in's socket to "127.0.0.1" needs it; load it once here
     return control_out
 
@@ -118,10 +120,11 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     the memory of the ranks forked after it.
     """
     control_out = _boot()
-    from grader.rerun import sandbox, scratch, sweep, world
+    from grader.rerun.sandbox import namespaces, scratch, sweep
+    from grader.rerun import world
     cgroups = [c for c in os.environ.get("A4_CGROUPS", "").split(os.pathsep) if c]
     _, start = receive_framed((protocol.Setup,))
-    isolation = sandbox.probe(mode, start.kit if start else "", sandbox_name, cgroups)
+    isolation = namespaces.probe(mode, start.kit if start else "", sandbox_name, cgroups)
     hello = protocol.Hello(isolation=isolation.summary())
     _reply(control_out, 0)(hello)
     last = None
@@ -133,7 +136,7 @@ def _zygote(mode: str, sandbox_name: str) -> None:
             return
         last = number
         reply = _reply(control_out, number)
-        uid = sandbox.world_uid(isolation)
+        uid = namespaces.world_uid(isolation)
         ending = None if os.environ.get("A4_IN_SANDBOX") else sweep.World(isolation.cgroups, uid)
         pid = os.fork()
         if pid == 0:
@@ -153,7 +156,8 @@ def _zygote(mode: str, sandbox_name: str) -> None:
 
 
 def _torchrun_rank(job_file: str) -> None:
-    from grader.rerun import environment, sandbox, tasks, worker
+    from grader.rerun.sandbox import environment, namespaces, tasks
+    from grader.rerun.rank import worker
     with open(job_file) as f:
         job = protocol.decode(json.load(f), (protocol.WorldJob,))
     rank = int(os.environ["RANK"])
@@ -162,7 +166,7 @@ def _torchrun_rank(job_file: str) -> None:
     worker.warm_up()  # on the start-up clock, as the zygote does, not on the first part's
     os.chdir(job.work_dir)
     limits = Limits(**job.limits)
-    sandbox.limit_rank(limits, os.getuid(), tasks.rank_nproc(tasks.Hold.WATCHDOG, False, limits.processes))
+    namespaces.limit_rank(limits, os.getuid(), tasks.rank_nproc(tasks.Hold.WATCHDOG, False, limits.processes))
     environment.hold_rank()
     worker.rank_main(job, rank, fd, data_fd=data_fd)
 

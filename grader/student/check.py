@@ -32,7 +32,7 @@ from grader.parts import BACKWARD, BY_ID
 from grader.pipeline.grade import grade_handin
 from grader.rerun.executors import make_executor
 from grader.rerun.machine import explain
-from grader.rerun.sandbox import scratch_dir
+from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.results import Status, ToDict
 from grader.rubric import load_public_rubric, public_rubric
 from grader.worth import kind_said

@@ -11,7 +11,7 @@ W = [W_0 | ... | W_{p-1}] and G = [G_0 | ... | G_{p-1}]:
     weight_grad  X^T @ G_r                   [input_dim, output_dim / p]: the gather's backward hands
                                              rank r its own columns of G
 
-computed here in float64 from the part's data (grader.rerun.secret): X, and the real W0, of which
+computed here in float64 from the part's data (grader.rerun.wire.secret): X, and the real W0, of which
 rank r's layer was handed only its own columns (the others were its own noise). So the output is
 right only if the ranks gathered it, and the gradient of X only if they summed it: no collective
 the rank reports passes it (grader.verdict.comm can only fail it where one is missing). A layer without f (`X = X`) gives each rank only
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from grader.parts.common import WEIGHT, close, output_gradient
-from grader.rerun import secret
+from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import collectives, unfinished
 from grader.verdict.judging import Judging

@@ -20,7 +20,7 @@ all-reduce of the activations in place of its reduce-scatter gives the right val
 Totals, never exact counts: a barrier, a broadcast of the initial weight or a gradient reduced in
 several pieces pass. A one-rank check needs no collective (it has no one to talk to).
 
-The calls are the rank's own word (grader.rerun.hooks records them inside the rank's process, where
+The calls are the rank's own word (grader.rerun.rank.hooks records them inside the rank's process, where
 the hand-in's code also runs): they can fail a part that skipped its collectives, or called them on
 tensors too small to carry the data, but a hand-in that forges the recorder can make them say
 anything. Nothing here passes a part whose values are wrong.

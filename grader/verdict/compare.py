@@ -1,7 +1,7 @@
 """Judge a re-run part against the reference: weights, and what a difference means.
 
 The reference weight is one SGD step on the MSE loss in closed form, in float64, computed here
-in the grader's own process from the data the part ran on (grader.rerun.secret: drawn by the
+in the grader's own process from the data the part ran on (grader.rerun.wire.secret: drawn by the
 world's leader, served to each rank as its own view, its seeds reported back to the grader) and
 the initial weight seeded exactly as the handout seeds it:
 
@@ -25,7 +25,7 @@ import torch
 
 from grader.parts import BY_ID, STEP
 from grader.parts.common import close as _close
-from grader.rerun import secret
+from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.diagnose import diagnose
 from grader.verdict.judging import Judging

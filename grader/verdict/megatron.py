@@ -8,7 +8,7 @@ The block, for X [B, d], W1 [d, h], W2 [h, d] split over p ranks (W1 by columns,
     L   = 1/(B d) sum (Z - Y)^2    the MSE loss; one SGD step: W <- W - lr dL/dW on every shard
 
 Everything here is a pure function of (W1, W2, X, Y or G, lr, p), in float64 in the grader's own
-process, from the secret data the ranks were served (grader.rerun.secret): `stepped` at a step
+process, from the secret data the ranks were served (grader.rerun.wire.secret): `stepped` at a step
 check (each rank's seed draws its own full W1 and W2, real in its own shards only), `served` at a
 backward check (each rank's own shards real, noise elsewhere), so only a block whose ranks really
 all-reduce and gather passes either; a step taken whole on one rank, from its own full copy, is
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from grader.parts.common import close, output_gradient
-from grader.rerun import secret
+from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import by_rank, collectives, unfinished, weight_digest
 from grader.verdict.judging import Judging
@@ -60,7 +60,7 @@ def seeded(check, lr: float) -> Block:
 
 
 def served(check, lr: float, data) -> Block:
-    """The block of a backward check as the ranks were served it (grader.rerun.secret.block): the
+    """The block of a backward check as the ranks were served it (grader.rerun.wire.secret.block): the
     real X, W1 and W2 of `data` (the check's protocol.PartSecret), and G."""
     b, d, h = check.global_batch_size, check.input_dim, check.hidden_dim
     x, w1, w2 = secret.block(data, b, d, h)
@@ -69,7 +69,7 @@ def served(check, lr: float, data) -> Block:
 
 
 def stepped(check, lr: float, data) -> Block:
-    """The block of a step check as its ranks were served it (grader.rerun.secret.mlp_step): the
+    """The block of a step check as its ranks were served it (grader.rerun.wire.secret.mlp_step): the
     real X, Y, W1 and W2 of `data` (the check's protocol.PartSecret), and each rank's own copy."""
     b, d, h = check.global_batch_size, check.input_dim, check.hidden_dim
     x, y, w1, w2 = secret.mlp_step(data, b, d, h)

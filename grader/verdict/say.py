@@ -8,7 +8,7 @@ and a ratio or a difference is said in words. Nothing is masked afterwards, so a
 line under it say the same thing and "assignment4.py" keeps its name.
 
 Text that is not ours (an exception's message, what a rank printed) never reaches a hidden check's
-messages: grader.rerun.hidden keeps only the exception's type and the hand-in's own lines where
+messages: grader.rerun.wire.hidden keeps only the exception's type and the hand-in's own lines where
 the re-run's results come in, since no mask catches every spelling of a number (torch's "input of
 size 165" is 15 x 11; a hand-in may print in hex). `say.text` still replaces the check's secret
 numbers, as whole numbers, by "#" in what is said of a rank (a second guard, not the first);

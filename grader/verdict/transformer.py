@@ -18,7 +18,7 @@ the ranks: f and g are written as what they do to values and gradients across th
 mistake is the same computation with a collective left out or done wrong, or the shards cut
 otherwise (`Mistake`), so its values are exactly those the ranks of such a hand-in give; a wrong
 result is held against each in turn, and the one it equals is named. The weights are the ones the
-ranks were served (grader.rerun.secret.layer: each rank's own shards real, noise elsewhere), so
+ranks were served (grader.rerun.wire.secret.layer: each rank's own shards real, noise elsewhere), so
 only a block whose ranks really communicate passes; `seeded` draws them as the handout does, for
 the tests of the reference.
 
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from grader.parts.common import close as _same, output_gradient
-from grader.rerun import secret
+from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import by_rank
 from grader.verdict.judging import Judging
@@ -74,7 +74,7 @@ def seeded(check) -> Layer:
 
 
 def served(check, data) -> Layer:
-    """The block as the ranks of a backward check were served it (grader.rerun.secret.layer): the
+    """The block as the ranks of a backward check were served it (grader.rerun.wire.secret.layer): the
     real X and weights of `data` (the check's protocol.PartSecret), and G."""
     sizes = dataclasses.asdict(check)
     real = secret.layer(data, sizes)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from grader.results import CheckOutcome, Status
-from grader.rerun import model_data
+from grader.rerun.wire import model_data
 from grader.verdict import transformer
 from grader.verdict.comm import moved
 from grader.verdict.compare import by_rank
@@ -66,7 +66,7 @@ ORDER = (Mistake.HEAD_NO_F, Block.ATTN_NO_G, Block.HEADS_NOT_DIVIDED, Block.QKV_
 
 
 def served(check, lr: float, data) -> Model:
-    """The model as the ranks of a step check were served it (grader.rerun.model_data), in float64."""
+    """The model as the ranks of a step check were served it (grader.rerun.wire.model_data), in float64."""
     sizes = dataclasses.asdict(check)
     real = model_data.model(data, sizes)
     views = [model_data.model(data, sizes, r).blocks for r in range(check.world_size)]

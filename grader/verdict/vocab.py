@@ -12,7 +12,7 @@ ids [r k, (r + 1) k), k = V / p (E's rows E_r [k, d], W's columns W_r [d, k]):
     dL/dz_r = (exp(z_r - m) / S - onehot_r(y)) / n, 0 on padding rows; dL/dE_r: the rows of
     dL/dx = sum_r dL/dz_r W_r^T (f's all-reduce) of the tokens rank r holds
 
-Everything here is a pure function of the data the ranks were served (grader.rerun.secret.vocab,
+Everything here is a pure function of the data the ranks were served (grader.rerun.wire.secret.vocab,
 each rank's own rows and columns real, noise elsewhere), in float64 in the grader's own process:
 `simulate` computes what every rank returns, explicitly, with or without one usual mistake (a
 `Mistake`), so that a wrong result is held against each in turn and the one it equals is named.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from grader.parts.common import close
-from grader.rerun import secret
+from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import by_rank
 from grader.verdict.judging import Judging

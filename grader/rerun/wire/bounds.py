@@ -1,6 +1,6 @@
 """How much a rank may send back: a part's tensors are bounded by the part's own sizes, at the rank
 before they are framed and again where the supervisor reads them, and a world's report is made to
-fit the channel's frame (grader.rerun.channel.MAX_MESSAGE_BYTES), part by part.
+fit the channel's frame (grader.rerun.wire.channel.MAX_MESSAGE_BYTES), part by part.
 
 What a part returns at a check (d_in, d_out, h: its input, output and hidden widths; B: its
 global batch; p: its world size), as its record says (grader.parts: `room`, `should`):
@@ -22,8 +22,8 @@ never as a report too large to carry. Whatever is the hand-in's doing costs that
 import json
 
 from grader.parts import BY_ID, kind_of
-from grader.rerun import channel, protocol
-from grader.rerun.protocol import ErrorInfo, RankStatus, Result, WorldReport
+from grader.rerun.wire import channel, protocol
+from grader.rerun.wire.protocol import ErrorInfo, RankStatus, Result, WorldReport
 
 FLOOR = 4096          # values any tensor may have, however small the check
 EXTRAS = 10           # tensors a part returns beside its first (the transformer block's backward: 9)

@@ -2,21 +2,21 @@
 
 The rank joins a gloo world over a file store, loads `assignment4.py` next to the trusted
 `utils.py`, and then waits on its data pipe for the supervisor's orders: for each Run it sets the
-check's configuration on the module, serves its own view of the part's data (grader.rerun.secret)
+check's configuration on the module, serves its own view of the part's data (grader.rerun.wire.secret)
 through `utils.create_batch`, and runs what the part's record says it runs at the check's kind
 (grader.parts: `runs`): at a step, its function called with `seed=` (the check's, or a seed of the
 rank's own where the part's layout draws one), `device="cpu"` and the part's `arguments`; at a
 backward check, its layer or block alone. It sends the tensors that returns (with the Run's token,
-the collectives the part called and any error) over its result pipe (grader.rerun.protocol),
-each held to the part's bounds (grader.rerun.bounds). It never compares anything: the
+the collectives the part called and any error) over its result pipe (grader.rerun.wire.protocol),
+each held to the part's bounds (grader.rerun.wire.bounds). It never compares anything: the
 verdict is the grader's, in the grader's own process, and nothing said here is believed but the
 tensors, which only the part's work makes right.
 Tracebacks keep the hand-in's own frames only (assignment4.py and utils.py, by file name).
 
 Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
 - top-level script code (initialising, calling the parts, printing) is not executed; imports,
-  definitions and plain assignments are (grader.rerun.source);
-- "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (grader.rerun.hooks); the
+  definitions and plain assignments are (grader.rerun.rank.source);
+- "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (grader.rerun.rank.hooks); the
   GPU index asked for is reported, for the multi-node check's LOCAL_WORLD_SIZE.
 """
 
@@ -32,10 +32,11 @@ import torch
 import torch.distributed as dist
 
 from grader.parts import BY_ID, OWN_SIZES, kind_of
-from grader.rerun import bounds, environment, protocol, secret
-from grader.rerun.source import compile_assignment, load_source, run_assignment
-from grader.rerun.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
-from grader.rerun.protocol import ErrorInfo, RankStatus
+from grader.rerun.wire import bounds, protocol, secret
+from grader.rerun.sandbox import environment
+from grader.rerun.rank.source import compile_assignment, load_source, run_assignment
+from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
+from grader.rerun.wire.protocol import ErrorInfo, RankStatus
 
 def warm_up() -> None:
     """Take one tiny SGD step, so that the first step's lazy imports (hundreds of modules) are paid
@@ -174,7 +175,7 @@ def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
     """Nothing of the grader's environment (a TA's tokens, say) reaches the hand-in, but the
     interface gloo is told to use (loopback unless the grader was told otherwise) and what makes
     the Python itself work (a cluster's module Python needs LD_LIBRARY_PATH, PYTHONPATH). Every
-    thread pool has one thread, no GPU is visible (grader.rerun.environment). The rank's place in the
+    thread pool has one thread, no GPU is visible (grader.rerun.sandbox.environment). The rank's place in the
     world is set as torchrun sets it on each node (and Slurm's node id, on several nodes)."""
     interface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     kept = environment.python_variables()
@@ -225,7 +226,7 @@ def _load(job: protocol.WorldJob, prepared: dict, report):
 
 def _run_order(module, order: protocol.Run, job: protocol.WorldJob, rank: int, comm: CommRecorder,
                served: dict) -> protocol.Result:
-    """One Run: this rank's view of the part's data served (grader.rerun.secret), the part called."""
+    """One Run: this rank's view of the part's data served (grader.rerun.wire.secret), the part called."""
     torch.set_num_threads(1)  # one compute thread per rank, whatever the last part set
     try:
         view = secret.rank_view(order, job.check, rank)

@@ -50,7 +50,7 @@ names the layout of each kind of check it runs (grader.parts: `layouts`):
               shards (its heads' columns of W_q, W_k and W_v, their rows of W_o, its MLP's shards):
               `layer`, below (the transformer block alone)
     MODEL     the real tokens and targets [B, S], a tiny transformer's weights real only in its own
-              shards: grader.rerun.model_data (the transformer's step)
+              shards: grader.rerun.wire.model_data (the transformer's step)
 
 Each part has seeds of its own (at each check), so nothing one part saw helps in another. The
 initial weight of a step stays `torch.manual_seed(seed); torch.randn(I, O)`, as the handout writes it.
@@ -68,8 +68,8 @@ import torch
 
 from grader.parts import BY_ID, kind_of
 from grader.parts.common import BLOCK, LAYER, MODEL, ROWS, SHARDS, VOCAB, WEIGHT, WHOLE
-from grader.rerun import model_data
-from grader.rerun.protocol import PartSecret
+from grader.rerun.wire import model_data
+from grader.rerun.wire.protocol import PartSecret
 
 
 def layout(part: str, kind: str) -> str:

@@ -10,7 +10,7 @@ descendant).
     used  = sum over the world's processes of Pss (proportional set size: a page shared by n
             processes counts 1/n in each, so pages shared inside the world count once, and a fork
             that shares without writing costs nothing)
-            + what the world holds outside Pss (grader.rerun.outside: memfds and files in memory
+            + what the world holds outside Pss (grader.rerun.sandbox.outside: memfds and files in memory
             it holds open, its own /tmp and /dev/shm, its socket buffers), read every
             OUTSIDE_EVERY polls while that is small, every poll once it is not
     tasks = sum over the world's processes of their threads (what RLIMIT_NPROC would count)
@@ -26,7 +26,7 @@ limits.processes, with "the ranks and their children ran more than N processes a
 crash. The watchdog needs nothing from the machine but /proc (without it, a laptop's world has no
 watchdog, and `check` says so); between two polls a world may allocate past the limit.
 
-Where a cgroup of the world's own holds it (grader.rerun.cgroup), the kernel holds both limits
+Where a cgroup of the world's own holds it (grader.rerun.sandbox.cgroup), the kernel holds both limits
 exactly; when its out-of-memory killer acts there, the watchdog sees it and ends the world with the
 same message, the same verdict and the same culprit (the rank that held most at the last poll):
 one cause, one verdict, whichever layer caught it.
@@ -38,8 +38,8 @@ import signal
 import threading
 import time
 
-from grader.rerun import cgroup
-from grader.rerun import outside as outside_module
+from grader.rerun.sandbox import cgroup
+from grader.rerun.sandbox import outside as outside_module
 
 POLL_S = 0.02
 MAX_PAUSE = 0.2    # the longest between two polls, however much one costs
@@ -134,7 +134,7 @@ class Estimate:
 
     def over(self, resident: dict, hold, outside: int = 0) -> bool:
         """Whether the processes of `resident` (pid -> resident set now), with the `outside` bytes the
-        world holds beyond their Pss (grader.rerun.outside), use more than the limit; `hold(True)`
+        world holds beyond their Pss (grader.rerun.sandbox.outside), use more than the limit; `hold(True)`
         stops them, `hold(False)` lets them go on."""
         limit = self.limit - outside
         if limit < 0:
@@ -209,10 +209,10 @@ OUTSIDE_EVERY = 5   # polls between two readings of what the world holds outside
 
 class Watchdog:
     """Kills every process of the world below this one the moment they use more than `limit_mb`
-    together (Pss and grader.rerun.outside's), or run more than `tasks` tasks, after writing why into
+    together (Pss and grader.rerun.sandbox.outside's), or run more than `tasks` tasks, after writing why into
     each of `outputs` (the ranks' output files). `cgroups`: the world's cgroup folders, whose
     out-of-memory kills it heeds; `ranks`: the ranks' pids as this process numbers them; `own`:
-    whether the world has namespaces of its own (grader.rerun.outside.Outside)."""
+    whether the world has namespaces of its own (grader.rerun.sandbox.outside.Outside)."""
 
     def __init__(self, limit_mb: int, outputs: list, tasks: int = 0, cgroups: list = (), ranks: list = (),
                  own: bool = False):

@@ -1,14 +1,14 @@
 """What a world holds in memory outside its processes' Pss, for its leader's watchdog
-(grader.rerun.memory): files in memory its ranks hold open, its own /tmp and /dev/shm, its SysV
+(grader.rerun.sandbox.memory): files in memory its ranks hold open, its own /tmp and /dev/shm, its SysV
 shared memory, its socket buffers.
 
     outside = sum over the memory files its processes hold open (memfds, files on tmpfs or
                   ramfs, deleted or not; each inode once) of their allocated size (st_blocks x 512)
             + the used blocks of its own /tmp and /dev/shm (where the world has a mount namespace
                   of its own; each is a tmpfs of limits.tmp_mb), and of each rank's own
-                  (grader.rerun.scratch.rank_view), seen through /proc/PID/root
+                  (grader.rerun.sandbox.scratch.rank_view), seen through /proc/PID/root
             + its SysV shared memory segments' resident bytes (where it has an IPC namespace of its own)
-            + what its sockets hold in the kernel (grader.rerun.sockets: every socket of its own
+            + what its sockets hold in the kernel (grader.rerun.sandbox.sockets: every socket of its own
                   network namespace, else those its processes hold open)
 
 A cgroup v1 charges the files and the shared memory but not the sockets; no process's Pss shows a
@@ -24,7 +24,7 @@ first process found holding each), so the watchdog can name the rank that used m
 import os
 import stat
 
-from grader.rerun import sockets as kernel_sockets
+from grader.rerun.sandbox import sockets as kernel_sockets
 
 MEMORY_FS = ("tmpfs", "ramfs", "hugetlbfs")
 OWN_SCRATCH = ("/tmp", "/dev/shm")
@@ -78,7 +78,7 @@ def _sysv_shm() -> int:
 
 class Outside:
     """Readings of what one world holds outside Pss. `own`: whether the world has mount, IPC and
-    network namespaces of its own (grader.rerun.sandbox.unshare_world), which the caller is in."""
+    network namespaces of its own (grader.rerun.sandbox.namespaces.unshare_world), which the caller is in."""
 
     def __init__(self, own: bool):
         self.own = own
@@ -92,7 +92,7 @@ class Outside:
                     pass
         self.total, self.by_pid = 0, {}
         # Without a mount namespace of its own a world's ranks see the machine's /tmp and /dev/shm:
-        # never counted as the world's (grader.rerun.sweep removes what the world left there).
+        # never counted as the world's (grader.rerun.sandbox.sweep removes what the world left there).
         self.shared = set() if own else {_device(path) for path in OWN_SCRATCH}
 
     def _files(self, pids: list) -> tuple:
@@ -128,7 +128,7 @@ class Outside:
         return by_pid, sockets
 
     def _ranks_scratch(self, pids: list) -> int:
-        """The used blocks of each rank's own /tmp and /dev/shm (grader.rerun.scratch.rank_view: a
+        """The used blocks of each rank's own /tmp and /dev/shm (grader.rerun.sandbox.scratch.rank_view: a
         tmpfs of its own, in its own mount namespace), each file system once, seen through
         /proc/PID/root; where ranks have none, these are the world's, counted above."""
         total, seen = 0, set(self.scratch)

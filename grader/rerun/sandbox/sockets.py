@@ -11,7 +11,7 @@ stream, packets waiting for the socket's lock), in bytes of skb truesize. A unix
 charged to its sender's wmem_alloc, a TCP or UDP socket's to its receiver's rmem_alloc: each byte
 queued counts at least once; TCP's unacknowledged bytes may count twice (sent and received), which
 errs toward the limit. Each socket's bytes come back by its inode, so that a world sharing the
-machine's namespace counts only the sockets its processes hold (grader.rerun.outside); in a
+machine's namespace counts only the sockets its processes hold (grader.rerun.sandbox.outside); in a
 namespace of the world's own every socket counts, those only in flight inside a unix message
 (SCM_RIGHTS: no process holds them) included. TCP is dumped only while the machine's TCP
 sockets together hold TCP_DUMP_BYTES or more (`held`); below, that total counts instead.

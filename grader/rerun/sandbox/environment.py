@@ -4,7 +4,7 @@ per rank, and no GPU, however many cores and GPUs the machine has.
 A cluster's module Python (`module load python`, `module load pytorch`) works only with the
 variables the module set: its libraries through LD_LIBRARY_PATH, torch through PYTHONPATH. Those
 (`PYTHON`) reach the zygote and every rank, their folders bound read only in the sandbox
-(grader.rerun.bwrap); nothing else of the grader's environment does.
+(grader.rerun.sandbox.bwrap); nothing else of the grader's environment does.
 
 Every thread pool a rank could start is bounded before the zygote's first fork: the variables
 OpenMP, MKL, OpenBLAS, Apple's Accelerate and numexpr read when they load (`ONE_THREAD`, set in the
@@ -19,7 +19,7 @@ and crash correct code on any machine.
 
 GPUs stay out of sight (CUDA_VISIBLE_DEVICES is empty before torch is imported): re-runs are on
 the CPU, and a forked rank never touches a CUDA context. Hand-in code that asks for "cuda" anyway
-lands on the CPU (grader.rerun.hooks).
+lands on the CPU (grader.rerun.rank.hooks).
 """
 
 import os

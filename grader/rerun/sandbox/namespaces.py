@@ -1,5 +1,5 @@
 """The sandbox inside the job sandbox: a namespace set per world, limits per rank, a clean slate
-between worlds. grader.rerun.bwrap builds the job sandbox around all of it.
+between worlds. grader.rerun.sandbox.bwrap builds the job sandbox around all of it.
 
 bubblewrap isolates the zygote from the machine; this module isolates one world from the next
 inside it, and that part stays hand-written: a warm zygote forks worlds from a process that has
@@ -15,21 +15,21 @@ forks any rank,
 - is the parent of ranks that drop every capability (no CAP_NET_ADMIN: no socket buffer forced
   past the machine's maximum), set no_new_privs, and take the rubric's limits on file size and CPU
   time, RANK_OPEN_FILES open files (grader.limits), one compute thread each
-  (grader.rerun.environment), and no more data than they hold at their fork plus the world's
+  (grader.rerun.sandbox.environment), and no more data than they hold at their fork plus the world's
   memory (RLIMIT_DATA: never below what the Python already maps, which torch's CUDA build makes
   3 GB of address space at `import torch`).
 
 The world as a whole, all its ranks and their children, is held to limits.memory_mb and
-limits.processes by a cgroup of its own where the grader can have one (grader.rerun.cgroup) and
-by its leader's watchdog (grader.rerun.memory) everywhere; RLIMIT_NPROC only where it counts this
-world alone (grader.rerun.tasks). Between worlds the zygote kills every other process it can see
-and empties its /tmp and /dev/shm (grader.rerun.scratch, which also gives each world new ones).
+limits.processes by a cgroup of its own where the grader can have one (grader.rerun.sandbox.cgroup) and
+by its leader's watchdog (grader.rerun.sandbox.memory) everywhere; RLIMIT_NPROC only where it counts this
+world alone (grader.rerun.sandbox.tasks). Between worlds the zygote kills every other process it can see
+and empties its /tmp and /dev/shm (grader.rerun.sandbox.scratch, which also gives each world new ones).
 Without bwrap (`--sandbox off`, a student's own machine, a container without user namespaces)
 none of the namespaces exist; ranks run as a user id of their own when the grader is root, so
 files only root may read stay unreadable (and a world whose ranks could not reach the Python then,
-as under /root, gets a mount namespace in which they can: grader.rerun.scratch.passable). Before
+as under /root, gets a mount namespace in which they can: grader.rerun.sandbox.scratch.passable). Before
 any world, the zygote checks that ranks can read every folder the Python loads from
-(grader.rerun.readable); where not, grading refuses. `Isolation.summary()` says what held, for
+(grader.rerun.sandbox.readable); where not, grading refuses. `Isolation.summary()` says what held, for
 every result; a laptop without /proc or prctl (macOS) runs plain forked worlds and says so.
 """
 
@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import RANK_OPEN_FILES, Limits
-from grader.rerun import memory, readable, scratch, sweep, tasks
+from grader.rerun.sandbox import memory, readable, scratch, sweep, tasks
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 CLONE_NEWNS = 0x00020000
@@ -155,7 +155,7 @@ def unshare_world(isolation: Isolation, tmp_mb: int = 64) -> None:
 
 
 def _rank_view_here(isolation: Isolation) -> None:
-    """What a rank's view takes (grader.rerun.scratch.rank_view), tried in a world of its own by `probe`."""
+    """What a rank's view takes (grader.rerun.sandbox.scratch.rank_view), tried in a world of its own by `probe`."""
     unshare_world(isolation)
     os.makedirs("/tmp/world/code")
     scratch.read_only("/tmp/world/code")
@@ -190,7 +190,7 @@ def world_uid(isolation: Isolation) -> int:
 
 def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) -> None:
     """In a rank, after its files are open and before any hand-in code: limits, then no privileges.
-    `nproc`: its RLIMIT_NPROC (grader.rerun.tasks.rank_nproc; 0: none); `dumpable`: False where
+    `nproc`: its RLIMIT_NPROC (grader.rerun.sandbox.tasks.rank_nproc; 0: none); `dumpable`: False where
     its watchdog may read it anyway (a leader privileged over the ranks' user id)."""
     def cap(kind, value):
         soft, hard = resource.getrlimit(kind)
@@ -258,7 +258,7 @@ def _readable(isolation: Isolation) -> None:
 def probe(mode: str, kit_root: str = "", sandbox: str = "", cgroups: list = ()) -> Isolation:
     """What holds for the processes of this zygote, seen from inside: `kit_root` (the kit's folder on
     the machine) must not be visible, only the loopback, only this sandbox's processes; `cgroups`
-    are the world's cgroup folders (grader.rerun.cgroup) the executor made."""
+    are the world's cgroup folders (grader.rerun.sandbox.cgroup) the executor made."""
     isolation = Isolation(mode=mode, sandbox=sandbox, uid=os.getuid(), watchdog=os.path.isdir("/proc/self/task"))
     isolation.cgroups = [c for c in cgroups if os.access(os.path.join(c, "cgroup.procs"), os.W_OK)]
     isolation.controllers = sorted({name for c in isolation.cgroups for name, files in

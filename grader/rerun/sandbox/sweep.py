@@ -1,8 +1,8 @@
 """Without the sandbox (`--sandbox off`), a world still ends whole: its processes and its files go
 with it.
 
-Inside the sandbox a world's PID namespace, its /tmp and /dev/shm end with it (grader.rerun.sandbox,
-grader.rerun.scratch). Without one, the zygote ends each world itself (`World`), after its leader:
+Inside the sandbox a world's PID namespace, its /tmp and /dev/shm end with it (grader.rerun.sandbox.namespaces,
+grader.rerun.sandbox.scratch). Without one, the zygote ends each world itself (`World`), after its leader:
 
 - processes. The leader runs in a cgroup of the world's own, below the executor's
   (`open_world`), and everything in it is killed when the world ends: a daemon
@@ -19,7 +19,7 @@ grader.rerun.scratch). Without one, the zygote ends each world itself (`World`),
   (docs/security.md).
 
 What still holds after a kill of the grader itself: the next executor removes the cgroup folders
-that no live grader owns (grader.rerun.cgroup), killing what is in them.
+that no live grader owns (grader.rerun.sandbox.cgroup), killing what is in them.
 """
 
 import os
@@ -28,10 +28,10 @@ import signal
 import stat
 import time
 
-from grader.rerun import scratch
+from grader.rerun.sandbox import scratch
 
 SWEPT = ("/tmp", "/var/tmp", "/dev/shm")
-# The grader's own scratch folders, as tempfile names them (grader.rerun.sandbox.scratch_dir): another
+# The grader's own scratch folders, as tempfile names them (grader.rerun.sandbox.namespaces.scratch_dir): another
 # batch of the same user may make one while a world runs.
 GRADERS_OWN = re.compile(r"a4-(grade|check|doctor|gradescope|integrity|sandbox)-[a-z0-9_]{8}")
 ROUNDS = 100          # kill, reap and look again, at most this often (10 ms apart)

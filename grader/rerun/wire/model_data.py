@@ -8,7 +8,7 @@ check's num_layers):
     embedding E       [V, d], real only in its own rows [r V/p, (r+1) V/p)
     blocks            L tuples (W_qkv [d, 3d], W_o [d, d], W1 [d, h], W2 [h, d]), each real only in
                       its own heads' columns of W_q, W_k, W_v, the same rows of W_o, its columns of
-                      W1 and rows of W2 (as grader.rerun.secret.layer lays out one block)
+                      W1 and rows of W2 (as grader.rerun.wire.secret.layer lays out one block)
     head W            [d, V], real only in its own columns [r V/p, (r+1) V/p)
 
 and its own noise everywhere else, so the step is right only if the ranks communicate: the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grader.rerun.protocol import PartSecret
+from grader.rerun.wire.protocol import PartSecret
 
 
 @dataclass

@@ -27,7 +27,7 @@ Everywhere else (an ordinary user without delegation, a laptop) the watchdog alo
 import os
 import secrets
 
-from grader.rerun import sweep
+from grader.rerun.sandbox import sweep
 
 CGROUP = "/a4-cgroup"   # where the world's folders are bound inside the sandbox: /a4-cgroup/0, /a4-cgroup/1
 LEADER_TASKS = 4        # the world's leader, its watchdog thread, its PID namespace's init: counted beside the world

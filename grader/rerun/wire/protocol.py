@@ -10,7 +10,7 @@ field's type, refuses a key no field has (grader.typed), and raises ProtocolErro
 the supervisor then ends the world. The supervisor, not the rank, says which part runs next (Run,
 with a fresh token the Result must echo), so a result for a part the supervisor has not started is
 a forgery by construction; the order of a rank's messages is the supervisor's to check
-(grader.rerun.supervise). Frames and tensors are grader.rerun.channel's.
+(grader.rerun.supervise). Frames and tensors are grader.rerun.wire.channel's.
 """
 
 import typing
@@ -20,7 +20,7 @@ from typing import Optional, Union
 
 from grader import typed
 from grader.limits import PART_SECONDS, WORLD_START_SECONDS
-from grader.rerun import channel
+from grader.rerun.wire import channel
 
 
 class ProtocolError(channel.ChannelError):
@@ -97,7 +97,7 @@ class WorldRequest:
 
 @dataclass
 class DataKey:
-    """The batch's data key (grader.rerun.secret), hex: sent after the job, read by the world's
+    """The batch's data key (grader.rerun.wire.secret), hex: sent after the job, read by the world's
     leader only once it has forked the ranks."""
     TYPE: typing.ClassVar[str] = "data_key"
     key: str = ""
@@ -123,7 +123,7 @@ class Ready:
 @dataclass
 class PartSecret:
     """The seeds of one part's data in one world, drawn by the world's leader after it forked the
-    ranks (grader.rerun.secret says what each seed makes). A rank is sent its own view: the blocks
+    ranks (grader.rerun.wire.secret says what each seed makes). A rank is sent its own view: the blocks
     that are not its own left out (None), and only its own noise seed."""
     seed: Optional[int] = None          # what every rank of the part shares (the batch, or its inputs)
     blocks: list[Optional[int]] = field(default_factory=list)   # one per rank: its own rows or columns
@@ -163,7 +163,7 @@ class Result:
     TYPE: typing.ClassVar[str] = "result"
     part: str = ""
     status: RankStatus = RankStatus.CRASHED
-    weight: Optional[dict] = None      # grader.rerun.channel.encode_tensor's form
+    weight: Optional[dict] = None      # grader.rerun.wire.channel.encode_tensor's form
     extra: dict[str, dict] = field(default_factory=dict)   # more tensors, by name, in the same form
                                                            # (a backward check's gradients)
     comm: list[dict] = field(default_factory=list)   # {"op", "numel", "reduce_op"} per collective called
@@ -173,7 +173,7 @@ class Result:
     seconds: float = 0.0
     error: Optional[ErrorInfo] = None
     oversize: int = 0                  # the values of a returned tensor refused for its size
-                                       # (grader.rerun.bounds; then no tensor, status crashed)
+                                       # (grader.rerun.wire.bounds; then no tensor, status crashed)
 
 
 @dataclass

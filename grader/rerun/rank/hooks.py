@@ -5,7 +5,7 @@ The spy's record names a hang (which collective each rank waited in, written bef
 that it survives the kill), and grader.verdict.comm fails a parallel part whose ranks did not call
 its collectives with the values they move. What tells apart a step that skips its communication
 (the whole batch computed on every rank, an all-reduce of zeros) is first the data: in a parallel
-part each rank holds real values only in its own share (grader.rerun.secret), so only an exchange
+part each rank holds real values only in its own share (grader.rerun.wire.secret), so only an exchange
 gives the right weight. The rank's code could patch this spy anyway: its record can fail a part,
 never pass one."""
 

@@ -1,6 +1,6 @@
 """A world's writable folders, /tmp and /dev/shm: new and empty for every world.
 
-Where worlds have namespaces of their own (grader.rerun.sandbox.unshare_world), each world's mount
+Where worlds have namespaces of their own (grader.rerun.sandbox.namespaces.unshare_world), each world's mount
 namespace gets a new tmpfs on both (`fresh`): nothing an earlier world left there, however it made
 it unremovable, is in sight, and it all goes when the world's last process does. Its code folder
 is mounted read only (`read_only`): no rank, whatever its user, writes bytecode or anything else
@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 
-from grader.rerun import readable
+from grader.rerun.sandbox import readable
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
@@ -37,7 +37,7 @@ def _mount(source, target, fstype, flags, data=None):
 def python_links() -> dict:
     """{path: its target} for the prefixes of the Python in use that are reached through a link (a
     venv at ~/venv linked to /scratch/venv): Python runs by that name, so the sandbox makes the same
-    link (grader.rerun.bwrap) and `fresh` makes it again in each world's /tmp."""
+    link (grader.rerun.sandbox.bwrap) and `fresh` makes it again in each world's /tmp."""
     paths = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}
     return {p: os.path.realpath(p) for p in sorted(paths) if os.path.realpath(p) != p}
 
@@ -91,12 +91,12 @@ def rank_view(work_dir: str, code_dir: str, shared: list, tmp_mb: int, own_user:
     rank's own progress file) bound in; every other mount is read only.
 
     No rank may reach another's files through /proc (/proc/PID/root, cwd, fd: each needs the right
-    to trace it). Ranks under a user id of the world's (root) are not dumpable (grader.rerun.sandbox
+    to trace it). Ranks under a user id of the world's (root) are not dumpable (grader.rerun.sandbox.namespaces
     .limit_rank): only their privileged leader reads them. Ranks of the grader's one id (`own_user`)
     get a user namespace each: a rank may trace only what lives in its own, while the leader, which
     made its parent, still may. Its RLIMIT_NPROC (`nproc`) is set first: the kernel holds the
     world's count in the world's namespace to the limit the namespace's creator had
-    (grader.rerun.tasks)."""
+    (grader.rerun.sandbox.tasks)."""
     if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unshare: {os.strerror(err)}")
@@ -152,7 +152,7 @@ def _all_read_only(keep: set) -> None:
 def passable(blocked: list, keep: list) -> None:
     """In a mount namespace of the caller's own (unshared already, as root): each folder of `blocked`
     (one only its owner may pass, as /root) becomes an empty tmpfs every user may pass through, with
-    the folders of `keep` below it (the Python's, grader.rerun.readable) bound back at their own
+    the folders of `keep` below it (the Python's, grader.rerun.sandbox.readable) bound back at their own
     paths. Ranks under a user id of their own then reach the Python, and nothing else of the folder."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     for top in blocked:

@@ -13,10 +13,10 @@ counts one world only
 and there the ranks get RLIMIT_NPROC = limits.processes. Elsewhere (an ordinary user without user
 namespaces: `--sandbox off`, a laptop's `check`) it would count the user's other programs too, 150
 idle threads of an editor included. There the world's tasks are counted by the world's leader
-(grader.rerun.memory.Watchdog, which ends the world past limits.processes) and RLIMIT_NPROC is set
+(grader.rerun.sandbox.memory.Watchdog, which ends the world past limits.processes) and RLIMIT_NPROC is set
 relative to what the user runs when the world starts (`backstop`): a fork bomb between two polls
 stops `limits.processes` tasks above the user's count. A pids cgroup of the world's own
-(grader.rerun.cgroup), where the grader can make one, holds the world exactly in every case.
+(grader.rerun.sandbox.cgroup), where the grader can make one, holds the world exactly in every case.
 
 Whatever holds a world, every level above it still counts the user as a whole: a user whose
 `ulimit -u` leaves less room than a world needs cannot grade, and `headroom` says so with the

@@ -20,7 +20,7 @@ import functools
 import re
 
 from grader import outline
-from grader.rerun.protocol import ErrorInfo, StopReason
+from grader.rerun.wire.protocol import ErrorInfo, StopReason
 
 OWN_FILES = ("assignment4.py", "utils.py")
 FRAMES_KEPT = 4          # the innermost frames of the hand-in's own files a hidden check shows

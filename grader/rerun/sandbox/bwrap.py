@@ -19,7 +19,7 @@ and nothing else: no kit, no reference, no rubric, no outputs, no other hand-in,
 directory, no network but its own loopback. Hand-in code reaches it over the zygote's pipe.
 
 Run by an ordinary user, bwrap makes the sandbox's user namespace (only that user mapped); each
-world then nests one of its own (grader.rerun.sandbox). Run by root, the grader first makes a user
+world then nests one of its own (grader.rerun.sandbox.namespaces). Run by root, the grader first makes a user
 namespace that maps 0 and a range of 65536 unused host ids (`wide_user_namespace`) and bwrap
 enters it: the zygote is root inside it, and each world's ranks run under an id of that range
 that no other world has, so neither root's exemption from the process limit nor root's right to
@@ -37,8 +37,8 @@ import sys
 from pathlib import Path
 
 from grader import kit
-from grader.rerun import environment
-from grader.rerun.scratch import python_links
+from grader.rerun.sandbox import environment
+from grader.rerun.sandbox.scratch import python_links
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Links of /usr point into it (Debian's alternatives): without it they dangle inside a world.
@@ -46,12 +46,15 @@ ALTERNATIVES = "/etc/alternatives"
 # What the zygote imports, and no more: no rubric, no kit paths, nothing of intake, evidence,
 # verdict or pipeline, none of the grader's side of rerun/ (executor, check, hidden, doctor, bwrap).
 # tests/test_layout.py holds this list to the zygote's imports.
-ENGINE = ("__init__.py", "limits.py", "parts/*.py", "typed.py", "rerun/__init__.py", "rerun/bounds.py",
-          "rerun/cgroup.py", "rerun/channel.py", "rerun/environment.py", "rerun/hooks.py", "rerun/memory.py",
-          "rerun/model_data.py", "rerun/outside.py", "rerun/protocol.py", "rerun/readable.py", "rerun/sandbox.py",
-          "rerun/scratch.py",
-          "rerun/secret.py", "rerun/sockets.py", "rerun/source.py", "rerun/supervise.py", "rerun/sweep.py",
-          "rerun/tasks.py", "rerun/worker.py", "rerun/world.py", "rerun/zygote.py")   # parts/*.py: every part
+ENGINE = ("__init__.py", "limits.py", "parts/*.py", "typed.py",   # parts/*.py: every part
+          "rerun/__init__.py", "rerun/supervise.py", "rerun/world.py", "rerun/zygote.py",
+          "rerun/rank/*.py",   # what runs inside a rank: all of it
+          "rerun/wire/__init__.py", "rerun/wire/bounds.py", "rerun/wire/channel.py", "rerun/wire/model_data.py",
+          "rerun/wire/protocol.py", "rerun/wire/secret.py",
+          "rerun/sandbox/__init__.py", "rerun/sandbox/cgroup.py", "rerun/sandbox/environment.py",
+          "rerun/sandbox/memory.py", "rerun/sandbox/namespaces.py", "rerun/sandbox/outside.py",
+          "rerun/sandbox/readable.py", "rerun/sandbox/scratch.py", "rerun/sandbox/sockets.py",
+          "rerun/sandbox/sweep.py", "rerun/sandbox/tasks.py")
 PASSWD = "a4:x:{uid}:{gid}:a4 sandbox:/tmp:/bin/false\n"
 CLONE_NEWUSER = 0x10000000
 # How to get the sandbox where user namespaces are refused to ordinary users: the machine's own
@@ -249,7 +252,7 @@ def command(bwrap: str, staged: Path, tmp_mb: int, argv: list, userns: int = Non
 
 def inside_environment(cgroups: list = ()) -> dict:
     """The zygote's whole environment inside the sandbox: the engine first on PYTHONPATH, then a module
-    Python's own variables, one thread per pool and no GPU (grader.rerun.environment), its cgroups."""
+    Python's own variables, one thread per pool and no GPU (grader.rerun.sandbox.environment), its cgroups."""
     python = environment.python_variables()
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            **python, **environment.ENVIRONMENT,
