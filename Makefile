@@ -118,7 +118,7 @@ test-student: $(STAMP)
 test-configs: $(STAMP)
 	@$(TIMED) $(PYTEST_FILES) -m configs
 
-# The kit's suite run again in an instructor's changed copy of the kit, the optional parts off and Part 5 on
+# The kit's suite run again in an instructor's changed copy of the kit, the optional parts off and all on
 # (tests/test_course_rubric.py, marker course): one copy per process.
 test-course: $(STAMP)
 	@$(TIMED) $(PY) -m pytest -m course -n $(TEST_PROCESSES) --dist load

@@ -36,76 +36,67 @@ FULL_CSV = f"{FULL:g}"
 FAST = {"timeouts": {"part": 3, "process_group": 2, "world_start": 30, "handin": 300}}
 
 
+def fitted(data: dict) -> dict:
+    """A copy of rubric `data` (as YAML reads it) in which every size that an optional part it turns
+    on splits over the ranks (grader.parts: `splits`) divides by each world size its check runs at,
+    set to the nearest multiple, as the rubric's refusal says to do: a course without that part may
+    have such a check (a world of 3 ranks). A test that adds a check to a course's rubric fits it."""
+    data = copy.deepcopy(data)
+    on = [BY_ID[part] for part in data.get("parts") or {} if part in BY_ID and BY_ID[part].optional]
+    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
+    for check in data.get("checks") or []:
+        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
+        step = math.lcm(*sizes)
+        for size in dict.fromkeys(size for part in on for size, by, _ in part.splits if by == "world_size"):
+            value = check.get(size, getattr(Check(), size))
+            if value % step:
+                check[size] = step * max(1, round(value / step))
+    return data
+
+
+def built_on(part: str) -> set:
+    """The ids of the parts whose code builds on `part` (grader.parts: `needs`), directly or not: a
+    mistake in `part` may fail them too, and the rubric refuses them on without it."""
+    found, grew = set(), True
+    while grew:
+        more = {p.id for p in BY_ID.values() if ({part} | found) & set(p.needs)} - found
+        found, grew = found | more, bool(more)
+    return found
+
+
 PART5 = {"megatron_mlp": {"log": 2, "rerun": 8, "bonus": True}}   # Part 5 turned on, as a bonus
+PART6 = {"vocab_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 6 turned on, as a bonus
+PART7 = {"transformer_block": {"log": 2, "rerun": 8, "bonus": True}}   # Part 7 turned on, as a bonus
+PART8 = {"sequence_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 8 turned on, as a bonus
+
+
+def _with(data: dict, *parts: dict) -> dict:
+    data = copy.deepcopy(data)
+    for part in parts:
+        data["parts"] = {**(data.get("parts") or {}), **part}
+    return fitted(data)
 
 
 def with_part5(data: dict) -> dict:
-    """A copy of rubric `data` (as YAML reads it) with Part 5 turned on as a bonus, and each check
-    whose world sizes do not divide its hidden width given one they divide, as the rubric's refusal
-    says to do: a course without Part 5 may have such a check (a world of 3 ranks)."""
-    data = copy.deepcopy(data)
-    data["parts"] = {**(data.get("parts") or {}), **PART5}
-    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
-    for check in data.get("checks") or []:
-        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
-        width, step = check.get("hidden_dim", Check().hidden_dim), math.lcm(*sizes)
-        if width % step:
-            check["hidden_dim"] = step * max(1, round(width / step))
-    return data
-
-
-PART6 = {"vocab_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 6 turned on, as a bonus
+    """A copy of rubric `data` with Part 5, Megatron's MLP, turned on as a bonus, fitted."""
+    return _with(data, PART5)
 
 
 def with_part6(data: dict) -> dict:
-    """A copy of rubric `data` (as YAML reads it) with Part 6 turned on as a bonus, and each check
-    whose world sizes do not divide its vocabulary given one they divide, as the rubric's refusal
-    says to do (as with_part5 does for Part 5's hidden width)."""
-    data = copy.deepcopy(data)
-    data["parts"] = {**(data.get("parts") or {}), **PART6}
-    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
-    for check in data.get("checks") or []:
-        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
-        vocab, step = check.get("vocab_size", Check().vocab_size), math.lcm(*sizes)
-        if vocab % step:
-            check["vocab_size"] = step * max(1, round(vocab / step))
-    return data
-
-
-PART7 = {"transformer_block": {"log": 2, "rerun": 8, "bonus": True}}   # Part 7 turned on, as a bonus
+    """A copy of rubric `data` with Part 6, the vocab-parallel loss, turned on as a bonus, fitted."""
+    return _with(data, PART6)
 
 
 def with_part7(data: dict) -> dict:
     """A copy of rubric `data` with Part 7, the transformer block, turned on as a bonus, with Parts 5
-    and 6 it builds on (with_part5, with_part6), and each check whose world sizes do not divide its
-    heads given a number of heads they divide."""
-    data = with_part6(with_part5(data))
-    data["parts"].update(PART7)
-    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
-    for check in data.get("checks") or []:
-        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
-        heads, step = check.get("num_heads", Check().num_heads), math.lcm(*sizes)
-        if heads % step:
-            check["num_heads"] = step * max(1, round(heads / step))
-    return data
-
-
-PART8 = {"sequence_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 8 turned on, as a bonus
+    and 6 it builds on, fitted."""
+    return _with(data, PART5, PART6, PART7)
 
 
 def with_part8(data: dict) -> dict:
     """A copy of rubric `data` with Part 8, sequence parallelism, turned on as a bonus, with Parts 5-7
-    it builds on (with_part7), and each check whose world sizes do not divide its sequence given a
-    seq_len they divide."""
-    data = with_part7(data)
-    data["parts"].update(PART8)
-    public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
-    for check in data.get("checks") or []:
-        sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
-        seq, step = check.get("seq_len", Check().seq_len), math.lcm(*sizes)
-        if seq % step:
-            check["seq_len"] = step * max(1, round(seq / step))
-    return data
+    it builds on, fitted."""
+    return _with(data, PART5, PART6, PART7, PART8)
 
 
 # Every optional part on (the last part's turns on those it builds on): what the course's copy runs.

@@ -15,6 +15,7 @@ from grader.parts.common import local_ranks
 from grader.parts.tensor_parallel import tp_step
 from grader.verdict.say import Say
 from tests.worlds import closed_form_step
+from tests.corpus import fitted
 
 CHECK = Check(name="t", world_size=4, seed=5, global_batch_size=24, input_dim=7, output_dim=8, accumulation_steps=3)
 HIDDEN = Check(name="h", hidden=True, world_size=4, seed=5, global_batch_size=24, input_dim=7, output_dim=8,
@@ -297,8 +298,9 @@ def test_a_backward_check_needs_only_what_its_layer_splits():
     data = yaml.safe_load(DEFAULT_RUBRIC.read_text())
     data["checks"].append({"name": "odd-batch", "hidden": True, "kind": "backward", "world_size": 3, "seed": 3,
                            "global_batch_size": 7, "input_dim": 5, "output_dim": 9, "accumulation_steps": 2,
-                           "hidden_dim": 12})   # what Part 5's block splits, where a course turns it on
-    assert rubric_from_dict(data, "r.yaml").checks[-1].name == "odd-batch"
+                           "hidden_dim": 12})
+    # what the optional parts a course turns on split over its 3 ranks (Part 5's width: 12) divides
+    assert rubric_from_dict(fitted(data), "r.yaml").checks[-1].name == "odd-batch"
 
 
 FIX = re.compile(r"(?:checks\[\d+\] \((?P<check>[^)]+)\)|the public check '(?P<public>[^']+)').*set the "

@@ -3,7 +3,7 @@ points, a new hidden check, another default batch (in the rubric, the reference 
 alike) and another tolerance builds its release, and the kit's own tests pass in it, the
 stock-course tests skipped and named.
 
-Those two runs of the suite in a copy (the optional parts off, and Part 5 on) carry the marker `course`: `make test`
+Those two runs of the suite in a copy (the optional parts off, and every one on) carry the marker `course`: `make test`
 leaves them out and says so, `make test-course` runs them, and `.ci/run` runs both targets."""
 
 import os
@@ -17,7 +17,7 @@ import yaml
 
 from grader.instructor.config import reference_constants
 from grader.parts import OPTIONAL_PART_IDS
-from tests.corpus import ROOT, with_part5
+from tests.corpus import ROOT, with_every_part
 
 KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "docs", "README.md", "pyproject.toml")
 # The kit's tests run in the changed copy: the whole corpus graded and diagnosed, the rubric and the
@@ -48,8 +48,8 @@ def instructors_copy(tmp_path: Path) -> Path:
 def customise(copy: Path, optional: bool = False) -> dict:
     """What a new instructor changes: Part 1 raised by 3 points, two hidden checks added (one of 3
     ranks, a world size the stock course has none of), the default batch doubled everywhere it is
-    said, a looser tolerance; with `optional`, the optional Part 5 turned on as a bonus (the hidden
-    widths its checks' world sizes need, as a refused rubric says). Returns the new default batch."""
+    said, a looser tolerance; with `optional`, every optional part turned on as a bonus (each size
+    a part splits fitted to its check's world sizes, as a refused rubric says). Returns the new default batch."""
     rubric_path = copy / "grader" / "rubric.yaml"
     rubric = yaml.safe_load(rubric_path.read_text())
     rubric["parts"]["baseline"]["rerun"] += 3
@@ -59,11 +59,8 @@ def customise(copy: Path, optional: bool = False) -> dict:
     rubric["checks"].append({"name": f"three-ranks-{len(rubric['checks'])}", "hidden": True, "world_size": 3,
                              "seed": 6, "global_batch_size": 36, "input_dim": 11, "output_dim": 21,
                              "accumulation_steps": 3})   # a world size the stock course has none of
-    if optional:   # with the hidden widths its checks' world sizes need, as a refused rubric says
-        # Part 5 only: with Parts 6-8 on too, the suite's own tests still assume Part 5 is the only
-        # optional part (its mutants break Part 7's block, and are not marked so); tests.corpus.
-        # with_every_part turns them all on once they do.
-        rubric = with_part5(rubric)
+    if optional:   # with the sizes its checks' world sizes split, as a refused rubric says
+        rubric = with_every_part(rubric)
     rubric["tolerance"] = {"rtol": 2e-4, "atol": 2e-5}
     reference = copy / "assignment_4" / "reference" / "assignment4.py"
     old = reference_constants(reference)["global_batch_size"]
@@ -102,9 +99,11 @@ def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path
         (ROOT / "grader" / "rubric.yaml").read_text())["parts"]["baseline"]["rerun"] + 3
     assert {c["global_batch_size"] for c in public["checks"]} == {batch["new"]}
     assert batch["added"] not in (tmp_path / "release" / "grader" / "rubric-public.yaml").read_text()
-    assert ("megatron_mlp" in public["parts"]) == optional
-    assert not set(OPTIONAL_PART_IDS[1:]) & set(public["parts"]), public["parts"]
-    assert ("class RowParallelLinear" in (tmp_path / "release" / "assignment_4" / "assignment4.py").read_text()) == optional
+    assert (set(OPTIONAL_PART_IDS) <= set(public["parts"])) == optional
+    assert optional or not set(OPTIONAL_PART_IDS) & set(public["parts"]), public["parts"]
+    shipped = (tmp_path / "release" / "assignment_4" / "assignment4.py").read_text()
+    for made in ("class RowParallelLinear", "class VocabParallelEmbedding", "class ParallelSelfAttention"):
+        assert (made in shipped) == optional, made
 
     suite = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slurm", "-k", UNRELATED, *SUITE,
                 timeout=1740)

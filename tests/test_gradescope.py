@@ -41,10 +41,11 @@ def submission(reference_run, tmp_path):
 def test_a_submission_is_graded_into_results_json(submission, tmp_path):
     results = tmp_path / "results" / "results.json"
     grade_submission(submission, results, tmp_path / "submission_metadata.json",
-                     fast_rubric(tmp_path, checks=[{"name": "default"}]))
+                     fast_rubric(tmp_path, checks=[{"name": "default"}, {"name": "default-backward", "kind": "backward"}]))
     doc = json.loads(results.read_text())
     assert doc["score"] == FULL and doc["extra_data"]["student"] == "s1234"
-    parts = load_rubric().part_ids   # a log test and a re-run test of each: no hidden check here
+    parts = load_rubric().part_ids   # a log test and a re-run test of each (a backward check for the
+    # parts that run only there): no hidden check here
     assert doc["extra_data"]["status"] == "graded" and len(doc["tests"]) == 2 * len(parts)
     assert all(t["status"] == "passed" for t in doc["tests"])
     assert doc["extra_data"]["network"] == "closed: own network namespace, loopback only"

@@ -11,8 +11,8 @@ import yaml
 from grader.batch.run import grade_batch
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
 from grader.verdict import megatron
-from tests.corpus import (MUTANTS, PART5, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint, skeleton,
-                          with_part5, write_zip)
+from tests.corpus import (MUTANTS, PART5, REFERENCE, ROOT, Files, built_on, fast_rubric, mutate, refingerprint,
+                          skeleton, with_part5, write_zip)
 from tests.worlds import load_module, run_world
 
 MLP_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.part == "megatron_mlp")
@@ -27,12 +27,13 @@ def test_the_stock_course_leaves_part_5_off():
 
 def test_a_rubric_turns_part_5_on_as_a_bonus_and_off_with_null():
     data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
-    data["parts"].pop("megatron_mlp", None)
+    for part in {"megatron_mlp"} | built_on("megatron_mlp"):   # off with the parts that build on it
+        data["parts"].pop(part, None)
     off = rubric_from_dict(data)
     assert "megatron_mlp" not in off.part_ids and all("megatron_mlp" not in off.parts_at(c) for c in off.checks)
     data = with_part5(data)   # the hidden widths a course's world sizes need, if any
     on = rubric_from_dict(data)
-    assert on.part_ids[-1] == "megatron_mlp" and on.max_score == off.max_score   # a bonus: on top
+    assert "megatron_mlp" in on.part_ids and on.max_score == off.max_score   # a bonus: on top
     assert all("megatron_mlp" in on.parts_at(c) for c in on.checks)
     data["parts"]["megatron_mlp"] = None   # an overlay's way of turning it off
     assert rubric_from_dict(data).digest() == off.digest() != on.digest()
@@ -123,8 +124,9 @@ def test_the_reference_passes_part_5_at_every_check_with_its_log_and_bonus(grade
     part = r["parts"]["megatron_mlp"]
     assert part["status"] == "passed", part["message"]
     assert [o["check"] for o in part["checks"]] == [c.name for c in rubric.checks]
-    assert part["log"]["passed"] and part["score"] == 10
-    assert r["max_score"] == rubric.max_score and r["score"] == rubric.max_score + 10
+    assert part["log"]["passed"] and part["score"] == rubric.parts["megatron_mlp"].log + rubric.parts["megatron_mlp"].rerun
+    bonus = sum(p.log + p.rerun for p in rubric.parts.values() if p.bonus)   # Part 5's, and any other's on
+    assert r["max_score"] == rubric.max_score and r["score"] == rubric.max_score + bonus
     assert "megatron_mlp" in (out / "grades.csv").read_text().splitlines()[0]
 
 
@@ -142,7 +144,9 @@ def test_each_part_5_mistake_fails_part_5_with_its_diagnosis_and_costs_nothing_e
     public = [o for o in part["checks"] if not o["hidden"]]
     assert all(o["status"] == "passed" for o in public) == mutant.hidden_only, part["message"]
     for other, p in r["parts"].items():
-        if other != "megatron_mlp":
+        if other in built_on("megatron_mlp"):   # its block is Part 5's: the mistake is its too
+            assert p["status"] in ("passed", "failed"), (other, p["message"])
+        elif other != "megatron_mlp":
             assert p["status"] == "passed" and p["score"] == rubric.parts[other].log + rubric.parts[other].rerun, \
                 (other, p["message"])
 

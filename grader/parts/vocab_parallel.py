@@ -72,7 +72,7 @@ def should(check: dict, kind: str, hidden: bool) -> str:
 
 
 PART = Part(
-    "vocab_parallel", "Part 6 (optional): the vocabulary split over the ranks", "VocabParallel", FUNCTION,
+    "vocab_parallel", "Part 6 (optional): a vocab-parallel embedding and loss", "VocabParallel", FUNCTION,
     ("vocab_slice", "VocabReduce", "VocabParallelEmbedding", "all_reduce_vocab", "VocabParallelCrossEntropy",
      "vocab_parallel_cross_entropy", FUNCTION),
     layouts={BACKWARD: VOCAB}, runs={BACKWARD: loss_and_gradients},
