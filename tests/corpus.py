@@ -55,8 +55,11 @@ def fitted(data: dict) -> dict:
 
 
 def built_on(part: str) -> set:
-    """The ids of the parts whose code builds on `part` (grader.parts: `needs`), directly or not: a
-    mistake in `part` may fail them too, and the rubric refuses them on without it."""
+    """The ids of the optional parts whose code builds on `part`, where a mistake in `part` may fail
+    them too: every optional part builds on the parts always on (Part 4's f and g, the step), and an
+    optional part on those it needs (grader.parts: `needs`, directly or not)."""
+    if not BY_ID[part].optional:
+        return {p.id for p in BY_ID.values() if p.optional}
     found, grew = set(), True
     while grew:
         more = {p.id for p in BY_ID.values() if ({part} | found) & set(p.needs)} - found
@@ -127,6 +130,7 @@ class Mutant:
                               # which corroborates the log): its log still counts
     also: tuple = ()          # other parts its change breaks too, where the rubric grades them (code
                               # they share: Part 5's f is Part 4's BroadcastParallel)
+    or_crashes: bool = False  # crashes instead, at sizes where its wrong shape cannot be made at all
 
 
 MUTANTS = {
@@ -308,7 +312,8 @@ MUTANTS = {
     "tb_heads_not_divided": Mutant("transformer_block", [
         ("        qkv = qkv.reshape(bsz, seq, 3, self.local_heads, self.head_dim)\n",
          "        qkv = qkv.reshape(bsz, seq, 3, num_heads, -1)\n")],
-        diagnosis="the heads are not divided over the ranks"),
+        diagnosis="the heads are not divided over the ranks",
+        or_crashes=True),   # where d / world_size is not a multiple of num_heads (a course's 3 ranks)
     "tb_qkv_ungrouped": Mutant("transformer_block", [
         ("        grouped = torch.cat([torch.cat([q[r], k[r], v[r]], dim=1) for r in range(world_size)], dim=1)\n",
          "        grouped = w_qkv\n")],
