@@ -182,11 +182,11 @@ def judge(run, m: Model, part: str, check, tol, say: Say = None, passed=()) -> C
 
     def gathered(rank, r):
         return SAID["gathered"] if _gathered(r, check) else ""
-    say_wrong, right = "the step is wrong", "the loss and the updated parameters match the single-device model's step on every rank"
-    outcome = by_rank(run, check, say, lambda rank, r: _problem(r, rank, want[rank], m, p, tol, say, cache),
-                      wrong=say_wrong, right=right, worst=worst)
+    said = dict(wrong="the step is wrong", worst=worst,
+                right="the loss and the updated parameters match the single-device model's step on every rank")
+    outcome = by_rank(run, check, say, lambda rank, r: _problem(r, rank, want[rank], m, p, tol, say, cache), **said)
     if outcome.status == Status.PASSED and p > 1:
-        outcome = by_rank(run, check, say, gathered, wrong=say_wrong, right=right, worst=worst)
+        outcome = by_rank(run, check, say, gathered, **said)
     return outcome
 
 
