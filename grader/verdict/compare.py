@@ -163,6 +163,15 @@ def by_rank(run, check, say: Say, problem, *, wrong: str, right: str, worst=None
     return outcome
 
 
+def output_worst(want: list):
+    """by_rank's `worst` for a block run alone: the largest difference of a rank's output (what it
+    returns first) from want[rank]["output"]; None where the shapes differ."""
+    def worst(rank, r):
+        expected = want[rank]["output"]
+        return float((r.weight - expected).abs().max()) if r.weight.shape == expected.shape else None
+    return worst
+
+
 def judge(run, exp: Expected, part: str, check, tol, say: Say = None, passed=()) -> CheckOutcome:
     """The outcome of one part at one check, from its PartRun. `passed`: the checks this part passed
     already (grader.verdict.diagnose); `say`: how this check's numbers are said."""

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from grader.results import CheckOutcome, Status
 from grader.verdict import transformer
-from grader.verdict.compare import by_rank
+from grader.verdict.compare import by_rank, output_worst
 from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 from grader.verdict.transformer import PARAMETERS, WHAT, Layer, close, seeded, served
@@ -152,11 +152,9 @@ def judge(run, layer: Layer, part: str, check, tol, say: Say = None, passed=()) 
     """The outcome of the block alone at a backward check: every rank's slices and gradients."""
     say, p = say or Say(check), check.world_size
     want = ranks(layer, p) if run.status == Status.PASSED else []
-
-    def worst(rank, r):
-        return float((r.weight - want[rank]["output"]).abs().max()) if r.weight.shape == want[rank]["output"].shape else None
     return by_rank(run, check, say, lambda rank, r: _problem(r, rank, want[rank], layer, p, tol, say),
-                   wrong="sequence parallelism is wrong", right="every rank's slices and gradients match the single-device block's", worst=worst)
+                   wrong="sequence parallelism is wrong", worst=output_worst(want),
+                   right="every rank's slices and gradients match the single-device block's")
 
 
 # The part's record names it (grader.parts.sequence_parallel: `judging`).

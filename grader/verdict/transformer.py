@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from grader.parts.common import close as _same, output_gradient
 from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
-from grader.verdict.compare import by_rank
+from grader.verdict.compare import by_rank, output_worst
 from grader.verdict.judging import Judging
 from grader.verdict.say import Say
 
@@ -241,11 +241,9 @@ def judge(run, layer: Layer, part: str, check, tol, say: Say = None, passed=()) 
     """The outcome of the block alone at a backward check: every rank's output and gradients."""
     say, p = say or Say(check), check.world_size
     want = ranks(layer, p) if run.status == Status.PASSED else []
-
-    def worst(rank, r):
-        return float((r.weight - want[rank]["output"]).abs().max()) if r.weight.shape == want[rank]["output"].shape else None
     return by_rank(run, check, say, lambda rank, r: _problem(r, rank, want[rank], layer, p, tol, say),
-                   wrong="the block is wrong", right="the block's output and gradients match the single-device block's on every rank", worst=worst)
+                   wrong="the block is wrong", worst=output_worst(want),
+                   right="the block's output and gradients match the single-device block's on every rank")
 
 
 # The part's record names it (grader.parts.transformer_block: `judging`).
