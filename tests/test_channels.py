@@ -187,24 +187,27 @@ def test_a_killed_graders_cgroups_and_what_is_in_them_go_at_the_next_start(tmp_p
         grader.kill()
         grader.wait()
         pytest.skip("no cgroup for the worlds here: nothing of a killed grader's to remove")
+    daemons = []
     try:
         deadline = time.monotonic() + 300
-        while (time.monotonic() < deadline and grader.poll() is None
-               and not any(_threads(pid) > 50 for pid in _in_cgroup(folders[0]))):
+        while time.monotonic() < deadline and grader.poll() is None and not daemons:
             time.sleep(0.5)   # until the daemon has its threads
+            daemons = [pid for pid in _in_cgroup(folders[0]) if _threads(pid) > 50]
         assert grader.poll() is None, f"the world ended before the test could kill its grader: {grader.stdout.read()}"
-
     finally:
         grader.kill()
         grader.wait()
     time.sleep(1)
-    stale = _live({pid for folder in folders for pid in _in_cgroup(folder)})
-    assert stale and all(folder.exists() for folder in folders)   # what a killed grader leaves
+    # What a killed grader leaves: its folders, the daemon alive in them. An executor that another
+    # test starts meanwhile may already have removed both (as it should); then the test's own start
+    # below finds nothing left, and the end is the same.
+    if all(folder.exists() for folder in folders):
+        assert _live(daemons), "the daemon ended with the grader: the test proves nothing"
     subprocess.run([sys.executable, "-c", "from grader.rerun.sandbox import cgroup\nc = cgroup.WorldCgroup.make()\n"
                     "c and c.remove()"], cwd=ROOT, check=True, timeout=120)
     time.sleep(0.5)
     assert not any(folder.exists() for folder in folders)
-    assert _live(stale) == []
+    assert _live(daemons) == []
     for path in _left_behind():   # nothing removes a killed world's files; this test does
         subprocess.run(["chmod", "-R", "u+w", path])
         subprocess.run(["rm", "-rf", path])
