@@ -21,6 +21,7 @@ grader.rubric raises them together as one RubricError (`refusal`).
 import dataclasses
 import math
 
+from grader.names import listed
 from grader.parts import BY_ID, OWN_SIZES, PARTS
 
 OWN = "the check's"   # how advice names a check's own size
@@ -38,11 +39,6 @@ def _nearby(size: int, by: int) -> str:
     """Values near `size` that `by` divides, as advice: "126 or 129"."""
     below = size - size % by
     return " or ".join(str(v) for v in dict.fromkeys(v for v in (below, below + by) if v >= by))
-
-
-def _and(words: list) -> str:
-    """"a", "a and b", "a, b and c"."""
-    return " and ".join(w for w in (", ".join(words[:-1]), words[-1]) if w)
 
 
 def _splits(rubric, copy, size: str) -> list:
@@ -70,9 +66,9 @@ def _fix(size: str, total: int, entries: list, broken: list, original, whose: st
             else:
                 public[value] = str(value)
     public = {v: w for v, w in public.items() if v not in own}
-    labels = list(own.values()) + ([f"the public world size{'s' if len(public) > 1 else ''} {_and(list(public.values()))}"]
+    labels = list(own.values()) + ([f"the public world size{'s' if len(public) > 1 else ''} {listed(list(public.values()))}"]
                                    if public else [])
-    which = "" if len(own) + len(public) < 2 else f", which {_and(labels)} {'both' if len(own) + len(public) == 2 else 'all'} divide"
+    which = "" if len(own) + len(public) < 2 else f", which {listed(labels)} {'both' if len(own) + len(public) == 2 else 'all'} divide"
     off = ", or leave the part off" if all(BY_ID[part].optional for _, part, _, _ in broken) else ""
     return f"set {whose} {size} to a multiple of {step} (e.g. {_nearby(total, step)}){which}{off}"
 
@@ -92,7 +88,7 @@ def _size_problem(source: str, i: int, group: list, size: str, rubric) -> str:
     said = "; and ".join(_clause(e, original, size, total, at_own) for e in broken)
     if at_own:
         return f"{where(source, i, original)}: {said}: {_fix(size, total, entries, broken, original, OWN)}"
-    sizes = _and([str(c.world_size) for c, *_ in broken])
+    sizes = listed([str(c.world_size) for c, *_ in broken])
     many = len(broken) > 1
     fix = _fix(size, total, entries, broken, original, "the public check's")
     return (f"{source}.public_world_sizes: {sizes} run{'' if many else 's'} the public check '{original.name}' "
@@ -213,8 +209,8 @@ def needs_problems(rubric, source: str) -> list:
         off = [BY_ID[n] for n in BY_ID[part].needs if n not in rubric.part_ids]
         if off:
             said.append(f"{source}.parts: {BY_ID[part].title} builds on the code of "
-                        f"{_and([n.title for n in off])}, which the rubric leaves off: turn "
-                        f"{_and([n.id for n in off])} on too, or leave {part} off")
+                        f"{listed([n.title for n in off])}, which the rubric leaves off: turn "
+                        f"{listed([n.id for n in off])} on too, or leave {part} off")
     return said
 
 

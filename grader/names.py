@@ -78,3 +78,9 @@ def cell(text) -> str:
     """`text` safe as a CSV cell a spreadsheet opens: one line, never a formula."""
     text = plain(text)
     return "'" + text if text.startswith(FORMULA) else text
+
+
+def listed(words: list) -> str:
+    """Words as a sentence lists them: "a", "a and b", "a, b and c"."""
+    words = list(words)
+    return " and ".join(w for w in (", ".join(words[:-1]), words[-1] if words else "") if w)

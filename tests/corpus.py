@@ -42,7 +42,8 @@ def fitted(data: dict) -> dict:
     set to the nearest multiple, as the rubric's refusal says to do: a course without that part may
     have such a check (a world of 3 ranks). A test that adds a check to a course's rubric fits it."""
     data = copy.deepcopy(data)
-    on = [BY_ID[part] for part in data.get("parts") or {} if part in BY_ID and BY_ID[part].optional]
+    on = [BY_ID[part] for part, points in (data.get("parts") or {}).items()
+          if points is not None and part in BY_ID and BY_ID[part].optional]
     public_sizes = data.get("public_world_sizes", Rubric().public_world_sizes)
     for check in data.get("checks") or []:
         sizes = [check.get("world_size", Check().world_size)] + ([] if check.get("hidden") else public_sizes)
@@ -71,6 +72,15 @@ PART5 = {"megatron_mlp": {"log": 2, "rerun": 8, "bonus": True}}   # Part 5 turne
 PART6 = {"vocab_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 6 turned on, as a bonus
 PART7 = {"transformer_block": {"log": 2, "rerun": 8, "bonus": True}}   # Part 7 turned on, as a bonus
 PART8 = {"sequence_parallel": {"log": 2, "rerun": 8, "bonus": True}}   # Part 8 turned on, as a bonus
+
+
+def without_optional(data: dict) -> dict:
+    """A copy of rubric `data` (as YAML reads it) with every optional part off (null, as an overlay
+    read on top of the course's rubric turns one off): where a test that turns parts on starts, so
+    that it grades those parts alone in any course."""
+    data = copy.deepcopy(data)
+    data["parts"] = {k: None if k in BY_ID and BY_ID[k].optional else v for k, v in (data.get("parts") or {}).items()}
+    return data
 
 
 def _with(data: dict, *parts: dict) -> dict:

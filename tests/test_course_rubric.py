@@ -17,7 +17,7 @@ import yaml
 
 from grader.instructor.config import reference_constants
 from grader.parts import OPTIONAL_PART_IDS
-from tests.corpus import ROOT, with_every_part
+from tests.corpus import ROOT, fitted, with_every_part
 
 KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "docs", "README.md", "pyproject.toml")
 # The kit's tests run in the changed copy: the whole corpus graded and diagnosed, the rubric and the
@@ -64,8 +64,8 @@ def customise(copy: Path, optional: bool = False) -> dict:
     rubric["checks"].append({"name": f"three-ranks-{len(rubric['checks'])}", "hidden": True, "world_size": 3,
                              "seed": 6, "global_batch_size": 36, "input_dim": 11, "output_dim": 21,
                              "accumulation_steps": 3})   # a world size the stock course has none of
-    if optional:   # with the sizes its checks' world sizes split, as a refused rubric says
-        rubric = with_every_part(rubric)
+    # the sizes each optional part on splits fitted to the checks' world sizes, as a refused rubric says
+    rubric = with_every_part(rubric) if optional else fitted(rubric)
     rubric["tolerance"] = {"rtol": 2e-4, "atol": 2e-5}
     reference = copy / "assignment_4" / "reference" / "assignment4.py"
     old = reference_constants(reference)["global_batch_size"]

@@ -58,7 +58,8 @@ def _leak(part):
     if part == "baseline":
         raise type(f"Leak{global_batch_size}x{input_dim}", (Exception,), {})(said)
     namespace = {}
-    code = "\\n" * (local_batch_size * input_dim) + "def single_step():\\n    raise ValueError(said)\\n"
+    # past the end of any hand-in's file (files.max_code_lines), whatever a course's sizes
+    code = "\\n" * (100000 + local_batch_size * input_dim) + "def single_step():\\n    raise ValueError(said)\\n"
     exec(compile(code, __file__, "exec"), {"said": said}, namespace)
     namespace["single_step"]()
 '''
@@ -103,7 +104,7 @@ def leaked(text: str) -> list:
     for v in sorted(secrets() - totals):
         if v >= 10 and re.search(rf"0x0*{v:x}\b", text, re.IGNORECASE):
             found.append(hex(v))
-        if v >= 100 and re.search(rf"(?<![\w.]){v}(?![\w]|\.\d)", text):
+        if v >= 100 and re.search(rf"(?<![\w.]){v}(?![\w%]|\.\d)", text):   # 100% is a pass rate
             found.append(v)
     for c in HIDDEN:
         local = c.global_batch_size // c.world_size

@@ -18,7 +18,7 @@ from grader.rerun.wire.protocol import PartSecret
 from grader.rubric import Check, RubricError, load_rubric, rubric_from_dict
 from grader.verdict import comm, vocab
 from tests.corpus import (MUTANTS, PART6, REFERENCE, ROOT, Files, fast_rubric, mutate, refingerprint, skeleton,
-                          with_part6, write_zip)
+                          with_part6, without_optional, write_zip)
 from tests.worlds import load_module, run_world
 
 VOCAB_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.part == "vocab_parallel")
@@ -53,16 +53,17 @@ def test_the_stock_course_leaves_part_6_off():
 
 
 def test_a_rubric_turns_part_6_on_as_a_bonus_and_refuses_a_vocabulary_the_ranks_cannot_split():
-    data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
+    data = without_optional(yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text()))
     off = rubric_from_dict(data)
     on = rubric_from_dict(with_part6(data))
     assert on.part_ids[-1] == "vocab_parallel" and on.max_score == off.max_score   # a bonus: on top
     assert [c.name for c in on.checks if "vocab_parallel" in on.parts_at(c)] == \
         [c.name for c in on.checks if c.kind == "backward"]
     assert off.digest() != on.digest()
-    data = with_part6(data)
-    data["checks"][1]["vocab_size"] = 66
-    data["checks"][-1]["vocab_size"] = 50
+    data = with_part6(data)   # Part 6 runs at backward checks: their sizes are the ones refused
+    backward = [c for c in data["checks"] if c.get("kind") == "backward" and c.get("world_size", 4) > 1]
+    backward[0]["vocab_size"] = 66   # default-backward, at 4 ranks
+    backward[-1]["vocab_size"] = 50
     with pytest.raises(RubricError) as info:
         rubric_from_dict(data, "r.yaml")
     said = str(info.value)
@@ -121,7 +122,7 @@ def test_the_reference_moves_exactly_what_part_6_says_at_every_check_of_several_
     """Part 6's `moves` are the reference's real calls (the two [B, d] all-reduces of f and g, the two
     [B] sums of the loss; the max is no sum): per rank, the values its summing all-reduces move equal
     them at every backward check; a one-rank check asks for none."""
-    data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
+    data = without_optional(yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text()))
     rubric = load_rubric(fast_rubric(tmp_path, **{k: v for k, v in with_part6(data).items() if k in ("parts", "checks")}))
     executor = WarmExecutor("best")
     executor.start()
@@ -141,7 +142,7 @@ def test_the_reference_moves_exactly_what_part_6_says_at_every_check_of_several_
 def graded_on(reference_run, tmp_path_factory):
     """A batch graded with Part 6 on: {student: grading.json} and the rubric."""
     tmp = tmp_path_factory.mktemp("part6")
-    data = yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text())
+    data = without_optional(yaml.safe_load((ROOT / "grader" / "rubric.yaml").read_text()))
     rubric_path = fast_rubric(tmp, **{k: v for k, v in with_part6(data).items() if k in ("parts", "checks")})
     log, err = reference_run
     inbox = tmp / "inbox"

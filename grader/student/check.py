@@ -28,6 +28,7 @@ from pathlib import Path
 
 from grader.intake import handin as handins
 from grader.intake.find import discover
+from grader.names import listed
 from grader.parts import BACKWARD, BY_ID
 from grader.pipeline.grade import grade_handin
 from grader.rerun.executors import make_executor
@@ -141,7 +142,7 @@ def check_handin(handin, rubric, executor, source: str = "") -> CheckReport:
     return CheckReport(source=source or handin.name, status=result.status, passed=not problems,
                        message=result.message, checks=list(said.values()),
                        layer_checks=[said[c.name] for c in rubric.checks if c.kind == BACKWARD],
-                       layers=" and ".join(BY_ID[p].layer for p in rubric.part_ids if BY_ID[p].layer),
+                       layers=listed(BY_ID[p].layer for p in rubric.part_ids if BY_ID[p].layer),
                        hidden=list(rubric.hidden_summary), decimals=rubric.score_decimals,
                        rerun_max={p: rubric.parts[p].rerun for p in rubric.part_ids},
                        files=dict(result.files), rows=rows, notes=list(result.notes), problems=problems,

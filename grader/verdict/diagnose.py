@@ -16,6 +16,7 @@ mistake that would have failed there too.
 
 import torch
 
+from grader.names import listed
 from grader.parts import BY_ID
 from grader.parts.common import close
 from grader.verdict.say import Say
@@ -50,13 +51,8 @@ def _fixed_number(k, part, check, say, passed):
             where[0] = (f"check{'s' if len(public) > 1 else ''} " if public else "") + where[0]
             here_is = "" if say.hidden else f" ({here} at this check)"
             return (f"{what} was divided by {shown} written into the code, not by {key}{here_is}; "
-                    f"it is right where {key} is {c if public else 'that number'}, as at {_and(where)}")
+                    f"it is right where {key} is {c if public else 'that number'}, as at {listed(where)}")
     return None
-
-
-def _and(items: list) -> str:
-    """"a", "a and b", "a, b and c"."""
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _factor(k, part, check, say, passed) -> str:
