@@ -31,7 +31,9 @@ SUITE = ("tests/test_compare.py", "tests/test_grader.py", "tests/test_megatron.p
          "tests/test_gradescope.py::test_a_submission_is_graded_into_results_json", "tests/test_gradebook.py",
          "tests/test_report.py::test_the_gradebook_writes_it_again_with_final_grades_and_late_days",
          # no hidden value of this course's in any file; the log check is given; one part turned on alone
-         "tests/test_feedback.py", "tests/test_selfcheck.py::test_check_takes_the_log_it_is_given_whatever_its_name_and_says_so",
+         "tests/test_feedback.py::test_no_output_file_holds_a_hidden_value",
+         "tests/test_feedback.py::test_a_hostile_print_keeps_its_words_at_public_checks_only",
+         "tests/test_selfcheck.py::test_check_takes_the_log_it_is_given_whatever_its_name_and_says_so",
          "tests/test_selfcheck.py::test_an_f_left_out_fails_check_at_the_layers_backward",
          "tests/test_vocab_parallel.py::test_a_rubric_turns_part_6_on_as_a_bonus_and_refuses_a_vocabulary_the_ranks_cannot_split",
          "tests/test_transformer_block.py::test_the_block_needs_part_5_and_heads_the_world_sizes_divide_listed_at_once",
