@@ -118,10 +118,11 @@ test-student: $(STAMP)
 test-configs: $(STAMP)
 	@$(TIMED) $(PYTEST_FILES) -m configs
 
-# The kit's suite run again in an instructor's changed copy of the kit, the optional parts off and all on
-# (tests/test_course_rubric.py, marker course): one copy per process.
+# The releases of an instructor's changed copy of the kit, the optional parts off and all on, and the
+# kit's suite run again in the second, on two processes
+# (tests/test_course_rubric.py, marker course).
 test-course: $(STAMP)
-	@$(TIMED) $(PY) -m pytest -m course -n $(TEST_PROCESSES) --dist load
+	@$(TIMED) TEST_PROCESSES=$(TEST_PROCESSES) $(PY) -m pytest -m course -n $(TEST_PROCESSES) --dist load
 
 # Starts a local 4-node Slurm (installing Debian's packages if needed; root), runs the tests marked
 # slurm against it, and stops it again, also when a test fails.

@@ -3,8 +3,9 @@ points, a new hidden check, another default batch (in the rubric, the reference 
 alike) and another tolerance builds its release, and the kit's own tests pass in it, the
 stock-course tests skipped and named.
 
-Those two runs of the suite in a copy (the optional parts off, and every one on) carry the marker `course`: `make test`
-leaves them out and says so, `make test-course` runs them, and `.ci/run` runs both targets."""
+The copies carry the marker `course`: `make test` leaves them out and says so, `make test-course`
+runs them (the release of a copy with the optional parts off and of one with every part on, and the
+suite in the second), and `.ci/run` runs both targets."""
 
 import os
 import shutil
@@ -20,9 +21,14 @@ from grader.parts import OPTIONAL_PART_IDS
 from tests.corpus import ROOT, fitted, with_every_part
 
 KIT = ("assignment_4", "grader", "slurm", "lab", "student", "tests", "docs", "README.md", "pyproject.toml")
-# The kit's tests run in the changed copy: the whole corpus graded and diagnosed, the rubric and the
-# release. (All of them hold there; these are the ones that read the rubric most.)
-SUITE = ("tests/test_compare.py", "tests/test_grader.py", "tests/test_megatron.py",
+# The kit's tests run in the changed copy, every optional part on: each optional part's own file
+# (its mistakes graded and diagnosed at the copy's checks, the reference at every one, its refusals),
+# the rubric, the release, the hand-back files and the feedback's hidden values. The corpus of
+# tests/test_grader.py is left out: graded with every optional part on at every check it alone takes
+# about 15 minutes on two cores (make test grades it under the stock course, and each optional
+# part's file grades that part's mistakes here).
+SUITE = ("tests/test_compare.py", "tests/test_megatron.py", "tests/test_vocab_parallel.py",
+         "tests/test_transformer_block.py", "tests/test_sequence_parallel.py",
          "tests/test_end_to_end.py::test_importing_the_reference_has_no_side_effects",
          "tests/test_release.py::test_release_refuses_a_configuration_said_differently_and_names_file_and_value",
          "tests/test_release.py::test_the_release_ships_the_public_rubric_derived_from_the_graders",
@@ -30,21 +36,12 @@ SUITE = ("tests/test_compare.py", "tests/test_grader.py", "tests/test_megatron.p
          "tests/test_release.py::test_the_handout_states_the_rubrics_points_and_nothing_else_does",
          "tests/test_gradescope.py::test_a_submission_is_graded_into_results_json", "tests/test_gradebook.py",
          "tests/test_report.py::test_the_gradebook_writes_it_again_with_final_grades_and_late_days",
-         # no hidden value of this course's in any file; the log check is given; one part turned on alone
+         # no hidden value of this course's in any file; the log check is given; a hang's words
          "tests/test_feedback.py::test_no_output_file_holds_a_hidden_value",
          "tests/test_feedback.py::test_a_hostile_print_keeps_its_words_at_public_checks_only",
+         "tests/test_feedback.py::test_a_rank_that_skips_a_collective_is_named_with_the_collective_it_left_the_others_in",
          "tests/test_selfcheck.py::test_check_takes_the_log_it_is_given_whatever_its_name_and_says_so",
-         "tests/test_selfcheck.py::test_an_f_left_out_fails_check_at_the_layers_backward",
-         "tests/test_vocab_parallel.py::test_a_rubric_turns_part_6_on_as_a_bonus_and_refuses_a_vocabulary_the_ranks_cannot_split",
-         "tests/test_transformer_block.py::test_the_block_needs_part_5_and_heads_the_world_sizes_divide_listed_at_once",
-         "tests/test_sequence_parallel.py::test_the_part_needs_part_7_and_a_sequence_the_world_sizes_divide_listed_at_once")
-# What each variant leaves out, held by the other and by make test, so that both fit CI's time: the
-# corpus graded (tests/test_grader.py: every part's mistakes, Parts 5-8's among them) runs with every
-# optional part on; Part 5 turned on by tests/test_megatron.py itself runs with them off. (make test
-# grades the corpus with the optional parts off, and each one's mistakes with it on.)
-LEFT_OUT = {True: "tests/test_megatron.py", False: "tests/test_grader.py"}
-# test_grader's tests of the cache and of the torchrun executor grade the same way under any rubric.
-UNRELATED = "not second_run and not changed_grader and not torchrun_executor and not gloo_cannot_start"
+         "tests/test_selfcheck.py::test_an_f_left_out_fails_check_at_the_layers_backward")
 
 
 def instructors_copy(tmp_path: Path) -> Path:
@@ -96,18 +93,21 @@ def run(copy: Path, *args, timeout: int) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.timeout(1800)   # the suite in the copy, every optional part graded at every check
-@pytest.mark.torch
-@pytest.mark.course   # the kit's suite again, in the copy: make test-course, not make test
-@pytest.mark.parametrize("optional", [False, True], ids=["optional-parts-off", "optional-parts-on"])
-def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path, optional):
-    copy = instructors_copy(tmp_path)
-    batch = customise(copy, optional)
+def released(copy: Path, out: Path) -> dict:
+    """The copy's skeleton made and its release built into `out`; returns the public rubric shipped."""
     made = run(copy, "-m", "grader", "skeleton", timeout=60)
     assert made.returncode == 0 and "written" in made.stdout, made.stderr
-    released = run(copy, "-m", "grader", "release", "--out", str(tmp_path / "release"), timeout=120)
-    assert released.returncode == 0, released.stderr
-    public = yaml.safe_load((tmp_path / "release" / "grader" / "rubric-public.yaml").read_text())
+    built = run(copy, "-m", "grader", "release", "--out", str(out), timeout=120)
+    assert built.returncode == 0, built.stderr
+    return yaml.safe_load((out / "grader" / "rubric-public.yaml").read_text())
+
+
+@pytest.mark.course
+@pytest.mark.parametrize("optional", [False, True], ids=["optional-parts-off", "optional-parts-on"])
+def test_a_changed_course_releases_its_points_sizes_and_the_optional_parts_it_turned_on_only(tmp_path, optional):
+    copy = instructors_copy(tmp_path)
+    batch = customise(copy, optional)
+    public = released(copy, tmp_path / "release")
     assert public["parts"]["baseline"]["rerun"] == yaml.safe_load(
         (ROOT / "grader" / "rubric.yaml").read_text())["parts"]["baseline"]["rerun"] + 3
     assert {c["global_batch_size"] for c in public["checks"]} == {batch["new"]}
@@ -118,9 +118,19 @@ def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path
     for made in ("class RowParallelLinear", "class VocabParallelEmbedding", "class ParallelSelfAttention"):
         assert (made in shipped) == optional, made
 
-    tests = [t for t in SUITE if not t.startswith(LEFT_OUT[optional])]
-    suite = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slurm", "-k", UNRELATED, *tests,
-                timeout=1740)
+
+@pytest.mark.timeout(1800)   # the suite in the copy, every optional part graded at every check
+@pytest.mark.torch
+@pytest.mark.course   # the kit's suite again, in the copy: make test-course, not make test
+def test_a_changed_rubric_and_configuration_keep_the_kits_tests_passing(tmp_path):
+    """The suite (SUITE) in one changed copy, every optional part on: each optional part's mistakes
+    graded at the changed checks, each part turned on alone from the course without the others (as
+    their files do), the release and the hand-back. Two processes, as make test runs."""
+    copy = instructors_copy(tmp_path)
+    customise(copy, optional=True)
+    released(copy, tmp_path / "release")
+    suite = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", os.environ.get("TEST_PROCESSES", "2"),
+                "--dist", "loadfile", "-m", "not slurm", *SUITE, timeout=1740)
     tail = suite.stdout[-6000:]
     assert suite.returncode == 0, tail + suite.stderr[-2000:]
     assert "stock-course tests (marker stock_rubric):" in tail and "skipped: grader/rubric.yaml is not the stock one" in tail

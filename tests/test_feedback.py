@@ -273,6 +273,26 @@ def test_ranks_that_did_the_same_are_named_together_in_a_hang():
     assert hidden.count("never called it") == 1
 
 
+def test_a_ranks_result_and_a_killed_ranks_progress_record_of_one_collective_are_named_together(tmp_path):
+    """Rank 0 reported its wait (its result lists the call), ranks 2 and 3 were killed first and
+    left only their progress records (grader.rerun.rank.hooks): the three waited in the same
+    collective and are said so, as when rank 1 runs on into a later part with every optional part on."""
+    import torch
+    from grader.rerun.check import _call, _progress_calls, hang_detail
+    from grader.rerun.rank.hooks import CommRecorder
+    from grader.rerun.wire.hidden import Words
+    recorder = CommRecorder(progress=str(tmp_path / "progress"))
+    calls = []
+    with recorder.recording(calls, part="data_parallel"):
+        recorder._wrap("all_reduce", lambda *args, **kwargs: None)(torch.zeros(2048), torch.distributed.ReduceOp.SUM)
+    reported = [_call(c) for c in calls]
+    left = _progress_calls((tmp_path / "progress").read_text(), "data_parallel")
+    assert left == reported == [{"op": "all_reduce", "numel": 2048, "reduce_op": "SUM"}]
+    said = hang_detail({0: reported, 1: [], 2: left, 3: left}, {1}, Words({}, hidden=False))
+    assert said.startswith("rank 1 returned from the part without calling a collective; ranks 0, 2 and 3 waited in "
+                           "collective #1 of the part (all_reduce of 2048 elements), while rank 1 never called it"), said
+
+
 @pytest.mark.timeout(300)
 def test_a_hang_past_the_parts_clock_is_told_from_the_records_the_ranks_left(tmp_path):
     """No rank reports: the collective timeout is longer than the part's clock, so the supervisor

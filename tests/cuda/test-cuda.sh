@@ -7,8 +7,8 @@
 #      torch it gets must say torch.version.cuda, or the lane fails: it never passes on a CPU build;
 #   2. the demo with that build: the reference run on 4 ranks as the Slurm job would, `check` (must
 #      pass), `package`, and `grade` of the zip (must give full marks);
-#   3. the grading, sandbox, self-check and machines' configurations tests, and the pins of what
-#      the CUDA build brings.
+#   3. the grading, sandbox (as root and as a useradd user), self-check and machines'
+#      configurations tests, and the pins of what the CUDA build brings.
 # Needs no GPU: re-runs stay on the CPU. The download is about 4.7 GB the first time.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -60,8 +60,11 @@ lane=$SECONDS
 failed=()
 demo || failed+=("the demo (check, package, grade)")
 echo "== test-cuda: the demo took $((SECONDS - lane)) s"
-"$py" -m pytest -p no:cacheprovider -m "not slurm and not course" -n "${TEST_PROCESSES:-2}" --dist loadfile \
-    tests/test_grader.py tests/test_sandbox.py tests/test_selfcheck.py tests/test_machines.py \
+# The sandbox's attacks as root and as an ordinary user with the build's libraries in a venv of
+# theirs; a Python in that user's home is a matter of where the Python lies, the same for either
+# build, and make test-configs runs it.
+"$py" -m pytest -p no:cacheprovider -m "not slurm and not course" -k "not user_home" -n "${TEST_PROCESSES:-2}" \
+    --dist loadfile tests/test_grader.py tests/test_sandbox.py tests/test_selfcheck.py tests/test_machines.py \
     "tests/test_install.py::test_every_dependency_is_pinned_at_the_version_installed_here" || failed+=("the tests")
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "test-cuda: FAILED with torch's CUDA build: $(IFS=';'; echo "${failed[*]}") ($((SECONDS - lane)) s)" >&2

@@ -3,7 +3,8 @@
 # 3.X, else python3.X on PATH), each in a venv of its own under build/pythons/ with the torch-free
 # requirements (requirements.txt without torch, and requirements-test.txt): every module of grader/, slurm/ and lab/ compiled
 # and imported (tests/pythons/import_all.py), the torch-free tests run (the modules below, less
-# the tests marked torch), and a command that needs torch refused with a message that says so.
+# the tests marked torch, and the instructor's changed copies make test-course builds), and a command
+# that needs torch refused with a message that says so.
 #
 # A Python that is not there is said and passed over; with A4_REQUIRE_PYTHONS=1 (CI) it is an error.
 set -euo pipefail
@@ -47,7 +48,8 @@ for version in "${versions[@]}"; do
     cp "$venv.requirements.txt" "$venv/.installed"
   fi
   "$venv/bin/python" tests/pythons/import_all.py
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not torch and not slurm" "${tests[@]}"
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TEST_PROCESSES:-2}" --dist loadfile \
+      -m "not torch and not slurm and not course" "${tests[@]}"
   refused=$("$venv/bin/python" -m grader grade tests/data --out "$(mktemp -d)" 2>&1) && status=0 || status=$?
   if [ "$status" -ne 2 ] || ! grep -q "needs torch" <<<"$refused"; then
     echo "test-pythons: without torch, grade should be refused naming torch (status 2); it said ($status):" >&2

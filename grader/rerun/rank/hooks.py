@@ -134,8 +134,7 @@ class CommRecorder:
             return
         try:
             with open(self.progress, "a") as f:
-                f.write(json.dumps({"part": self.part, "n": len(self.calls), "op": call["op"],
-                                    "numel": call["numel"]}) + "\n")
+                f.write(json.dumps({"part": self.part, "n": len(self.calls), **call}) + "\n")
         except OSError:
             pass   # the record only ever describes a hang; the part goes on without it
 
