@@ -9,7 +9,7 @@
 #   make test-configs  where the course runs beyond this checkout and root: an ordinary user (useradd),
 #                    no user namespaces, a tight ulimit -u, a module Python, the kit installed elsewhere,
 #                    a student's fresh folder (marker configs)
-#   make test-course the suite again in an instructor's changed copy of the kit (rubric, sizes, Part 5)
+#   make test-course the suite again in an instructor's changed copy of the kit (rubric, sizes, Parts 5-8)
 #   make test-slurm  the Slurm tests against a local 4-node cluster (root, Debian)
 #   make test-pythons  under every Python 3.10-3.13 here: torch-free requirements, every module
 #                    imported, the torch-free tests (tests/pythons/test-pythons.sh)
@@ -129,9 +129,10 @@ test-course: $(STAMP)
 test-slurm: $(STAMP)
 	@$(TIMED) PYTHON=$(PY) tests/slurm_cluster/test-slurm.sh
 
-# No venv of its own needed: each Python gets one under build/pythons/.
+# No venv of its own needed: each Python gets one under build/pythons/. Under the Python make test's venv
+# is made from (A4_SUITE_PYTHON), the torch-free tests are left to make test, which runs them there.
 test-pythons:
-	@$(TIMED) tests/pythons/test-pythons.sh
+	@$(TIMED) A4_SUITE_PYTHON=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') tests/pythons/test-pythons.sh
 
 # torch's CUDA build (PyPI's torch for Linux, what clusters bring) in a venv of its own, .venv-cuda,
 # from the default index whatever this machine's pip configuration says: the demo's check and grade,
