@@ -108,7 +108,7 @@ def test_it_renders_in_headless_chromium(tmp_path):
     assert r > 90 and g < 40 and b < 40, (r, g, b)   # the staff-only banner, first
     # The plots drew: many coloured (not grey) pixels below the banner.
     body = image.crop((0, 200, 1280, 5000)).resize((320, 1200))
-    coloured = sum(1 for p in body.getdata() if max(p) - min(p) > 60)
+    coloured = sum(1 for p in body.get_flattened_data() if max(p) - min(p) > 60)
     assert coloured > 2000, coloured
     if os.environ.get("A4_REPORT_PNG"):   # to look at it
         shutil.copy(png, os.environ["A4_REPORT_PNG"])
