@@ -62,7 +62,7 @@ def timelines(mode: str, worlds: int, rubric) -> list:
     executor.run_world = run_world
     try:
         while len(seen) < worlds + WARM_UP:
-            run_check(executor, code, rubric.default_check, rubric, scratch)
+            run_check(executor, code, rubric.default_check, rubric, scratch, rubric.parts_at(rubric.default_check))
     finally:
         executor.close()
     return [t for t in seen[WARM_UP:] if all(k in t for k in ("forked", "ready", "done", "ended", "round_trip"))]
@@ -100,7 +100,7 @@ def main() -> int:
         return 0
     check = rubric.default_check
     print(f"a world of the reference at the default check ({check.world_size} ranks, parts "
-          f"{', '.join(rubric.part_ids)}), as {'root' if os.geteuid() == 0 else 'an ordinary user'}, "
+          f"{', '.join(rubric.parts_at(check))}), as {'root' if os.geteuid() == 0 else 'an ordinary user'}, "
           f"median of {args.worlds} worlds each, in ms; load average before: {os.getloadavg()[0]:.1f}")
     columns = {}
     for mode, name in (("auto", "sandbox"), ("off", "--sandbox off")):
@@ -126,7 +126,7 @@ def main() -> int:
     for name, rows in columns.items():
         world = statistics.median(t["round_trip"] for t in rows)
         setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
-        print(f"{name}: a world of {len(rubric.part_ids)} parts is {world / floor:.2f}x the floor's one all-reduce; the layers around the ranks' own work "
+        print(f"{name}: a world of {len(rubric.parts_at(rubric.default_check))} parts is {world / floor:.2f}x the floor's one all-reduce; the layers around the ranks' own work "
               f"(set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
     return 0
 

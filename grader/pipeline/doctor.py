@@ -66,7 +66,7 @@ def _world(executor, rubric) -> tuple:
     try:
         with Peak() as peak:
             runs = run_check(executor, prepare_code(kit.REFERENCE), dataclasses.replace(check, hidden=False),
-                             rubric, scratch)
+                             rubric, scratch, rubric.parts_at(check))   # the course's parts, as grade runs them
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return check, runs, peak, time.monotonic() - started

@@ -7,10 +7,8 @@
 - `torchrun` (grader.rerun.torchrun): `torchrun --standalone` per world, every rank importing
   torch again: the cold path, kept as the baseline of the throughput benchmark.
 
-Both run the same rank code (grader.rerun.rank.worker) and the same supervision
-(grader.rerun.supervise), and return the same WorldReport. One executor runs one world at a time;
-`--jobs N` makes N of them. This module holds what both share; grader.rerun.executors picks one
-by name.
+Both run the same rank code (grader.rerun.rank.worker) and supervision (grader.rerun.supervise),
+and return the same WorldReport. One executor runs one world at a time; `--jobs N` makes N.
 """
 
 import collections
@@ -28,6 +26,7 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
+from grader.rerun.compiled import Compiled
 from grader.rerun.sandbox import bwrap, cgroup, tasks
 from grader.rerun.wire import channel, protocol
 from grader.rerun.wire.protocol import WorldJob, WorldReport
@@ -40,20 +39,22 @@ ENTRY = "grader.rerun.zygote"      # the module both executors start: the zygote
 
 
 def world_budget(job: WorldJob) -> float:
-    """The longest a world may take before its executor is presumed stuck (the supervisor's own
-    clocks end every world well before)."""
+    """How long a world may take before its executor is presumed stuck (its own clocks end it before)."""
     return job.timeouts.world_start + job.timeouts.part * len(job.parts) + job.timeouts.done + 30.0
 
 
 class Counted:
-    """Counts the worlds an executor ran and the seconds they took, as seen from the grader."""
+    """Counts the worlds an executor ran and the seconds they took, as seen from the grader; sends
+    each world the code an earlier one of the same files compiled (grader.rerun.compiled)."""
     worlds = 0
     world_seconds = 0.0
+    compiled = None
 
     def run_world(self, job: WorldJob) -> WorldReport:
-        started = time.monotonic()
+        started, self.compiled = time.monotonic(), self.compiled or Compiled()
+        job, key = self.compiled.with_compiled(job)
         try:
-            return self._run_world(job)
+            return self.compiled.keep(key, self._run_world(job))
         finally:
             self.worlds += 1
             self.world_seconds += time.monotonic() - started
@@ -80,8 +81,7 @@ class WarmExecutor(Counted):
         self._numbered = 0                  # the number of the last world asked of the zygote
         self._settling = None               # a world whose Hello (the zygote ready again) is due
         self.stepped_over = 0               # frames of no world being waited for, or torn
-        self._staged = None
-        self._cgroup = None                 # the worlds' cgroup (grader.rerun.sandbox.cgroup), where one can be had
+        self._staged, self._cgroup = None, None   # the staged root; the worlds' cgroup (sandbox.cgroup), if any
         self._launched = None               # (stderr file, start time) of a zygote launched, its Hello not yet read
 
     def _command(self) -> tuple:

@@ -23,6 +23,7 @@ from grader.rerun.sandbox import cgroup, memory, namespaces, scratch, tasks
 from grader.rerun.wire import protocol
 from grader.rerun.wire.protocol import Abort, StopReason, WorldJob, WorldReport
 from grader.rerun.supervise import draw_secrets, supervise
+from grader.rerun.rank.source import compiled_blob
 from grader.limits import Limits
 
 # Signals a process of the same user may send that would end or stop a leader: the zygote ignores
@@ -122,6 +123,8 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
     with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups, pids, own) as watchdog:
         report = supervise(job, fds, orders, pids, pgid, draw_secrets(job, key))
         report.timeline["forked"] = forked
+        if not job.compiled and prepared["code"] is not None:   # for the next world of this code
+            report.compiled = compiled_blob(prepared["code"], prepared["skipped"])
         return out_of_memory(report, watchdog, job)
 
 

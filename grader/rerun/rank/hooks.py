@@ -70,9 +70,19 @@ class CudaOnCpu(TorchFunctionMode):
 
 def disarm_cuda_calls(spy=None) -> None:
     """torch.cuda calls that set up a GPU are no-ops here (there is none); the device set_device
-    asks for is noted on `spy`."""
+    asks for is noted on `spy`.
+
+    So is seeding an accelerator: torch.manual_seed also queues the seed for each accelerator not
+    yet set up (CUDA, XPU, MTIA), and each time captures the whole stack as text (torch's
+    `_lazy_call`: traceback.format_stack, which reads every frame's source file). A rank never sets
+    one up (CudaOnCpu), so the queue is never read; capturing it cost about a sixth of a world's
+    time (docs/scale.md)."""
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    for accelerator in (torch.cuda, getattr(torch, "xpu", None), getattr(torch, "mtia", None)):
+        for name in ("manual_seed", "manual_seed_all"):
+            if accelerator is not None and hasattr(accelerator, name):
+                setattr(accelerator, name, lambda seed: None)
     torch.cuda.set_device = lambda device, *args, **kwargs: spy.asked_for(device) if spy is not None else None
     torch.cuda.current_device = lambda: 0
 

@@ -7,6 +7,8 @@ assignments are (`script_statements_removed`). Every module comes from its sourc
 """
 
 import ast
+import base64
+import marshal
 import sys
 import types
 
@@ -48,6 +50,31 @@ def compile_assignment(path: str) -> tuple:
     tree = ast.parse(source, filename=path)
     skipped = script_statements_removed(tree)
     return compile(tree, path, "exec"), skipped
+
+
+def compiled_blob(code, skipped: list) -> str:
+    """What `compile_assignment` gave, as text a later world of the same code is sent (WorldJob's
+    `compiled`): parsing and compiling the reference costs its leader about 50 ms, loading this
+    about 0.3 ms. The grader only keeps the text and sends it back; a leader alone reads it."""
+    return base64.b64encode(marshal.dumps((code, list(skipped)))).decode("ascii")
+
+
+def from_blob(blob: str, path: str) -> tuple:
+    """(code, lines skipped) of `compiled_blob`'s text, the code's file name made `path` (this
+    world's copy, which tracebacks name); ValueError if the text is not such a pair."""
+    try:
+        code, skipped = marshal.loads(base64.b64decode(blob, validate=True))
+    except (TypeError, EOFError) as e:
+        raise ValueError(f"not compiled code: {e}") from None
+    if not isinstance(code, types.CodeType) or not all(isinstance(n, int) for n in skipped):
+        raise ValueError("not compiled code")
+    return _relocated(code, path), list(skipped)
+
+
+def _relocated(code: types.CodeType, path: str) -> types.CodeType:
+    """`code` and every code object inside it (functions, classes, comprehensions) as if compiled from `path`."""
+    consts = tuple(_relocated(c, path) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=path, co_consts=consts)
 
 
 def run_assignment(code, path: str):

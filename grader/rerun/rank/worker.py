@@ -34,7 +34,7 @@ import torch.distributed as dist
 from grader.parts import BY_ID, OWN_SIZES, kind_of
 from grader.rerun.wire import bounds, protocol, secret
 from grader.rerun.sandbox import environment
-from grader.rerun.rank.source import compile_assignment, load_source, run_assignment
+from grader.rerun.rank.source import compile_assignment, from_blob, load_source, run_assignment
 from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus
 
@@ -62,10 +62,21 @@ def prepare(job: protocol.WorldJob) -> dict:
     load_source("utils", os.path.join(job.code_dir, "utils.py"))   # the trusted copy
     path = os.path.join(job.code_dir, "assignment4.py")
     try:
-        code, skipped = compile_assignment(path)
+        code, skipped = _compiled(job, path)
         return {"path": path, "code": code, "skipped": skipped, "error": None}
     except BaseException as e:  # noqa: BLE001 - a syntax error is the hand-in's, reported by every rank
         return {"path": path, "code": None, "skipped": [], "error": _error(e, job.code_dir)}
+
+
+def _compiled(job: protocol.WorldJob, path: str) -> tuple:
+    """(code, lines skipped) of the world's assignment4.py: as an earlier world compiled it, where
+    the job brings that, else compiled here."""
+    if job.compiled:
+        try:
+            return from_blob(job.compiled, path)
+        except ValueError:
+            pass   # compiled again below
+    return compile_assignment(path)
 
 
 def layout(check: dict, rank: int, world_size: int) -> tuple:

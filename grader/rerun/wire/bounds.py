@@ -110,8 +110,9 @@ def _size(value) -> int:
 
 def fit(message):
     """A world's report (anything else as it is) that fits one frame: its texts cut to their
-    bounds, then, while it is still too large, the part whose results take the most refused on
-    every rank (as `hold` refuses a tensor), one part at a time: never the whole report."""
+    bounds; if it is still too large, the compiled code left out (the next world compiles again),
+    then, while it is, the part whose results take the most refused on every rank (as `hold`
+    refuses a tensor), one part at a time: never the whole report."""
     if not isinstance(message, WorldReport):
         return message
     report = message
@@ -119,9 +120,12 @@ def fit(message):
     if report.abort is not None:
         report.abort.detail = report.abort.detail[:DETAIL]
         report.abort.error = _error(report.abort.error)
+    total = _size(report)
+    if total > REPORT_BYTES and report.compiled:
+        report.compiled = ""
+        total = _size(report)
     sizes = {part: _size({str(r): protocol.encode(m) for r, m in ranks.items()})
              for part, ranks in report.results.items()}
-    total = _size(report)
     for part in sorted(sizes, key=sizes.get, reverse=True):
         if total <= REPORT_BYTES:
             break

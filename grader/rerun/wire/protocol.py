@@ -80,6 +80,8 @@ class WorldJob:
     limits: dict[str, int]             # grader.rubric.Limits, as a mapping
     timeouts: Timeouts = field(default_factory=Timeouts)
     code_dir: str = ""                 # where the world's leader wrote `code`
+    compiled: str = ""                 # assignment4.py as an earlier world of the same `code` compiled
+                                       # it (grader.rerun.rank.source.compiled_blob), or "": compile it
 
 
 @dataclass
@@ -218,6 +220,7 @@ class WorldReport:
     timeline: dict[str, float] = field(default_factory=dict)
     isolation: dict = field(default_factory=dict)
     secrets: dict[str, PartSecret] = field(default_factory=dict)   # part -> the data its ranks were served
+    compiled: str = ""   # the leader's compile of a job that came without one, for the next world of that code
 
 
 Message = Union[Setup, WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,

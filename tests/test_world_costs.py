@@ -1,0 +1,131 @@
+"""What a world no longer pays for each time (docs/scale.md's per-world profile).
+
+A hand-in's code is compiled once per executor, not once per world (grader.rerun.compiled): the
+first world's leader compiles it and returns it, and each later world of the same files loads it.
+What a world shows of the code (its tracebacks' files and lines, the lines skipped) is the same
+either way, and text that is not the hand-in's own compile is never run in its place. And seeding
+in a rank seeds the CPU alone: no stack is captured for an accelerator a rank never sets up."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grader.rerun import compiled
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
+from grader.rerun.rank import worker
+from grader.rerun.rank.source import compile_assignment, compiled_blob, from_blob
+from grader.rerun.wire.protocol import WorldJob, WorldReport
+from grader.rubric import load_rubric
+from tests.corpus import REFERENCE, ROOT
+
+RAISE = ('    """One SGD step where each rank computes the gradient of its own slice of the batch.\n',
+         '    raise ValueError("boom")\n    """One SGD step where each rank computes the gradient of its own slice of the batch.\n')
+
+
+def _job(code: dict, **kwargs) -> WorldJob:
+    return WorldJob(work_dir="/nonexistent", code=code, store="", world_size=1, parts=[], check={}, pg_timeout=1.0,
+                    limits={}, **kwargs)
+
+
+@pytest.mark.timeout(300)
+def test_a_later_world_loads_the_code_the_first_compiled_and_its_traceback_names_the_same_lines(tmp_path):
+    source = REFERENCE.read_text()
+    assert source.count(RAISE[0]) == 1
+    path = tmp_path / "assignment4.py"
+    path.write_text(source.replace(*RAISE) + "\nprint('the script runs')\n")
+    code = prepare_code(path)
+    rubric = load_rubric()
+    executor = WarmExecutor("auto", rubric.limits)
+    sent, returned = [], []
+    real = executor._run_world
+
+    def run_world(job):
+        sent.append(job.compiled)
+        report = real(job)
+        returned.append(report.compiled)
+        return report
+
+    executor._run_world = run_world
+    try:
+        runs = [run_check(executor, code, rubric.default_check, rubric, tmp_path, parts=["data_parallel", "baseline"])
+                for _ in range(2)]
+    finally:
+        executor.close()
+    # The first world compiled and returned it; every later one was sent it and returned nothing.
+    assert sent[0] == "" and returned[0] and all(blob == returned[0] for blob in sent[1:]) and not any(returned[1:])
+    assert len(sent) == 2   # a part that raises ends no world: one world a check
+    tracebacks = [run["data_parallel"].ranks[0].traceback for run in runs]
+    line = source.replace(*RAISE).splitlines().index('    raise ValueError("boom")') + 1
+    assert tracebacks[0] == tracebacks[1] and f'File "assignment4.py", line {line}, in data_parallel_single_step' \
+        in tracebacks[1], tracebacks
+    assert [run["baseline"].status.value for run in runs] == ["passed", "passed"]
+
+
+def test_the_loaded_code_is_the_compiled_code_under_this_worlds_file_name(tmp_path):
+    first, later = tmp_path / "one" / "assignment4.py", tmp_path / "two" / "assignment4.py"
+    for path in (first, later):
+        path.parent.mkdir()
+        path.write_text(REFERENCE.read_text() + "\nprint('the script runs')\n")
+    code, skipped = compile_assignment(str(first))
+    loaded, loaded_skipped = from_blob(compiled_blob(code, skipped), str(later))
+    assert loaded_skipped == skipped and skipped
+    names = []
+
+    def files(c):
+        names.append(c.co_filename)
+        for const in c.co_consts:
+            if hasattr(const, "co_filename"):
+                files(const)
+    files(loaded)
+    assert len(names) > 20 and set(names) == {str(later)}
+    assert loaded.co_code == code.co_code
+
+
+def test_text_that_is_not_compiled_code_is_never_run_and_the_code_is_compiled_again(tmp_path):
+    (tmp_path / "assignment4.py").write_text("def baseline():\n    return 1\nprint('script')\n")
+    job = _job({}, code_dir=str(tmp_path))
+    import base64
+    import marshal
+    for blob in ("not base64!", base64.b64encode(b"\x00garbage").decode(),
+                 base64.b64encode(marshal.dumps(("print('not the code')", []))).decode(),
+                 base64.b64encode(marshal.dumps((compile("x = 1", "a", "exec"), ["a"]))).decode()):
+        with pytest.raises(ValueError):
+            from_blob(blob, "assignment4.py")
+        code, skipped = worker._compiled(_job({}, code_dir=str(tmp_path), compiled=blob), str(tmp_path / "assignment4.py"))
+        assert skipped == [3] and "baseline" in code.co_names
+    assert worker._compiled(job, str(tmp_path / "assignment4.py"))[1] == [3]
+
+
+def test_another_hand_ins_files_never_get_this_ones_compiled_code():
+    kept = compiled.Compiled()
+    mine, theirs = {"assignment4.py": "x = 1\n", "utils.py": "u"}, {"assignment4.py": "x = 2\n", "utils.py": "u"}
+    job, key = kept.with_compiled(_job(mine))
+    assert job.compiled == ""
+    report = kept.keep(key, WorldReport(compiled="MINE"))
+    assert report.compiled == ""   # the grader hands on a report without it
+    assert kept.with_compiled(_job(mine))[0].compiled == "MINE"
+    assert kept.with_compiled(_job(theirs))[0].compiled == ""
+    assert kept.with_compiled(_job({**mine, "utils.py": "v"}))[0].compiled == ""   # any file differs: compiled again
+    for i in range(compiled.KEPT):   # the oldest is let go
+        kept.keep(kept.with_compiled(_job({"assignment4.py": str(i)}))[1], WorldReport(compiled=str(i)))
+    assert kept.with_compiled(_job(mine))[0].compiled == ""
+
+
+def test_seeding_in_a_rank_seeds_the_cpu_and_queues_nothing_for_an_accelerator():
+    """torch.manual_seed queues the seed for each accelerator not set up, capturing the stack as text
+    each time; in a rank (which never sets one up) the CPU generator is seeded and nothing is queued."""
+    script = ("import torch\n"
+              "from grader.rerun.rank.hooks import disarm_cuda_calls\n"
+              "disarm_cuda_calls()\n"
+              "torch.manual_seed(7); a = torch.randn(3)\n"
+              "torch.manual_seed(7); b = torch.randn(3)\n"
+              "torch.cuda.manual_seed_all(7); torch.cuda.manual_seed(7)\n"
+              "import torch.cuda as c\n"
+              "queued = c._lazy_seed_tracker.get_calls() if hasattr(c, '_lazy_seed_tracker') else c._queued_calls\n"
+              "print(torch.equal(a, b), torch.initial_seed(), len([q for q in queued if q]))\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.split() == ["True", "7", "0"], out.stderr
