@@ -26,8 +26,8 @@ room (tests/test_layout.py holds the map to that):
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox and bring back its
                  weights. On the grader's side, the executors (executor, executors, torchrun)
                  start zygote, the warm helper (startup: its environment and the refusals to start
-                 it), and send each world the code an earlier one compiled (compiled); check runs a hand-in's parts at one check; machine says why a machine cannot
-                 grade. Inside the sandbox, zygote forks a world (world), whose leader supervise
+                 it), and send each world the code an earlier one compiled (compiled); check runs
+                 a hand-in's parts at one check; machine says why a machine cannot grade. Inside the sandbox, zygote forks a world (world), whose leader supervise
                  runs its parts. Three wings beside them, each importing no module above it:
                  sandbox/, what holds a hand-in: bwrap builds the job sandbox, namespaces the
                  world's own, scratch its fresh /tmp, cgroup its limits, memory its watchdog

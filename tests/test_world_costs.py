@@ -91,7 +91,9 @@ def test_text_that_is_not_compiled_code_is_never_run_and_the_code_is_compiled_ag
     import marshal
     for blob in ("not base64!", base64.b64encode(b"\x00garbage").decode(),
                  base64.b64encode(marshal.dumps(("print('not the code')", []))).decode(),
-                 base64.b64encode(marshal.dumps((compile("x = 1", "a", "exec"), ["a"]))).decode()):
+                 base64.b64encode(marshal.dumps((compile("x = 1", "a", "exec"), ["a"]))).decode(),
+                 base64.b64encode(marshal.dumps((compile("x = 1", "a", "exec"), 5))).decode(),
+                 base64.b64encode(marshal.dumps(7)).decode()):
         with pytest.raises(ValueError):
             from_blob(blob, "assignment4.py")
         code, skipped = worker._compiled(_job({}, code_dir=str(tmp_path), compiled=blob), str(tmp_path / "assignment4.py"))

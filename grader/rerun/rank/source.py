@@ -64,10 +64,10 @@ def from_blob(blob: str, path: str) -> tuple:
     world's copy, which tracebacks name); ValueError if the text is not such a pair."""
     try:
         code, skipped = marshal.loads(base64.b64decode(blob, validate=True))
-    except (TypeError, EOFError) as e:
+        if not isinstance(code, types.CodeType) or not all(isinstance(n, int) for n in skipped):
+            raise ValueError("another object")
+    except (TypeError, ValueError, EOFError) as e:   # binascii.Error is a ValueError
         raise ValueError(f"not compiled code: {e}") from None
-    if not isinstance(code, types.CodeType) or not all(isinstance(n, int) for n in skipped):
-        raise ValueError("not compiled code")
     return _relocated(code, path), list(skipped)
 
 
