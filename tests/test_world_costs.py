@@ -6,6 +6,8 @@ What a world shows of the code (its tracebacks' files and lines, the lines skipp
 either way, and text that is not the hand-in's own compile is never run in its place. And seeding
 in a rank seeds the CPU alone: no stack is captured for an accelerator a rank never sets up."""
 
+import base64
+import marshal
 import os
 import subprocess
 import sys
@@ -87,8 +89,6 @@ def test_the_loaded_code_is_the_compiled_code_under_this_worlds_file_name(tmp_pa
 def test_text_that_is_not_compiled_code_is_never_run_and_the_code_is_compiled_again(tmp_path):
     (tmp_path / "assignment4.py").write_text("def baseline():\n    return 1\nprint('script')\n")
     job = _job({}, code_dir=str(tmp_path))
-    import base64
-    import marshal
     for blob in ("not base64!", base64.b64encode(b"\x00garbage").decode(),
                  base64.b64encode(marshal.dumps(("print('not the code')", []))).decode(),
                  base64.b64encode(marshal.dumps((compile("x = 1", "a", "exec"), ["a"]))).decode(),
