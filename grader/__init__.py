@@ -27,8 +27,10 @@ room (tests/test_layout.py holds the map to that):
                  weights. On the grader's side, the executors (executor, executors, torchrun)
                  start zygote, the warm helper (startup: its environment and the refusals to start
                  it), and send each world the code an earlier one compiled (compiled); check runs
-                 a hand-in's parts at one check; machine says why a machine cannot grade. Inside the sandbox, zygote forks a world (world), whose leader supervise
-                 runs its parts. Three wings beside them, each importing no module above it:
+                 a hand-in's parts at one check, hangs says who waited for whom when a part hung,
+                 starved whether a part past its clock hung or was kept from the CPU; machine says
+                 why a machine cannot grade. Inside the sandbox, zygote forks a world (world), whose
+                 leader supervise runs its parts. Three wings beside them, each importing no module above it:
                  sandbox/, what holds a hand-in: bwrap builds the job sandbox, namespaces the
                  world's own, scratch its fresh /tmp, cgroup its limits, memory its watchdog
                  (outside: what the world holds beyond its processes' Pss, its sockets' buffers by

@@ -260,7 +260,7 @@ def test_a_rank_that_skips_a_collective_is_named_with_the_collective_it_left_the
 def test_ranks_that_did_the_same_are_named_together_in_a_hang():
     """Rank 0 waits in an all-reduce the three others returned without: one clause for the three,
     at a public check with their numbers, at a hidden one without."""
-    from grader.rerun.check import hang_detail
+    from grader.rerun.hangs import hang_detail
     from grader.rerun.wire.hidden import Words
     call = {"op": "all_reduce", "numel": 2048, "reduce_op": "sum"}
     calls = {0: [call], 1: [], 2: [], 3: []}
@@ -278,7 +278,7 @@ def test_a_ranks_result_and_a_killed_ranks_progress_record_of_one_collective_are
     left only their progress records (grader.rerun.rank.hooks): the three waited in the same
     collective and are said so, as when rank 1 runs on into a later part with every optional part on."""
     import torch
-    from grader.rerun.check import _call, _progress_calls, hang_detail
+    from grader.rerun.hangs import collective as _call, progress_calls as _progress_calls, hang_detail
     from grader.rerun.rank.hooks import CommRecorder
     from grader.rerun.wire.hidden import Words
     recorder = CommRecorder(progress=str(tmp_path / "progress"))

@@ -1,8 +1,9 @@
 """A hang costs about one clock, and a correct hand-in is never called hung, even on a loaded machine.
 
 The part clock of a batch comes from the reference's time at each check (grader.limits.part_clock,
-measured by the canary), never below PART_FLOOR_SECONDS; a part that hung at a check is not run at
-the later ones (grader.pipeline.grade)."""
+measured by the canary), never below PART_FLOOR_SECONDS; a part past its clock whose ranks had the
+CPU hung and is not run again, there or at the later checks (grader.pipeline.grade); one whose
+world was kept from the CPU runs again on the rubric's clock (grader.rerun.starved)."""
 
 import json
 import os
@@ -18,6 +19,7 @@ from grader.batch.run import grade_batch
 from grader.intake.handin import Handin
 from grader.limits import PART_FACTOR, PART_FLOOR_SECONDS, part_clock
 from grader.pipeline.grade import grade_handin
+from grader.rerun.check import prepare_code
 from grader.rerun.executor import WarmExecutor
 from grader.results import Status, read_canary
 from grader.rubric import load_rubric
@@ -43,8 +45,10 @@ def test_the_part_clock_is_a_multiple_of_the_reference_between_the_floor_and_the
 
 
 def busy_loops(per_core: int = 2) -> list:
-    """`per_core` processes spinning on every core this process may use: a machine whose cores are all busy."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """`per_core` processes spinning on every core this process may use: a machine whose cores are all
+    busy. Each in a session of its own, as other users' programs are: where the kernel shares the
+    CPU between sessions (autogroup), loops in one session would take no more than one session's share."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
             for _ in range(per_core * len(os.sched_getaffinity(0)))]
 
 
@@ -72,12 +76,57 @@ def test_a_correct_handin_is_never_called_hung_while_every_core_is_busy(tmp_path
     assert [o for o in outcomes if o[2] != Status.PASSED or o[3]] == [], outcomes
 
 
+# Part 1 made a correct part that needs CPU_S seconds of CPU on every rank before its step.
+BURNS = ("    # Same seed, same initial weight: on every rank and in every part.\n",
+         "    __import__('a4_burn')\n    # Same seed, same initial weight: on every rank and in every part.\n")
+# Four ranks of it take a quarter of the floor's clock on this machine alone; beside four busy
+# loops per core (a quarter of a core left to the world) they take the floor's clock, twice over.
+CPU_S = PART_FLOOR_SECONDS * min(4, len(os.sched_getaffinity(0))) / 16
+
+
 @pytest.mark.timeout(600)
-def test_a_hang_costs_one_clock_run_twice_not_one_per_check(tmp_path):
+def test_a_correct_part_kept_from_the_cpu_past_its_clock_runs_again_and_passes(tmp_path):
+    """Part 1 burning CPU_S of CPU per rank (it fits its clock on this machine alone), on the floor's
+    clock while four busy loops per core run beside it: the first world runs past the clock, its
+    ranks having waited for the CPU; the part runs again on the rubric's clock and passes, not flaky."""
+    from grader.pipeline.grade import judge_check
+    rubric = load_rubric()
+    text = REFERENCE.read_text()
+    assert text.count(BURNS[0]) == 1
+    (tmp_path / "assignment4.py").write_text(text.replace(*BURNS))
+    code = prepare_code(tmp_path / "assignment4.py")
+    code["a4_burn.py"] = f"import time\nt = time.process_time()\nwhile time.process_time() - t < {CPU_S}:\n    pass\n"
+    executor = WarmExecutor("auto", rubric.limits)
+    reports, real = [], executor._run_world
+    executor._run_world = lambda job: reports.append(real(job)) or reports[-1]
+    executor.start()
+    started = len(reports)   # a world the executor's start may run
+    alone = judge_check(executor, code, rubric.default_check, rubric, tmp_path, parts=["baseline"],
+                        clock=PART_FLOOR_SECONDS)
+    alone_worlds = len(reports) - started
+    spinning = busy_loops(per_core=4)
+    try:
+        loaded = judge_check(executor, code, rubric.default_check, rubric, tmp_path, parts=["baseline"],
+                             clock=PART_FLOOR_SECONDS)
+    finally:
+        for p in spinning:
+            p.kill()
+            p.wait()
+        executor.close()
+    assert alone["baseline"].status == Status.PASSED and alone_worlds == 1, alone
+    first, again = reports[started + 1:]
+    assert first.abort is not None and first.abort.reason.value == "timeout", first.abort
+    assert first.abort.cpu is not None and first.abort.cpu.wait >= PART_FLOOR_SECONDS / 4, first.abort.cpu
+    assert again.abort is None
+    assert loaded["baseline"].status == Status.PASSED and not loaded["baseline"].flaky, loaded
+
+
+@pytest.mark.timeout(600)
+def test_a_hang_costs_one_clock_not_one_per_check(tmp_path):
     """A batch of the reference and a hand-in whose Part 2 loops forever, on the stock rubric: the
     canary's clocks lie between the floor and the rubric's; the loop times out at the first check,
-    twice, and is not run at the later ones; its other parts pass everywhere; and it costs the
-    correct hand-in's time and about two clocks, not one clock per check."""
+    once (its ranks had the CPU), and is not run at the later ones; its other parts pass
+    everywhere; and it costs the correct hand-in's time and about one clock, not one per check."""
     box = tmp_path / "inbox"
     box.mkdir()
     write_zip(box / "correct.zip", Files(code=REFERENCE.read_text()))
@@ -97,12 +146,13 @@ def test_a_hang_costs_one_clock_run_twice_not_one_per_check(tmp_path):
     assert f"still running after {clocks[steps[0].name]:g} s" in acc[0]["error"] + acc[0]["message"], acc[0]
     if clocks[steps[0].name] < rubric.timeouts.part:   # a clock the canary measured says so
         assert f"the part's clock here was {clocks[steps[0].name]:g} s" in acc[0]["message"], acc[0]
+    assert "its ranks ran" in acc[0]["error"] + acc[0]["message"], acc[0]   # what they had of the CPU
     assert all(o["message"].startswith("not run: this part hung at check") for o in acc[1:]), acc[1:]
     assert all(o["status"] == "passed" for p, part in loops["parts"].items() if p != "grad_accumulation"
                for o in part["checks"])
     assert all(part["status"] == "passed" for part in correct["parts"].values())
-    # The first check's clock, twice, and a world to start again for the parts after the hung one.
-    assert loops["seconds"] < correct["seconds"] * 2 + 2 * clocks[steps[0].name] + 5, (loops["seconds"], correct)
+    # The first check's clock, once, and a world to start again for the parts after the hung one.
+    assert loops["seconds"] < correct["seconds"] * 2 + 1.5 * clocks[steps[0].name] + 2, (loops["seconds"], correct)
     assert batch < 300
 
 

@@ -58,15 +58,17 @@ def _utils_notes(student_utils: Path) -> list:
 
 def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None, clock=None) -> dict:
     """Re-run `parts` (those of the rubric the check runs) at `check` and judge them. A failure is
-    run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at);
-    when the machinery failed, the second run decides, since the first said nothing about the code.
-    `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them). `clock`: each
-    part's wall clock here, in seconds (a batch's, grader.limits.part_clock), else the rubric's
-    timeouts.part."""
+    run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at).
+    The second run decides where the first said nothing about the code: the machinery failed, or
+    the part ran past its clock in a world kept from the CPU (grader.rerun.starved), which runs
+    again on the rubric's own clock. A part past its clock with the CPU it wanted hung: it is not
+    run again. `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them).
+    `clock`: each part's wall clock here, in seconds (a batch's, grader.limits.part_clock), else
+    the rubric's timeouts.part."""
     parts = [p for p in parts if p in rubric.parts_at(check)]
     measured = clock is not None and clock < rubric.timeouts.part   # else the rubric's own clock
-    if clock is not None:
-        rubric = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock))
+    clocked = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock)) \
+        if clock is not None else rubric
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
 
@@ -79,21 +81,24 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
         # Right values count only with the part's collectives behind them (grader.verdict.comm).
         return comm.hold(outcome, run, p, check, say)
 
-    runs = rerun.run_check(executor, code, check, rubric, scratch, parts)
+    runs = rerun.run_check(executor, code, check, clocked, scratch, parts)
     judged = {p: verdict(p, runs[p]) for p in parts}
     if measured:
         for outcome in (o for o in judged.values() if o.status == Status.TIMEOUT):
             outcome.message += f" ({CLOCK_SAID.format(clock=clock)})"
-    again = [p for p, o in judged.items() if o.status in RETRIED + (Status.INFRA_ERROR,)]
-    if again:
-        reruns = rerun.run_check(executor, code, check, rubric, scratch, again)
-        for p in again:
-            second = verdict(p, reruns[p])
-            if judged[p].status == Status.INFRA_ERROR:
-                judged[p] = second
-            else:
-                judged[p].flaky = second.status == Status.PASSED
+    decide = [p for p, o in judged.items() if o.status == Status.INFRA_ERROR or runs[p].starved]
+    again = [p for p, o in judged.items() if o.status in RETRIED and runs[p].starved is None and p not in decide]
+    for p, second in _run_again(executor, code, check, rubric, scratch, decide, verdict).items():
+        judged[p] = second
+    for p, second in _run_again(executor, code, check, clocked, scratch, again, verdict).items():
+        judged[p].flaky = second.status == Status.PASSED
     return judged
+
+
+def _run_again(executor, code, check, rubric, scratch, parts: list, verdict) -> dict:
+    """`parts` run once more at `check`, each judged by `verdict`: part -> its outcome."""
+    runs = rerun.run_check(executor, code, check, rubric, scratch, parts) if parts else {}
+    return {p: verdict(p, runs[p]) for p in parts}
 
 
 MISSING = {"utils": "utils.py is missing from the hand-in",
@@ -155,10 +160,10 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
     """Every part at every check of the rubric that runs it, within the hand-in's time: part ->
     [CheckOutcome]. `clocks`: check name -> each part's clock there (a batch's canary measured them).
 
-    A part that timed out at a check and again when run once more (judge_check) hung: it is not run
-    at the later checks of that kind (a step, or a layer's backward: other code), whose outcomes say
-    so. Each would cost its whole clock, twice, for a failure that stands either way: a hang so
-    costs one clock and its second run, not one per check."""
+    A part that ran past its clock at a check with the CPU it wanted (judge_check) hung: it is not
+    run at the later checks of that kind (a step, or a layer's backward: other code), whose outcomes
+    say so. Each would cost its whole clock for a failure that stands either way: a hang so costs
+    one clock, not one per check."""
     code = rerun.prepare_code(assignment)
     outcomes = {p: [] for p in rubric.part_ids}
     passed = {p: [] for p in rubric.part_ids}
@@ -169,8 +174,8 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
                 outcomes[p].append(_not_run(check, f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))
             continue
         for p in (p for p in rubric.parts_at(check) if (p, check.kind) in hung):
-            outcomes[p].append(_not_run(check, f"not run: this part hung at {_hung_at(hung[p, check.kind])} (it "
-                                               f"timed out there twice), so it is not run again at later checks"))
+            outcomes[p].append(_not_run(check, f"not run: this part hung at {_hung_at(hung[p, check.kind])} (it ran "
+                                               f"past its clock there), so it is not run again at later checks"))
         runnable = [p for p in rubric.parts_at(check) if (p, check.kind) not in hung]
         judged = judge_check(executor, code, check, rubric, work, parts=runnable, passed=passed,
                              clock=(clocks or {}).get(check.name)) if runnable else {}

@@ -9,21 +9,21 @@ Everything a rank says passes through grader.rerun.wire.hidden's `Words` into a 
 check only an exception's type and the hand-in's own lines are kept. A part whose world timed out,
 or whose ranks fell out of step, is described from each rank's collectives (its result, or the
 progress record a hung rank left, grader.rerun.rank.hooks): who returned, who waited in which
-collective, what the others called instead (`hang_detail`). At a check of several nodes a GPU
+collective, what the others called instead (grader.rerun.hangs). At a check of several nodes a GPU
 index at or above LOCAL_WORLD_SIZE fails the part (`_device_problem`).
 """
 
-import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grader import kit
 from grader.parts import BY_ID, PART_IDS
+from grader.rerun import starved
 from grader.rerun.wire import bounds, channel, protocol
 from grader.rerun.sandbox import memory
 from grader.rerun.wire.hidden import Words
-from grader.rerun.rank.hooks import COLLECTIVES
+from grader.rerun.hangs import collective, hang_detail, part_calls
 from grader.rerun.wire.protocol import RankStatus, StopReason, WorldJob, WorldReport
 from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.results import Status
@@ -52,6 +52,7 @@ class PartRun:
     detail: str = ""
     output: str = ""             # what the ranks printed (head and tail), for crashes
     data: object = None          # the protocol.PartSecret the part ran on (grader.rerun.wire.secret)
+    starved: bool = None         # past the part's clock: whether the CPU was kept from it (grader.rerun.starved)
 
 
 def prepare_code(assignment: Path) -> dict:
@@ -61,22 +62,8 @@ def prepare_code(assignment: Path) -> dict:
             "utils.py": kit.UTILS.read_text()}
 
 
-REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
-
-
-def _call(call) -> dict:
-    """A collective as a rank recorded it, held to the names and numbers a collective can have."""
-    if not isinstance(call, dict):
-        return None
-    numel = call.get("numel")
-    reduce_op = call.get("reduce_op")
-    return {"op": call.get("op") if call.get("op") in COLLECTIVES else "other",
-            "numel": numel if isinstance(numel, int) and not isinstance(numel, bool) and 0 <= numel < 1 << 40 else 0,
-            "reduce_op": reduce_op if reduce_op in REDUCE_OPS else None}
-
-
 def _rank_run(rank: int, result: protocol.Result, words: Words) -> RankRun:
-    run = RankRun(rank=rank, status=result.status.value, comm=[c for c in map(_call, result.comm[:1000]) if c],
+    run = RankRun(rank=rank, status=result.status.value, comm=[c for c in map(collective, result.comm[:1000]) if c],
                   devices=[d for d in result.devices[:100] if isinstance(d, int) and not isinstance(d, bool)],
                   oversize=result.oversize)
     run.exception, run.traceback = words.error(result.error)
@@ -133,80 +120,6 @@ def _output_text(report: WorldReport) -> str:
     return "\n".join(f"--- rank {r} ---\n{t}" for r, t in sorted(report.output.items()) if t.strip())[-12000:]
 
 
-def _progress_calls(text: str, part: str) -> list:
-    """The collectives a rank's progress record (grader.rerun.rank.hooks) lists for `part`, in order."""
-    calls = []
-    for line in (text or "").splitlines()[-1000:]:
-        try:
-            record = json.loads(line[:400])
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("part") == part and record.get("n") == len(calls) + 1:
-            calls.append(_call(record))
-    return calls
-
-
-def _ordinal(n: int, words: Words) -> str:
-    """"collective #2 of the part"; at a hidden check, a count past 3 is not said (it can be a hidden value)."""
-    if words.hidden and n > 3:
-        return "a later collective of the part (past the third)"
-    return f"collective #{n} of the part"
-
-
-def _what(call: dict, words: Words) -> str:
-    """"all_reduce of 2048 elements"; the op alone at a hidden check (a size is a hidden value)."""
-    return call["op"] if words.hidden else f"{call['op']} of {call['numel']} elements"
-
-
-def hang_detail(calls: dict, returned: set, words: Words) -> str:
-    """Who waited for whom, from each rank's collectives in the part (`calls`: rank -> list, in
-    order; `returned`: the ranks that returned from the part): "rank 1 returned from the part
-    without calling a collective; ranks 0, 2 and 3 waited in collective #1 of the part (all_reduce
-    of 2048 elements), while rank 1 never called it"; ranks that did the same are named together
-    ("ranks 1, 2 and 3 never called it"). Rank numbers, counts past 3 and sizes are not
-    said at a hidden check. "" when no rank waited in a collective."""
-    size = len(calls)
-    waiting = {r: c for r, c in calls.items() if r not in returned and c}
-    if not waiting:
-        return ""
-    n = min(len(c) for c in waiting.values())   # the earliest collective a rank is stuck in
-    stuck = waiting[min(r for r, c in waiting.items() if len(c) == n)][n - 1]
-    same = sorted(r for r, c in calls.items() if r not in returned and len(c) == n and c[n - 1] == stuck)
-    said = []
-    done = sorted(returned)
-    if done:
-        counts = sorted({len(calls[r]) for r in done})
-        after = "" if words.hidden or len(counts) > 1 else " without calling a collective" if not counts[0] else \
-            f" after {counts[0]} collective{'s' if counts[0] != 1 else ''}"
-        said.append(f"{words.ranks(done, size)} returned from the part{after}")
-    said.append(f"{words.ranks(same, size)} waited in {_ordinal(n, words)} ({_what(stuck, words)})")
-    others = {}   # what the other ranks did -> those ranks: said once, for all of them
-    for rank in sorted(set(calls) - set(same)):
-        mine = calls[rank]
-        if len(mine) >= n and mine[n - 1] != stuck:
-            did = f"called {_what(mine[n - 1], words)} there instead"
-        elif len(mine) < n and rank in returned:
-            did = "never called it"
-        elif len(mine) < n and mine:
-            did = f"waited in an earlier one ({_what(mine[-1], words)})"
-        elif not mine and rank not in returned:
-            did = "called no collective at all in the part (still computing: a loop that does not end?)"
-        else:
-            continue
-        others.setdefault(did, []).append(rank)
-    others = [f"{words.ranks(ranks, 0, 'other ranks')} {did}" for did, ranks in others.items()]
-    if others:
-        said[-1] += ", while " + "; ".join(others)
-    return "; ".join(said) + " (a rank that skips, adds or reorders a collective makes the others wait)"
-
-
-def _part_calls(part: str, ranks: dict, report: WorldReport) -> dict:
-    """rank -> its collectives in `part`: from its result where it reported one, else from its progress record."""
-    size = max([*ranks, *report.exit_codes, *report.progress, -1]) + 1
-    return {r: ranks[r].comm if r in ranks else _progress_calls(report.progress.get(r, ""), part)
-            for r in range(size)}
-
-
 def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 0) -> PartRun:
     """The PartRun of the part at which a world had to end, with the likeliest cause first."""
     abort = report.abort
@@ -222,7 +135,7 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
     codes = {r: c for r, c in report.exit_codes.items() if c not in (0, None)}
     output = _output_text(report)
     returned = {r.rank for r in ranks.values() if r.status == "ok"}
-    hang = hang_detail(_part_calls(part, ranks, report), returned, words)
+    hang = hang_detail(part_calls(part, ranks, report), returned, words)
     if reason == StopReason.OUT_OF_MEMORY:   # the watchdog or the world's cgroup: the cause, whatever the ranks said
         status, detail = Status.OOM, _oom_detail(words, memory_mb)
     elif reason == StopReason.TIMEOUT:
@@ -312,6 +225,10 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
             for part in charged:
                 runs[part] = _failed_part(part, report, words, rubric.limits.memory_mb)
                 runs[part].data = report.secrets.get(part)
+            if report.abort.reason == StopReason.TIMEOUT:   # hung, or kept from the CPU?
+                late, cpu = runs[report.abort.part], report.abort.cpu
+                late.starved = starved.starved(cpu, rubric.timeouts.part, check.world_size)
+                late.detail += f"; {starved.said(cpu)}"
             remaining = [p for p in left if p not in runs]
             continue
         runs.update(_unstarted_parts(left, report, words))

@@ -8,10 +8,10 @@ reports a part, it is sent the next part to run (Run, on its data pipe, with the
 - all ranks reported every part and said done: the world is complete;
 - a part's results disagree across ranks (ok on some, an error on others) or a collective failed:
   the ranks may be out of step, so the world is ended and the report says at which part;
-- a part runs past its wall clock, or a rank dies: likewise, naming the part. Every gap has a
-  clock: loading (world_start), each part from the moment a rank was sent it (part), and the end,
-  after the last part's results, until every rank says done (done); a world that runs out of time
-  keeps the parts it settled;
+- a part runs past its wall clock, or a rank dies: likewise, naming the part (past the clock, with
+  what the ranks had of the CPU: grader.rerun.starved). Every gap has a clock: loading
+  (world_start), each part from the moment a rank was sent it (part), and the end, after the last
+  part's results, until every rank says done (done); a world out of time keeps the parts it settled;
 - the code does not load: the world ends before any part. Gloo that does not start is the
   machine's failure, believed only before the rank says it loads the hand-in's code;
 - a rank sends a malformed message, one out of order, or a result for a part it was not sent
@@ -28,8 +28,8 @@ from grader.parts import kind_of
 from grader.rerun.wire import bounds, channel, protocol
 from grader.rerun.wire.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
 
-OUTPUT_HEAD = 4096
-OUTPUT_TAIL = 8192
+OUTPUT_HEAD, OUTPUT_TAIL = 4096, 8192
+PROGRESS_TAIL = 65536
 
 
 def _output(work_dir: str, world_size: int) -> dict:
@@ -49,9 +49,6 @@ def _output(work_dir: str, world_size: int) -> dict:
         except OSError:
             out[rank] = ""
     return out
-
-
-PROGRESS_TAIL = 65536
 
 
 def _progress(work_dir: str, world_size: int) -> dict:
@@ -273,13 +270,13 @@ def draw_secrets(job: WorldJob, key: bytes = None) -> dict:
 
 
 def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, secrets: dict,
-              collect_output=None, launcher_exited=None) -> WorldReport:
+              collect_output=None, launcher_exited=None, cpu_time=None) -> WorldReport:
     """Watch the ranks of one world until it is complete or must end; see the module docstring.
 
     `fds` maps each rank to the read end of its result pipe, `orders` to the write end of its data
     pipe; `secrets` (draw_secrets') are the parts' data. `launcher_exited`, when given, says
     whether the process that started the ranks has ended (torchrun); the world cannot finish after.
-    """
+    `cpu_time()`, when given, is what the ranks had of the CPU, read when a part runs past its clock."""
     watch = _Watch(job, fds, orders, secrets)
     selector = selectors.DefaultSelector()
     for rank, fd in fds.items():
@@ -306,6 +303,8 @@ def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, sec
                 watch.received(key.data, data)
             if watch.abort is not None:
                 break
+    if cpu_time and watch.abort is not None and watch.abort.reason == StopReason.TIMEOUT and watch.abort.part:
+        watch.abort.cpu = cpu_time()
     exit_codes = _end(pgid, pids, grace=0.5 if watch.abort is None else 0.0)
     for fd in list(fds.values()) + list(orders.values()):
         os.close(fd)

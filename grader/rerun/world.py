@@ -22,6 +22,7 @@ import time
 from grader.rerun.sandbox import cgroup, memory, namespaces, scratch, tasks
 from grader.rerun.wire import protocol
 from grader.rerun.wire.protocol import Abort, StopReason, WorldJob, WorldReport
+from grader.rerun import starved
 from grader.rerun.supervise import draw_secrets, supervise
 from grader.rerun.rank.source import compiled_blob
 from grader.limits import Limits
@@ -121,7 +122,8 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
     cgroups = isolation.cgroups if isolation is not None else []
     own = isolation is not None and isolation.per_world
     with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups, pids, own) as watchdog:
-        report = supervise(job, fds, orders, pids, pgid, draw_secrets(job, key))
+        report = supervise(job, fds, orders, pids, pgid, draw_secrets(job, key),
+                           cpu_time=lambda: starved.cpu_time(watchdog.rank_pids()))
         report.timeline["forked"] = forked
         if not job.compiled and prepared["code"] is not None:   # for the next world of this code
             report.compiled = compiled_blob(prepared["code"], prepared["skipped"])

@@ -17,13 +17,11 @@ descendant).
 
 polled every POLL_S seconds; Pss is read (smaps_rollup, costly) only while the cheap upper bound,
 the sum of the resident sets (statm), is above the limit, and then estimated between readings
-(`Estimate`). The moment `used` passes limits.memory_mb,
-every process of the world is killed and each rank's output ends with "MemoryError: the ranks and
-their children used more than N MB"; the world's report (grader.rerun.world.out_of_memory, by
-`ran_out`) then ends out of memory at the part `culprit`, the rank whose processes held most, was
-running; past
-limits.processes, with "the ranks and their children ran more than N processes and threads", a
-crash. The watchdog needs nothing from the machine but /proc (without it, a laptop's world has no
+(`Estimate`). The moment `used` passes limits.memory_mb, every process of the world is killed and
+each rank's output ends with "MemoryError: the ranks and their children used more than N MB"; the
+world's report (grader.rerun.world.out_of_memory, by `ran_out`) then ends out of memory at the part
+`culprit`, the rank whose processes held most, was running; past limits.processes, with "the ranks
+and their children ran more than N processes and threads", a crash. The watchdog needs nothing from the machine but /proc (without it, a laptop's world has no
 watchdog, and `check` says so); between two polls a world may allocate past the limit.
 
 Where a cgroup of the world's own holds it (grader.rerun.sandbox.cgroup), the kernel holds both limits
@@ -236,6 +234,10 @@ class Watchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+
+    def rank_pids(self) -> list:
+        """Each rank's pid as /proc numbers it; [] until the watchdog has found them all."""
+        return [self._proc_of[r] for r in sorted(self._proc_of)] if len(self._proc_of) == len(self.ranks) else []
 
     def ran_out(self) -> bool:
         """Whether the world ran out of memory, by the watchdog's count or by the kernel's kill in the

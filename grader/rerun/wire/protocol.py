@@ -196,11 +196,23 @@ class InfraError:
 
 
 @dataclass
+class CpuTime:
+    """What every thread of a world's ranks had of the CPU when a part ran past its clock
+    (grader.rerun.starved): seconds run, seconds ready to run but waiting, the cores the world could
+    use, the threads waiting for the disk."""
+    run: float
+    wait: float
+    cores: int
+    disk: int = 0
+
+
+@dataclass
 class Abort:
     reason: StopReason
     part: Optional[str] = None         # the part at which the world ended, when one is to blame
     detail: str = ""
     error: Optional[ErrorInfo] = None  # the exception that stopped the code from loading
+    cpu: Optional[CpuTime] = None      # a part past its clock: what its ranks had of the CPU (None: unknown)
 
 
 @dataclass

@@ -1,0 +1,69 @@
+"""Whether a part that ran past its clock hung, or its world was kept from the CPU.
+
+A batch's part clock is a multiple of what the reference needed on this machine when the batch
+began (grader.limits.part_clock). A part past that clock either did not finish the work (a loop
+that never ends, a rank asleep, a collective no peer joins) or was not given the CPU to do it
+(the machine grew busy). The kernel keeps, for each thread, the time it ran and the time it was
+ready to run but waited for a CPU (/proc/PID/task/TID/schedstat, in nanoseconds: run, wait,
+slices). At a part's timeout the world's leader adds them up over every thread of its ranks
+(`cpu_time`), and the grader decides (`starved`):
+
+    starved  =  (wait >= clock / 4   and   run < clock x min(ranks, cores) / 2)   or   disk > 0
+
+- a rank asleep, or waiting in a collective: it neither runs nor waits for the CPU. Not starved.
+- a loop that never ends, alone on the machine: it runs (and, with more ranks than cores, its
+  ranks wait for each other, but they ran at least half of what the cores could give). Not starved.
+- a correct part on a machine whose cores something else took: its ranks waited for the CPU and
+  ran little. Starved: the grader runs the part again on the rubric's own clock, and that run
+  decides (grader.pipeline.grade.judge_check).
+- a rank waiting for the disk (a thread in state D at the timeout: pages of torch read back on a
+  machine short of memory) neither runs nor waits for a CPU, and is not the code's fault either:
+  `disk` counts those threads, and one is enough to run the part again.
+
+Where the kernel does not keep these times (no /proc, a kernel without schedstats) or a rank's
+cannot be read, the world counts as starved: the part is run again, as if the clock had said
+nothing, and the grader's report says so (`SOURCE`).
+"""
+
+import os
+from typing import Optional
+
+from grader.rerun.wire.protocol import CpuTime
+
+SOURCE = "/proc/self/schedstat"
+READABLE = os.path.exists(SOURCE)
+
+
+def cpu_time(pids: list) -> Optional[CpuTime]:
+    """The time every thread of processes `pids` (as this /proc numbers them) ran and waited for a
+    CPU, in seconds, and the cores this process may use; None where one of them cannot be read."""
+    if not pids:
+        return None
+    run = wait = disk = 0
+    try:
+        for pid in pids:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                    ran, waited = f.read().split()[:2]
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+                run, wait, disk = run + int(ran), wait + int(waited), disk + (state == b"D")
+    except (OSError, ValueError, IndexError):
+        return None
+    return CpuTime(run=round(run / 1e9, 3), wait=round(wait / 1e9, 3), cores=len(os.sched_getaffinity(0)), disk=disk)
+
+
+def starved(cpu: Optional[CpuTime], clock: float, ranks: int) -> bool:
+    """Whether a world whose part ran past `clock` seconds was kept from the CPU (see the module
+    docstring); True where its times are unknown (`cpu` is None)."""
+    if cpu is None:
+        return True
+    return (cpu.wait >= clock / 4 and cpu.run < clock * min(ranks, max(cpu.cores, 1)) / 2) or cpu.disk > 0
+
+
+def said(cpu: Optional[CpuTime]) -> str:
+    """What a timeout's message says of the world's CPU time."""
+    if cpu is None:
+        return f"its ranks' CPU time could not be read ({SOURCE})"
+    disk = f", {cpu.disk} thread{'s' if cpu.disk > 1 else ''} waiting for the disk" if cpu.disk else ""
+    return f"its ranks ran {cpu.run:g} s and waited {cpu.wait:g} s for a CPU, on {cpu.cores} cores{disk}"

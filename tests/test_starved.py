@@ -1,0 +1,77 @@
+"""A part past its clock hung, or its world was kept from the CPU: the kernel's times say which
+(grader.rerun.starved), read by the world's leader at the timeout and judged by the grader.
+
+Real worlds of the reference with one part changed: asleep, looping forever, or doing a fixed
+amount of work. The rule itself is checked on the cases its docstring names. A correct hand-in on
+a machine whose every core is busy is in tests/test_hangs.py (make test-scale)."""
+
+import dataclasses
+import os
+
+import pytest
+
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
+from grader.rerun.starved import cpu_time, said, starved
+from grader.rerun.wire.protocol import CpuTime
+from grader.rubric import load_rubric
+from tests.corpus import REFERENCE
+
+STEP = "    device = get_device() if device is None else device\n    # Same seed, same initial weight: on every rank and in every part.\n"
+SLEEPS = "    __import__('time').sleep(10 ** 6)\n"
+LOOPS = "    while True:\n        pass\n"
+
+
+def baseline_with(tmp_path, body: str) -> dict:
+    """The reference whose Part 1 (single_step) first runs `body`."""
+    text = REFERENCE.read_text()
+    assert text.count(STEP) == 1
+    path = tmp_path / "assignment4.py"
+    path.write_text(text.replace(STEP, body + STEP))
+    return prepare_code(path)
+
+
+def test_the_rule_on_the_cases_its_docstring_names():
+    clock = 2.0
+    assert not starved(CpuTime(run=0.01, wait=0.0, cores=2), clock, 4)           # asleep, or in a collective
+    assert not starved(CpuTime(run=4.0, wait=4.0, cores=2), clock, 4)            # 4 ranks looping on 2 cores
+    assert not starved(CpuTime(run=2.0, wait=0.0, cores=16), clock, 4)           # one rank looping, the others waiting
+    assert starved(CpuTime(run=0.6, wait=6.0, cores=2), clock, 4)                # a busy machine took the cores
+    assert starved(CpuTime(run=3.0, wait=0.0, cores=2, disk=1), clock, 4)        # a rank waiting for the disk
+    assert starved(None, clock, 4)                                               # times the kernel does not keep
+    assert "could not be read" in said(None) and "ran 0.6 s and waited 6 s for a CPU, on 2 cores" in \
+        said(CpuTime(run=0.6, wait=6.0, cores=2))
+
+
+def test_this_process_times_are_read_from_every_thread():
+    import threading
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    before = cpu_time([os.getpid()])
+    spinner.start()
+    stop.wait(0.3)
+    after = cpu_time([os.getpid()])
+    stop.set()
+    spinner.join()
+    assert after.run - before.run >= 0.1 and after.cores == len(os.sched_getaffinity(0)), (before, after)
+    assert cpu_time([]) is None and cpu_time([2 ** 22 + 7]) is None   # nothing, or a process that is gone
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of_the_cpu(tmp_path):
+    rubric = load_rubric()
+    clock = 1.5
+    clocked = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock))
+    executor = WarmExecutor("auto", rubric.limits)
+    try:
+        asleep, looping = (run_check(executor, baseline_with(tmp_path, body), rubric.default_check, clocked,
+                                     tmp_path, parts=["baseline"])["baseline"] for body in (SLEEPS, LOOPS))
+    finally:
+        executor.close()
+    for run in (asleep, looping):
+        assert run.status.value == "timeout" and run.starved is False, (run.status, run.detail)
+        assert f"still running after {clock:g} s" in run.detail and "waited" in run.detail, run.detail
+    ran = float(looping.detail.split("its ranks ran ")[1].split(" s")[0])
+    slept = float(asleep.detail.split("its ranks ran ")[1].split(" s")[0])
+    # Looping ranks ran about the clock on every core they had; sleeping ones hardly at all.
+    assert ran >= clock * min(4, len(os.sched_getaffinity(0))) / 2 and slept < clock / 4, (looping.detail, asleep.detail)
