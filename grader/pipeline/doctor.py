@@ -24,7 +24,7 @@ from grader.parts import BACKWARD
 from grader.pipeline.canary import canary, lowered
 from grader.pipeline.peak import Peak
 from grader.rerun.sandbox import bwrap, cgroup, tasks
-from grader.rerun import machine
+from grader.rerun import machine, starved
 from grader.rerun.executor import CannotGrade, WarmExecutor
 from grader.rerun.executors import make_executor
 from grader.rerun.sandbox.namespaces import scratch_dir
@@ -46,6 +46,10 @@ def _limits_text(limits, isolation: dict, world_cgroup) -> list:
              f"{isolation.get('tasks', '').split(': ', 1)[-1]}; {user}",
              f"per rank   data past what it holds at its fork: {limits.memory_mb} MB (RLIMIT_DATA); files "
              f"{limits.file_mb} MB; CPU {limits.cpu_s} s; /tmp {limits.tmp_mb} MB per world"]
+    lines.append(f"timeouts   a part past its clock hung where its ranks had the CPU, and runs again where they "
+                 f"were kept from it (their run and wait times, {starved.SOURCE})" if starved.READABLE else
+                 f"timeouts   this kernel keeps no thread's run and wait times ({starved.SOURCE}): a part past "
+                 f"its clock always runs again, on the rubric's clock")
     if job_mb:
         lines.append(f"slurm job  {os.environ.get('SLURM_JOB_ID')}: its cgroup holds {job_mb} MB for the whole batch")
     if world_cgroup is not None:
