@@ -12,6 +12,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -194,6 +195,16 @@ def atomic_write(path: Path, text) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+UNFINISHED = re.compile(r"^\.(.+)\.[a-z0-9_]{8}$")   # mkstemp's name for atomic_write's temporary file
+
+
+def unfinished_writes(folder: Path) -> list:
+    """The temporary files `atomic_write` and `atomic_path` left in `folder` when their process was
+    killed mid-write (SIGKILL runs no cleanup): for the run that writes that folder again to remove."""
+    folder = Path(folder)
+    return sorted(p for p in folder.iterdir() if UNFINISHED.match(p.name) and p.is_file()) if folder.is_dir() else []
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grader import kit
 from grader.rerun.executor import WarmExecutor
 from grader.intake.handin import Handin
 from grader.pipeline.grade import grade_handin, judge_check
@@ -24,6 +25,8 @@ from grader.results import Status
 from grader.rubric import load_rubric
 from tests.corpus import FULL, FULL_CSV, REFERENCE, ROOT, Files, mutate, refingerprint, skeleton, write_zip
 from tests.test_sandbox import leftover_processes
+
+RESULT_FILES = ("grading.json", "results.json", "feedback.md", "feedback.html")   # grader.pipeline.record
 
 pytestmark = pytest.mark.scale   # make test-scale runs these; make test leaves them out
 
@@ -84,10 +87,16 @@ def test_a_grader_killed_mid_batch_loses_nothing_and_grades_nothing_twice(inbox)
     while leftover_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert leftover_processes() == []
-    assert [p.name for p in cut.rglob(".*")] == [".data-key"]  # no half-written file left behind, only the batch's data key
+    # No half-written file where a reader looks: what the kill interrupted is a temporary file of
+    # the atomic writer's, in a folder that has no grading.json yet (written last), beside the data key.
+    unfinished = [p for p in cut.rglob(".*") if p.name != ".data-key"]
+    assert all(kit.UNFINISHED.match(p.name) and not (p.parent / "grading.json").exists() for p in unfinished), unfinished
+    for folder in (p.parent for p in (cut / "students").glob("*/grading.json")):   # a reused result is whole
+        assert all((folder / f).exists() for f in RESULT_FILES), sorted(folder.iterdir())
     resumed = subprocess.run(grade_cmd(box, cut, rubric), cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr
     assert f"graded {8 - first} hand-in(s) and reused {first} earlier result(s)" in resumed.stdout
+    assert [p.name for p in cut.rglob(".*")] == [".data-key"]   # the resumed run removed what the kill left
     assert (whole / "grades.csv").read_text() == (cut / "grades.csv").read_text()
     for path in (whole / "students").glob("*/grading.json"):
         assert without_times(path) == without_times(cut / "students" / path.parent.name / "grading.json"), path.parent.name
@@ -131,6 +140,27 @@ class FailsFirstWorld(WarmExecutor):
         if self.calls == 1:
             job = dataclasses.replace(job, code=self.broken_code)
         return super().run_world(job)
+
+
+@pytest.mark.timeout(600)
+def test_a_folder_a_killed_run_left_half_written_is_graded_again_and_swept(inbox, tmp_path):
+    """What a SIGKILL between two of a result's files leaves (some files, the writer's temporary one,
+    no grading.json): the next run grades that hand-in again and removes the temporary file; a
+    whole result is reused."""
+    box, rubric, _ = inbox
+    out = tmp_path / "out"
+    one = tmp_path / "one"
+    one.mkdir()
+    for name in ("reference.zip", "skeleton.zip"):
+        (one / name).write_bytes((box / name).read_bytes())
+    assert subprocess.run(grade_cmd(one, out, rubric), cwd=ROOT, capture_output=True, text=True, timeout=400).returncode == 0
+    cut = next(p.parent for p in (out / "students").glob("*/grading.json") if "reference" in p.parent.name)
+    (cut / "grading.json").unlink()
+    (cut / ".feedback.html.k3x9_a0q").write_text("<html>half")
+    again = subprocess.run(grade_cmd(one, out, rubric), cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stderr
+    assert "graded 1 hand-in(s) and reused 1 earlier result(s)" in again.stdout, again.stdout
+    assert sorted(p.name for p in cut.iterdir() if p.name.startswith(".")) == [] and (cut / "grading.json").exists()
 
 
 @pytest.mark.timeout(300)

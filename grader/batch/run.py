@@ -180,13 +180,17 @@ def _found(paths, out: Path, rubric, only, lms) -> tuple:
 
 
 def _todo(items: list, out: Path, rubric, sandbox: str, force: bool, summary: BatchSummary) -> list:
-    """The hand-ins to grade: those without an earlier result that can stand (counted as cached)."""
+    """The hand-ins to grade: those without an earlier result that can stand (counted as cached).
+    What a run killed while writing one of their folders left there (kit.unfinished_writes) goes:
+    that folder is this run's (an array task's hand-ins are its own)."""
     todo = []
     for h in (i for i in items if isinstance(i, handins.Handin)):
         if not force and _cached(out, h, rubric, sandbox) is not None:
             summary.cached += 1
         else:
             todo.append(h)
+            for path in kit.unfinished_writes(student_dir(out, h.student)):
+                path.unlink(missing_ok=True)
     return todo
 
 

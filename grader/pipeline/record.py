@@ -63,9 +63,11 @@ def write_handin(result, out: Path, rubric=None) -> Written:
     of other bytes (the student's earlier hand-in) is set aside into OUT/students/.replaced/ only
     once this one is written beside it, and then in one rename."""
     data = fit(result.to_dict())
-    files = {"grading.json": json.dumps(data, indent=1, sort_keys=True) + "\n",
-             "results.json": json.dumps(gradescope_results(data, _weights(rubric)), indent=1) + "\n",
-             "feedback.md": fit_text(feedback_markdown(data)), "feedback.html": fit_page(data)}
+    # grading.json last: a batch reuses a folder that has it (grader.batch.run), so a run killed
+    # between two files leaves a folder graded again, never one reused without its feedback.
+    files = {"results.json": json.dumps(gradescope_results(data, _weights(rubric)), indent=1) + "\n",
+             "feedback.md": fit_text(feedback_markdown(data)), "feedback.html": fit_page(data),
+             "grading.json": json.dumps(data, indent=1, sort_keys=True) + "\n"}
     folder = student_dir(out, result.student)
     try:
         earlier = json.loads((folder / "grading.json").read_text()).get("sha256", "")

@@ -52,7 +52,8 @@ class PartRun:
     detail: str = ""
     output: str = ""             # what the ranks printed (head and tail), for crashes
     data: object = None          # the protocol.PartSecret the part ran on (grader.rerun.wire.secret)
-    starved: bool = None         # past the part's clock: whether the CPU was kept from it (grader.rerun.starved)
+    starved: bool = None         # past the part's clock: whether the CPU was kept from it (grader.rerun.starved);
+                                 # None where some rank never took the part up (it is run again alone)
 
 
 def prepare_code(assignment: Path) -> dict:
@@ -225,10 +226,11 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
             for part in charged:
                 runs[part] = _failed_part(part, report, words, rubric.limits.memory_mb)
                 runs[part].data = report.secrets.get(part)
-            if report.abort.reason == StopReason.TIMEOUT:   # hung, or kept from the CPU?
-                late, cpu = runs[report.abort.part], report.abort.cpu
-                late.starved = starved.starved(cpu, rubric.timeouts.part, check.world_size)
-                late.detail += f"; {starved.said(cpu)}"
+            if report.abort.reason == StopReason.TIMEOUT:   # hung, kept from the CPU, or never taken up?
+                late, cpu, unread = runs[report.abort.part], report.abort.cpu, report.abort.unread
+                late.starved = None if unread else starved.starved(cpu, rubric.timeouts.part, check.world_size)
+                late.detail += f"; {starved.said(cpu)}" + (f"; {words.ranks(unread, check.world_size)} never "
+                                                           f"took the part up after the one before" if unread else "")
             remaining = [p for p in left if p not in runs]
             continue
         runs.update(_unstarted_parts(left, report, words))

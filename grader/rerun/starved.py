@@ -20,6 +20,10 @@ slices). At a part's timeout the world's leader adds them up over every thread o
   machine short of memory) neither runs nor waits for a CPU, and is not the code's fault either:
   `disk` counts those threads, and one is enough to run the part again.
 
+A rank that never read the part's order from its pipe (the hand-in stalled it after the part
+before) never ran the part: that timeout is neither, and the part runs again alone, as any failure
+does (grader.rerun.supervise notes those ranks, `Abort.unread`).
+
 Where the kernel does not keep these times (no /proc, a kernel without schedstats) or a rank's
 cannot be read, the world counts as starved: the part is run again, as if the clock had said
 nothing, and the grader's report says so (`SOURCE`).

@@ -303,8 +303,10 @@ def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, sec
                 watch.received(key.data, data)
             if watch.abort is not None:
                 break
-    if cpu_time and watch.abort is not None and watch.abort.reason == StopReason.TIMEOUT and watch.abort.part:
-        watch.abort.cpu = cpu_time()
+    if watch.abort is not None and watch.abort.reason == StopReason.TIMEOUT and watch.abort.part:
+        watch.abort.cpu = cpu_time() if cpu_time else None
+        late = watch.ranks - set(watch.results[watch.abort.part])
+        watch.abort.unread = [r for r in sorted(late) if channel.unread(orders[r])]
     exit_codes = _end(pgid, pids, grace=0.5 if watch.abort is None else 0.0)
     for fd in list(fds.values()) + list(orders.values()):
         os.close(fd)

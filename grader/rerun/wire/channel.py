@@ -35,6 +35,17 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def unread(fd: int) -> int:
+    """Bytes written to the pipe `fd` (either end, on Linux) that its reader has not read; 0 where
+    the system does not say."""
+    import fcntl
+    import termios
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
 def send(fd: int, message: dict) -> None:
     """Write one message to `fd`, whole (loops over partial writes)."""
     body = json.dumps(message, separators=(",", ":")).encode()

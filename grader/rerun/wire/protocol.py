@@ -213,6 +213,8 @@ class Abort:
     detail: str = ""
     error: Optional[ErrorInfo] = None  # the exception that stopped the code from loading
     cpu: Optional[CpuTime] = None      # a part past its clock: what its ranks had of the CPU (None: unknown)
+    unread: list[int] = field(default_factory=list)   # ...and the ranks that never took its order up (a
+                                       # stall after the part before: the part itself never ran there)
 
 
 @dataclass
