@@ -356,7 +356,7 @@ FILE_SWAP = '''
 import os as _os
 import time as _time
 
-_SWAP_WAIT = 2.0   # seconds a rank looks for the others' files before it goes on with its own
+_SWAP_WAIT = 1.0   # seconds a rank looks for the others' files before it goes on with its own: inside a part's clock
 _VIA = "{via}"
 
 
