@@ -19,7 +19,6 @@ infra_error to all), it prints each difference and no rate or ratio, and exits 1
 """
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -36,12 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 from grader.batch.run import grade_batch  # noqa: E402
 from grader.evidence.logfile import parse_log  # noqa: E402
-from grader.rerun.rank import worker  # noqa: E402
 from grader.rubric import load_rubric  # noqa: E402
+from benchmarks._floor import fork_gloo_floor  # noqa: E402
 from tests.corpus import MUTANTS as CORPUS, REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
 
 MUTANTS = ["dp_summed", "acc_unscaled", "baseline_wrong_sign", "tp_own_shard_only", "baseline_no_step",
@@ -158,29 +156,6 @@ def wrong_results(out: Path, kinds: dict, rubric) -> list:
             wrong.append(f"{result['source']}: {differs}" + (f": {result['message'][:300]}" if result.get("message") else ""))
     wrong += [f"{name}: no result" for name in sorted(set(kinds) - seen)]
     return wrong
-
-
-def fork_gloo_floor(repeats: int = 20, world_size: int = 4) -> float:
-    """Median seconds to fork `world_size` ranks from a warm process, join gloo, all-reduce once, exit."""
-    worker.warm_up()
-    times = []
-    for _ in range(repeats):
-        store = tempfile.mkdtemp(prefix="a4-floor-")
-        started = time.perf_counter()
-        pids = []
-        for rank in range(world_size):
-            pid = os.fork()
-            if pid == 0:
-                dist.init_process_group("gloo", store=dist.FileStore(f"{store}/s", world_size), rank=rank,
-                                        world_size=world_size, timeout=datetime.timedelta(seconds=30))
-                dist.all_reduce(torch.ones(4))
-                os._exit(0)
-            pids.append(pid)
-        for pid in pids:
-            os.waitpid(pid, 0)
-        times.append(time.perf_counter() - started)
-        shutil.rmtree(store, ignore_errors=True)
-    return statistics.median(times)
 
 
 def log_speed(log: str) -> float:

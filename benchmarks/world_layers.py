@@ -7,6 +7,9 @@ sweep between worlds), beside the fork-and-gloo floor measured in the same run.
 
 As root where useradd and runuser are at hand, a third column: the same worlds graded by an ordinary
 user made for the run (tests/tas.py: its own venv, the kit copied into its home), with the sandbox.
+Where torch's CUDA build is installed beside the kit's (`--cuda-python`, by default .venv-cuda's
+Python, which `make test-cuda` makes), a fourth: the sandbox's worlds with that build. Each column
+has its own fork-and-gloo floor, measured by the same Python as the same user.
 
 Each figure is the median over the worlds, in milliseconds; the first worlds of each executor warm
 it and are not counted. As root with the sandbox, each world has a cgroup, namespaces and a user of
@@ -19,6 +22,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +34,8 @@ from grader.rerun.executor import SandboxUnavailable, WarmExecutor
 from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.rubric import load_rubric
 
-REFERENCE = Path(__file__).resolve().parent.parent / "assignment_4" / "reference" / "assignment4.py"
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "assignment_4" / "reference" / "assignment4.py"
 WARM_UP = 3   # worlds run first and not counted
 
 # (name, what it is, its milliseconds from a world's timeline)
@@ -78,7 +83,8 @@ def as_a_user(worlds: int) -> list:
     ta = tas.ta_setup("user")
     try:
         (ta.kit / "benchmarks").mkdir()
-        shutil.copy2(__file__, ta.kit / "benchmarks" / "world_layers.py")
+        for helper in (__file__, ROOT / "benchmarks" / "_floor.py"):
+            shutil.copy2(helper, ta.kit / "benchmarks")
         done = ta.run([str(ta.python), "benchmarks/world_layers.py", "--worlds", str(worlds), "--json"], timeout=900)
         if done.returncode != 0:
             print(f"an ordinary user: failed ({done.stderr.strip()[-300:]})")
@@ -88,15 +94,34 @@ def as_a_user(worlds: int) -> list:
         tas.remove(ta)
 
 
+def with_python(python: str, worlds: int) -> dict:
+    """{"timelines", "floor"} of sandboxed worlds run by another Python (torch's CUDA build); {} and
+    why, printed, where it cannot run."""
+    if not python or not os.access(python, os.X_OK):
+        print(f"torch's CUDA build: not measured ({python or 'no Python given'} is not there: make test-cuda makes .venv-cuda)")
+        return {}
+    done = subprocess.run([python, __file__, "--worlds", str(worlds), "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode != 0:
+        print(f"torch's CUDA build: failed ({done.stderr.strip()[-300:]})")
+        return {}
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, default=40)
     parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
-    parser.add_argument("--json", action="store_true", help="print the sandbox's timelines as JSON, and nothing else")
+    parser.add_argument("--json", action="store_true",
+                        help="print the sandbox's timelines and the floor as JSON, and nothing else")
+    parser.add_argument("--cuda-python", default=str(ROOT / ".venv-cuda" / "bin" / "python"),
+                        help="a Python with torch's CUDA build, for a column of its own (default: %(default)s)")
     args = parser.parse_args()
     rubric = load_rubric(args.rubric) if args.rubric else load_rubric()
-    if args.json:   # the run as an ordinary user (as_a_user)
-        print(json.dumps(timelines("auto", args.worlds, rubric)))
+    from benchmarks._floor import fork_gloo_floor
+    if args.json:   # the run as an ordinary user (as_a_user), or with another torch (with_python)
+        rows = timelines("auto", args.worlds, rubric)
+        print(json.dumps({"timelines": rows, "floor": fork_gloo_floor(repeats=args.worlds)}))
         return 0
     check = rubric.default_check
     print(f"a world of the reference at the default check ({check.world_size} ranks, parts "
@@ -111,23 +136,24 @@ def main() -> int:
             print(f"{name}: cannot run here ({e})")
             continue
         print(f"{name}: {len(columns[name])} worlds in {time.monotonic() - started:.1f} s")
+    floors = dict.fromkeys(columns, fork_gloo_floor(repeats=args.worlds))
     if os.geteuid() == 0 and not args.rubric:
-        user = as_a_user(args.worlds)
-        if user:
-            columns["user, sandbox"] = user
-    from benchmarks.grading_throughput import fork_gloo_floor
-    floor = fork_gloo_floor(repeats=args.worlds)
+        for name, measured in (("user, sandbox", as_a_user(args.worlds)),
+                               ("CUDA, sandbox", with_python(args.cuda_python, args.worlds))):
+            if measured:
+                columns[name], floors[name] = measured["timelines"], measured["floor"]
     print(f"{'layer':8s} " + " ".join(f"{name:>14s}" for name in columns) + "  what")
     for layer, what, of in LAYERS:
         cells = [f"{1000 * statistics.median(of(t) for t in rows):14.1f}" for rows in columns.values()]
         print(f"{layer:8s} " + " ".join(cells) + f"  {what}")
-    print(f"{'floor':8s} " + " ".join(f"{1000 * floor:14.1f}" for _ in columns) +
+    print(f"{'floor':8s} " + " ".join(f"{1000 * floors[name]:14.1f}" for name in columns) +
           f"  fork {check.world_size} ranks from a warm process, join gloo, one all-reduce, exit")
     for name, rows in columns.items():
         world = statistics.median(t["round_trip"] for t in rows)
         setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
-        print(f"{name}: a world of {len(rubric.parts_at(rubric.default_check))} parts is {world / floor:.2f}x the floor's one all-reduce; the layers around the ranks' own work "
-              f"(set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
+        print(f"{name}: a world of {len(rubric.parts_at(rubric.default_check))} parts is {world / floors[name]:.2f}x "
+              f"its floor's one all-reduce; the layers around the ranks' own work (set-up and rest) are "
+              f"{1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
     return 0
 
 
