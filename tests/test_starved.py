@@ -46,7 +46,11 @@ def test_the_rule_on_the_cases_its_docstring_names():
 def test_this_process_times_are_read_from_every_thread():
     import threading
     stop = threading.Event()
-    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    def spin():
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
     before = cpu_time([os.getpid()])
     spinner.start()
     stop.wait(0.3)
