@@ -36,6 +36,7 @@ def test_the_rule_on_the_cases_its_docstring_names():
     assert not starved(CpuTime(run=0.01, wait=0.0, cores=2), clock, 4)           # asleep, or in a collective
     assert not starved(CpuTime(run=4.0, wait=4.0, cores=2), clock, 4)            # 4 ranks looping on 2 cores
     assert not starved(CpuTime(run=2.0, wait=0.0, cores=16), clock, 4)           # one rank looping, the others waiting
+    assert not starved(CpuTime(run=2.0, wait=6.0, cores=2), clock, 4)            # those 4 beside another world
     assert starved(CpuTime(run=0.6, wait=6.0, cores=2), clock, 4)                # a busy machine took the cores
     assert starved(CpuTime(run=3.0, wait=0.0, cores=2, disk=1), clock, 4)        # a rank waiting for the disk
     assert starved(None, clock, 4)                                               # times the kernel does not keep
@@ -77,5 +78,5 @@ def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of
         assert f"still running after {clock:g} s" in run.detail and "waited" in run.detail, run.detail
     ran = float(looping.detail.split("its ranks ran ")[1].split(" s")[0])
     slept = float(asleep.detail.split("its ranks ran ")[1].split(" s")[0])
-    # Looping ranks ran about the clock on every core they had; sleeping ones hardly at all.
-    assert ran >= clock * min(4, len(os.sched_getaffinity(0))) / 2 and slept < clock / 4, (looping.detail, asleep.detail)
+    # Looping ranks ran at least a quarter of what the cores could give; sleeping ones hardly at all.
+    assert ran >= clock * min(4, len(os.sched_getaffinity(0))) / 4 and slept < clock / 4, (looping.detail, asleep.detail)

@@ -8,11 +8,12 @@ ready to run but waited for a CPU (/proc/PID/task/TID/schedstat, in nanoseconds:
 slices). At a part's timeout the world's leader adds them up over every thread of its ranks
 (`cpu_time`), and the grader decides (`starved`):
 
-    starved  =  (wait >= clock / 4   and   run < clock x min(ranks, cores) / 2)   or   disk > 0
+    starved  =  (wait >= clock / 4   and   run < clock x min(ranks, cores) / 4)   or   disk > 0
 
 - a rank asleep, or waiting in a collective: it neither runs nor waits for the CPU. Not starved.
-- a loop that never ends, alone on the machine: it runs (and, with more ranks than cores, its
-  ranks wait for each other, but they ran at least half of what the cores could give). Not starved.
+- a loop that never ends: it runs (with more ranks than cores its ranks wait for each other, and
+  beside another world of the batch for that one too, but they ran at least a quarter of what the
+  cores could give them: half of it on a machine that holds two such worlds). Not starved.
 - a correct part on a machine whose cores something else took: its ranks waited for the CPU and
   ran little. Starved: the grader runs the part again on the rubric's own clock, and that run
   decides (grader.pipeline.grade.judge_check).
@@ -62,7 +63,7 @@ def starved(cpu: Optional[CpuTime], clock: float, ranks: int) -> bool:
     docstring); True where its times are unknown (`cpu` is None)."""
     if cpu is None:
         return True
-    return (cpu.wait >= clock / 4 and cpu.run < clock * min(ranks, max(cpu.cores, 1)) / 2) or cpu.disk > 0
+    return (cpu.wait >= clock / 4 and cpu.run < clock * min(ranks, max(cpu.cores, 1)) / 4) or cpu.disk > 0
 
 
 def said(cpu: Optional[CpuTime]) -> str:
