@@ -2,6 +2,11 @@
 process (torch imported, one step taken), each joining gloo over a file store and all-reducing
 once, then exiting. What a world of the warm executor cannot do without; benchmarks/world_layers.py
 and benchmarks/grading_throughput.py divide by it. A helper, not a benchmark (its name starts with _).
+
+`work`, where given, replaces the all-reduce: each rank calls it after joining gloo. With the
+reference's part functions (`reference_parts`), the floor is the world's own work done bare, no
+grader around it: what the ranks cannot be spared, so that a world's ratio to it is what the
+grader's layers cost.
 """
 
 import datetime
@@ -15,11 +20,15 @@ import torch
 import torch.distributed as dist
 
 from grader.rerun.rank import worker
+from grader.rerun.sandbox import environment
 
 
-def fork_gloo_floor(repeats: int = 20, world_size: int = 4) -> float:
-    """Median seconds to fork `world_size` ranks from a warm process, join gloo, all-reduce once, exit."""
+def fork_gloo_floor(repeats: int = 20, world_size: int = 4, work=None) -> float:
+    """Median seconds to fork `world_size` ranks from a warm process, join gloo, all-reduce once
+    (or call `work`), exit. The process is warmed as the zygote is, its memory in huge pages too
+    (grader.rerun.sandbox.environment.fold_into_huge_pages): the floor forks no slower than a world."""
     worker.warm_up()
+    environment.fold_into_huge_pages()
     times = []
     for _ in range(repeats):
         store = tempfile.mkdtemp(prefix="a4-floor-")
@@ -28,9 +37,10 @@ def fork_gloo_floor(repeats: int = 20, world_size: int = 4) -> float:
         for rank in range(world_size):
             pid = os.fork()
             if pid == 0:
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
                 dist.init_process_group("gloo", store=dist.FileStore(f"{store}/s", world_size), rank=rank,
                                         world_size=world_size, timeout=datetime.timedelta(seconds=30))
-                dist.all_reduce(torch.ones(4))
+                work() if work else dist.all_reduce(torch.ones(4))
                 os._exit(0)
             pids.append(pid)
         for pid in pids:
@@ -38,3 +48,28 @@ def fork_gloo_floor(repeats: int = 20, world_size: int = 4) -> float:
         times.append(time.perf_counter() - started)
         shutil.rmtree(store, ignore_errors=True)
     return statistics.median(times)
+
+
+def reference_parts(parts: list):
+    """A `work` for fork_gloo_floor: the reference's functions of `parts` (part ids), each called as
+    a rank of the grader calls it (seed 42, the CPU), what they print thrown away. The reference is
+    loaded here, in the warm process, as the grader's zygote loads nothing of a hand-in's: its
+    import is not the floor's to pay in every world."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    from grader.parts import BY_ID
+    from grader.rerun.rank.hooks import disarm_cuda_calls
+    root = Path(__file__).resolve().parent.parent / "assignment_4"
+    sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location("a4_floor_reference", root / "reference" / "assignment4.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    functions = [getattr(module, BY_ID[part].function) for part in parts]
+
+    def work():
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        disarm_cuda_calls()   # as a rank: seeding no accelerator (grader.rerun.rank.hooks)
+        for function in functions:
+            function(seed=42, device="cpu")
+    return work

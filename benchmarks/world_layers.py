@@ -1,7 +1,8 @@
 """What one world costs, layer by layer: the reference re-run at the rubric's default check by the warm
 executor, with the sandbox and without, each world's timeline split into its leader's set-up, the
 ranks joining gloo, the parts, the ranks' end and the rest (the report, the pipes, the zygote's
-sweep between worlds), beside the fork-and-gloo floor measured in the same run.
+sweep between worlds), beside the fork-and-gloo floor measured in the same run, and that floor
+with its ranks doing the world's own work bare (the reference's part functions called directly).
 
     python benchmarks/world_layers.py [--worlds 40] [--rubric FILE]
 
@@ -118,12 +119,18 @@ def main() -> int:
                         help="a Python with torch's CUDA build, for a column of its own (default: %(default)s)")
     args = parser.parse_args()
     rubric = load_rubric(args.rubric) if args.rubric else load_rubric()
-    from benchmarks._floor import fork_gloo_floor
+    from benchmarks._floor import fork_gloo_floor, reference_parts
+    check = rubric.default_check
+    parts = rubric.parts_at(check)
+
+    def both_floors() -> dict:
+        return {"floor": fork_gloo_floor(repeats=args.worlds, world_size=check.world_size),
+                "work": fork_gloo_floor(repeats=args.worlds, world_size=check.world_size, work=reference_parts(parts))}
+
     if args.json:   # the run as an ordinary user (as_a_user), or with another torch (with_python)
         rows = timelines("auto", args.worlds, rubric)
-        print(json.dumps({"timelines": rows, "floor": fork_gloo_floor(repeats=args.worlds)}))
+        print(json.dumps({"timelines": rows, **both_floors()}))
         return 0
-    check = rubric.default_check
     print(f"a world of the reference at the default check ({check.world_size} ranks, parts "
           f"{', '.join(rubric.parts_at(check))}), as {'root' if os.geteuid() == 0 else 'an ordinary user'}, "
           f"median of {args.worlds} worlds each, in ms; load average before: {os.getloadavg()[0]:.1f}")
@@ -136,24 +143,26 @@ def main() -> int:
             print(f"{name}: cannot run here ({e})")
             continue
         print(f"{name}: {len(columns[name])} worlds in {time.monotonic() - started:.1f} s")
-    floors = dict.fromkeys(columns, fork_gloo_floor(repeats=args.worlds))
+    floors = dict.fromkeys(columns, both_floors())
     if os.geteuid() == 0 and not args.rubric:
         for name, measured in (("user, sandbox", as_a_user(args.worlds)),
                                ("CUDA, sandbox", with_python(args.cuda_python, args.worlds))):
             if measured:
-                columns[name], floors[name] = measured["timelines"], measured["floor"]
+                columns[name], floors[name] = measured["timelines"], measured
     print(f"{'layer':8s} " + " ".join(f"{name:>14s}" for name in columns) + "  what")
     for layer, what, of in LAYERS:
         cells = [f"{1000 * statistics.median(of(t) for t in rows):14.1f}" for rows in columns.values()]
         print(f"{layer:8s} " + " ".join(cells) + f"  {what}")
-    print(f"{'floor':8s} " + " ".join(f"{1000 * floors[name]:14.1f}" for name in columns) +
+    print(f"{'floor':8s} " + " ".join(f"{1000 * floors[name]['floor']:14.1f}" for name in columns) +
           f"  fork {check.world_size} ranks from a warm process, join gloo, one all-reduce, exit")
+    print(f"{'work':8s} " + " ".join(f"{1000 * floors[name]['work']:14.1f}" for name in columns) +
+          f"  the same, each rank calling the reference's {len(parts)} part functions instead: the world's work, bare")
     for name, rows in columns.items():
         world = statistics.median(t["round_trip"] for t in rows)
         setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
-        print(f"{name}: a world of {len(rubric.parts_at(rubric.default_check))} parts is {world / floors[name]:.2f}x "
-              f"its floor's one all-reduce; the layers around the ranks' own work (set-up and rest) are "
-              f"{1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
+        print(f"{name}: a world of {len(parts)} parts is {world / floors[name]['floor']:.2f}x its floor's one "
+              f"all-reduce, {world / floors[name]['work']:.2f}x the same parts done bare; the layers around the "
+              f"ranks' own work (set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
     return 0
 
 

@@ -29,7 +29,7 @@ def child_env(cgroups: list = ()) -> dict:
     Python's own variables (a module Python's), one thread per pool and no GPU, from the start."""
     env = {k: os.environ[k] for k in PASSED_ON if k in os.environ}
     python = environment.python_variables()
-    env.update(python, **environment.ENVIRONMENT)
+    env.update(python, **environment.ZYGOTE)
     env.update(PYTHONDONTWRITEBYTECODE="1", HOME="/tmp", A4_CGROUPS=os.pathsep.join(cgroups or ()),
                PYTHONPATH=os.pathsep.join([str(kit.ROOT)] + ([python["PYTHONPATH"]] if "PYTHONPATH" in python else [])))
     return env

@@ -255,7 +255,7 @@ def inside_environment(cgroups: list = ()) -> dict:
     Python's own variables, one thread per pool and no GPU (grader.rerun.sandbox.environment), its cgroups."""
     python = environment.python_variables()
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-           **python, **environment.ENVIRONMENT,
+           **python, **environment.ZYGOTE,
            "PYTHONPATH": os.pathsep.join(["/a4/lib"] + ([python["PYTHONPATH"]] if "PYTHONPATH" in python else [])),
            "PYTHONDONTWRITEBYTECODE": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
            "A4_IN_SANDBOX": "1"}

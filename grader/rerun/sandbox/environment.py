@@ -29,6 +29,9 @@ ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPEN
                                      "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "BLIS_NUM_THREADS")}
 NO_GPU = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
 ENVIRONMENT = {**ONE_THREAD, **NO_GPU}   # what the zygote, and every rank, starts with
+# The zygote's alone: glibc's malloc asks for transparent huge pages for its heap as torch's import
+# grows it (glibc 2.35 and later; others ignore it), and so leaves fold_into_huge_pages half as much to do.
+ZYGOTE = {**ENVIRONMENT, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
 def python_variables(environ=None) -> dict:
@@ -52,6 +55,41 @@ def bound_zygote() -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:
         pass   # set once per process, or the pool already started: it then has the size asked before
+
+
+MADV_COLLAPSE = 25   # Linux 6.1 and later
+HUGE = 2 << 20
+
+
+def fold_into_huge_pages() -> int:
+    """In the zygote, once everything the ranks share is loaded and frozen, before the first fork:
+    its private writable memory (the heap, Python's arenas, torch's allocations: about 200 MB
+    with torch loaded) folded into transparent huge pages (madvise MADV_COLLAPSE), each 2 MB
+    aligned span at once. A fork copies one page-table entry per page it shares, and an exit
+    drops each: 512 times fewer entries for every leader and rank forked after, in the six
+    processes of a world (about 14 ms of a 150 ms world on 2 cores). A huge page a rank writes is
+    split back into small ones, and only the small one written is copied. Paid once per zygote:
+    about 0.25 s for torch's CPU build (0.5 s without ZYGOTE's heap already in huge pages).
+    Returns the bytes folded; 0 where the kernel will not (older than 6.1, transparent huge pages
+    off): nothing changes then."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    folded = 0
+    try:
+        with open("/proc/self/maps") as maps:
+            spans = [line.split() for line in maps]
+    except OSError:
+        return 0
+    for fields in spans:
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        # Anonymous (no file) or the heap, writable and private: what a fork copies entry by entry.
+        if fields[1][:2] != "rw" or fields[1][3] != "p" or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue
+        start, end = (start + HUGE - 1) & ~(HUGE - 1), end & ~(HUGE - 1)
+        if end > start and libc.madvise(start, end - start, MADV_COLLAPSE) == 0:
+            folded += end - start
+    return folded
 
 
 def hold_rank() -> None:

@@ -124,6 +124,8 @@ def fit(message):
     if total > REPORT_BYTES and report.compiled:
         report.compiled = ""
         total = _size(report)
+    if total <= REPORT_BYTES:
+        return report   # the common case: one encoding to measure it, none of each part's
     sizes = {part: _size({str(r): protocol.encode(m) for r, m in ranks.items()})
              for part, ranks in report.results.items()}
     for part in sorted(sizes, key=sizes.get, reverse=True):
