@@ -3,14 +3,17 @@
 A hand-in's code is compiled once per executor, not once per world (grader.rerun.compiled): the
 first world's leader compiles it and returns it, and each later world of the same files loads it.
 What a world shows of the code (its tracebacks' files and lines, the lines skipped) is the same
-either way, and text that is not the hand-in's own compile is never run in its place. And seeding
-in a rank seeds the CPU alone: no stack is captured for an accelerator a rank never sets up."""
+either way, and text that is not the hand-in's own compile is never run in its place. Seeding
+in a rank seeds the CPU alone: no stack is captured for an accelerator a rank never sets up. And
+the zygote keeps its memory in huge pages, so that a fork copies few page-table entries, while the
+worlds forked from it give the same answers."""
 
 import base64
 import marshal
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +134,59 @@ def test_seeding_in_a_rank_seeds_the_cpu_and_queues_nothing_for_an_accelerator()
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.split() == ["True", "7", "0"], out.stderr
+
+
+def _below(pid: int) -> list:
+    """The processes below `pid`, from /proc."""
+    parent_of = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                parent_of[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    found, todo = [], [pid]
+    while todo:
+        below = todo.pop()
+        children = [p for p, parent in parent_of.items() if parent == below]
+        found += children
+        todo += children
+    return found
+
+
+def _anonymous_kb(pid: int) -> tuple:
+    """(anonymous, of it in huge pages) of `pid`, in kB, from its smaps_rollup."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(fields["Anonymous"].split()[0]), int(fields["AnonHugePages"].split()[0])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_the_zygote_keeps_its_memory_in_huge_pages_and_its_worlds_answer_the_same(mode):
+    """Where the kernel folds memory (environment.huge_pages_refused says '' on Linux 6.1 and later,
+    transparent huge pages not off), most of the zygote's memory is in 2 MB pages, with the sandbox
+    and without; where it does not, none is, and nothing else changes. Either way, the reference
+    passes every part of the default check, world after world."""
+    from grader.rerun.sandbox import environment
+    from grader.rerun.sandbox.namespaces import scratch_dir
+    rubric = load_rubric()
+    executor = WarmExecutor(mode, rubric.limits)
+    executor.start()
+    try:
+        scratch = Path(scratch_dir("a4-huge-"))
+        for world in range(3):
+            runs = run_check(executor, prepare_code(REFERENCE), rubric.default_check, rubric, scratch,
+                             rubric.parts_at(rubric.default_check))
+            assert {part: run.status.value for part, run in runs.items()} == \
+                dict.fromkeys(rubric.parts_at(rubric.default_check), "passed")
+            if world == 0:   # the zygote is up (start returns before it is): measure it
+                pythons = [p for p in _below(os.getpid()) if open(f"/proc/{p}/comm").read().startswith("python")]
+                assert pythons, "no zygote below this process"
+                anonymous, huge = _anonymous_kb(pythons[0])   # the first Python below the executor
+                if environment.huge_pages_refused():
+                    assert huge == 0, (environment.huge_pages_refused(), anonymous, huge)
+                else:
+                    assert huge >= anonymous // 2, f"{huge} kB of the zygote's {anonymous} kB in huge pages"
+    finally:
+        executor.close()

@@ -23,7 +23,7 @@ from grader import kit
 from grader.parts import BACKWARD
 from grader.pipeline.canary import canary, lowered
 from grader.pipeline.peak import Peak
-from grader.rerun.sandbox import bwrap, cgroup, tasks
+from grader.rerun.sandbox import bwrap, cgroup, environment, tasks
 from grader.rerun import machine, starved
 from grader.rerun.executor import CannotGrade, WarmExecutor
 from grader.rerun.executors import make_executor
@@ -50,6 +50,11 @@ def _limits_text(limits, isolation: dict, world_cgroup) -> list:
                  f"were kept from it (their run and wait times, {starved.SOURCE})" if starved.READABLE else
                  f"timeouts   this kernel keeps no thread's run and wait times ({starved.SOURCE}): a part past "
                  f"its clock always runs again, on the rubric's clock")
+    refused = environment.huge_pages_refused()
+    lines.append(f"forks      {refused}: each fork of a world copies the helper's page tables entry by entry (about "
+                 f"10 ms more a world on 2 cores)" if refused else
+                 "forks      the helper keeps its memory in 2 MB pages: a world's forks copy 512 times fewer "
+                 "page-table entries")
     if job_mb:
         lines.append(f"slurm job  {os.environ.get('SLURM_JOB_ID')}: its cgroup holds {job_mb} MB for the whole batch")
     if world_cgroup is not None:

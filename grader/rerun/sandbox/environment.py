@@ -23,6 +23,7 @@ lands on the CPU (grader.rerun.rank.hooks).
 """
 
 import os
+import time
 
 PYTHON = ("LD_LIBRARY_PATH", "PYTHONPATH")
 ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -59,9 +60,23 @@ def bound_zygote() -> None:
 
 MADV_COLLAPSE = 25   # Linux 6.1 and later
 HUGE = 2 << 20
+THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def fold_into_huge_pages() -> int:
+def huge_pages_refused() -> str:
+    """Why the zygote's memory cannot be folded into huge pages here ('' when it can)."""
+    try:
+        with open(THP) as f:
+            mode = f.read().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return "this kernel has no transparent huge pages"
+    if mode == "never":
+        return f"transparent huge pages are off ({THP}: never)"
+    release = tuple(int(n) for n in os.uname().release.split("-")[0].split(".")[:2] if n.isdigit())
+    return "" if release >= (6, 1) else f"Linux {os.uname().release} is older than 6.1 (no MADV_COLLAPSE)"
+
+
+def fold_into_huge_pages(budget_s: float = 1.0) -> int:
     """In the zygote, once everything the ranks share is loaded and frozen, before the first fork:
     its private writable memory (the heap, Python's arenas, torch's allocations: about 200 MB
     with torch loaded) folded into transparent huge pages (madvise MADV_COLLAPSE), each 2 MB
@@ -69,25 +84,28 @@ def fold_into_huge_pages() -> int:
     drops each: 512 times fewer entries for every leader and rank forked after, in the six
     processes of a world (about 14 ms of a 150 ms world on 2 cores). A huge page a rank writes is
     split back into small ones, and only the small one written is copied. Paid once per zygote:
-    about 0.25 s for torch's CPU build (0.5 s without ZYGOTE's heap already in huge pages).
-    Returns the bytes folded; 0 where the kernel will not (older than 6.1, transparent huge pages
-    off): nothing changes then."""
+    about 0.25 s for torch's CPU build (0.5 s without ZYGOTE's heap already in huge pages); no
+    more than `budget_s` (a kernel that must compact much memory first leaves the rest as it is).
+    Returns the bytes folded; 0 where the kernel will not (huge_pages_refused, asked outside the
+    sandbox): nothing changes then."""
+    # Tried whatever huge_pages_refused would say: inside the sandbox /sys is not there to ask, and
+    # a kernel that will not fold refuses each call at once (EINVAL).
     import ctypes
     libc = ctypes.CDLL(None)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    folded = 0
     try:
         with open("/proc/self/maps") as maps:
             spans = [line.split() for line in maps]
     except OSError:
         return 0
+    folded, deadline = 0, time.monotonic() + budget_s
     for fields in spans:
         start, end = (int(x, 16) for x in fields[0].split("-"))
         # Anonymous (no file) or the heap, writable and private: what a fork copies entry by entry.
         if fields[1][:2] != "rw" or fields[1][3] != "p" or (len(fields) > 5 and fields[5] != "[heap]"):
             continue
         start, end = (start + HUGE - 1) & ~(HUGE - 1), end & ~(HUGE - 1)
-        if end > start and libc.madvise(start, end - start, MADV_COLLAPSE) == 0:
+        if end > start and time.monotonic() < deadline and libc.madvise(start, end - start, MADV_COLLAPSE) == 0:
             folded += end - start
     return folded
 
