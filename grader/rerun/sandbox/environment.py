@@ -88,8 +88,8 @@ def fold_into_huge_pages(budget_s: float = 1.0) -> int:
     more than `budget_s` (a kernel that must compact much memory first leaves the rest as it is).
     Returns the bytes folded; 0 where the kernel will not (huge_pages_refused, asked outside the
     sandbox): nothing changes then."""
-    # Tried whatever huge_pages_refused would say: inside the sandbox /sys is not there to ask, and
-    # a kernel that will not fold refuses each call at once (EINVAL).
+    # Not gated on huge_pages_refused: inside the sandbox /sys is not mounted to ask it, and a kernel
+    # that will not fold refuses each call at once (EINVAL).
     import ctypes
     libc = ctypes.CDLL(None)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
