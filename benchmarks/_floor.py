@@ -37,15 +37,20 @@ def fork_gloo_floor(repeats: int = 20, world_size: int = 4, work=None) -> float:
         for rank in range(world_size):
             pid = os.fork()
             if pid == 0:
-                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
-                dist.init_process_group("gloo", store=dist.FileStore(f"{store}/s", world_size), rank=rank,
-                                        world_size=world_size, timeout=datetime.timedelta(seconds=30))
-                work() if work else dist.all_reduce(torch.ones(4))
-                os._exit(0)
+                code = 1   # a rank that failed ends too, never going on as a copy of this process
+                try:
+                    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+                    dist.init_process_group("gloo", store=dist.FileStore(f"{store}/s", world_size), rank=rank,
+                                            world_size=world_size, timeout=datetime.timedelta(seconds=30))
+                    work() if work else dist.all_reduce(torch.ones(4))
+                    code = 0
+                finally:
+                    os._exit(code)
             pids.append(pid)
-        for pid in pids:
-            os.waitpid(pid, 0)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
         times.append(time.perf_counter() - started)
+        if any(codes):   # a floor whose ranks did not do the work would measure less than it
+            raise RuntimeError(f"a rank of the floor's world failed (exit codes {codes})")
         shutil.rmtree(store, ignore_errors=True)
     return statistics.median(times)
 
