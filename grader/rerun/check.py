@@ -53,7 +53,7 @@ class PartRun:
     output: str = ""             # what the ranks printed (head and tail), for crashes
     data: object = None          # the protocol.PartSecret the part ran on (grader.rerun.wire.secret)
     starved: bool | None = None  # past the part's clock: whether the CPU was kept from it (grader.rerun.starved);
-                                # None where some rank never took the part up (it is run again alone)
+                                 # None where some rank never took the part up (it is run again alone)
 
 
 def prepare_code(assignment: Path) -> dict:
