@@ -20,6 +20,7 @@ reports a part, it is sent the next part to run (Run, on its data pipe, with the
 """
 
 import os
+import select
 import selectors
 import signal
 import time
@@ -66,17 +67,40 @@ def _progress(work_dir: str, world_size: int) -> dict:
     return out
 
 
-def _end(pgid: int, pids: list, grace: float = 0.0) -> dict:
-    """Kill the world's process group and reap its ranks; return each rank's exit code (-signal)."""
-    deadline = time.monotonic() + grace
-    codes = {}
-    while grace and time.monotonic() < deadline and len(codes) < len(pids):
-        for rank, pid in enumerate(pids):
-            if rank not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
+def _reap_within(pids: list, grace: float) -> dict:
+    """The exit codes (by rank) of the ranks `pids` that end within `grace` seconds, each reaped
+    the moment it ends: a process descriptor (pidfd_open, Linux 5.3) becomes readable when its
+    process exits. Where there is none, the ranks are polled every 5 ms."""
+    deadline, codes, watched = time.monotonic() + grace, {}, {}
+    try:
+        try:
+            for rank, pid in enumerate(pids):
+                watched[os.pidfd_open(pid)] = rank
+        except (AttributeError, OSError):   # an older kernel or Python
+            pass
+        while len(codes) < len(pids) and time.monotonic() < deadline:
+            left = deadline - time.monotonic()
+            waiting = [fd for fd, rank in watched.items() if rank not in codes]
+            if len(waiting) == len(pids) - len(codes):
+                select.select(waiting, [], [], left)
+            else:
+                time.sleep(min(0.005, max(left, 0.0)))
+            reaped = len(codes)
+            for rank, pid in enumerate(pids):
+                done, status = (0, 0) if rank in codes else os.waitpid(pid, os.WNOHANG)
                 if done:
                     codes[rank] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.005)
+            if len(codes) == reaped:   # readable, not yet reapable (its last thread still ending)
+                time.sleep(0.001)
+    finally:
+        for fd in watched:
+            os.close(fd)
+    return codes
+
+
+def _end(pgid: int, pids: list, grace: float = 0.0) -> dict:
+    """Kill the world's process group and reap its ranks; return each rank's exit code (-signal)."""
+    codes = _reap_within(pids, grace) if grace else {}
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
