@@ -4,6 +4,8 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 from grader.rerun.sandbox import cgroup
 
 
@@ -39,3 +41,59 @@ def test_a_v2_cgroup_given_memory_and_not_pids_is_limited_in_memory_alone(tmp_pa
     world.limit(2048, 100)
     assert (tmp_path / "pids.max").read_text() == "100"
     assert (tmp_path / "memory.max").read_text() == str(2048 << 20)
+
+
+
+def _threads_in(folder: str) -> set:
+    """The ids of every thread in a cgroup folder (v1: tasks; v2: cgroup.threads)."""
+    name = "tasks" if os.path.exists(os.path.join(folder, "tasks")) else "cgroup.threads"
+    with open(os.path.join(folder, name)) as f:
+        return set(f.read().split())
+
+
+def _joined_in_a_child(folders: list, threads: int) -> list:
+    """Fork a process that starts `threads - 1` threads, joins `folders` (cgroup.join) and then forks
+    a child of its own; return what join said, then, for each folder, whether every thread of both
+    processes is in it."""
+    import json
+    import threading
+    import time
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for _ in range(threads - 1):
+                threading.Thread(target=threading.Event().wait, daemon=True).start()
+            joined = cgroup.join(folders)
+            child = os.fork()
+            if child == 0:
+                time.sleep(60)   # killed once its parent has looked
+                os._exit(0)
+            ids = set(os.listdir("/proc/self/task")) | {str(child)}
+            os.write(write_fd, json.dumps([joined] + [ids <= _threads_in(f) for f in folders]).encode() + b"\n")
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        said = f.readline()
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 and said, said
+    return json.loads(said)
+
+
+def test_a_leader_joins_its_worlds_cgroups_whole_with_one_thread_or_several():
+    """A leader of one thread moves through `tasks` (cgroup v1: no wait for the kernel's lock on
+    every fork), one of several through cgroup.procs: either way every thread it has, and every
+    process it forks after, is in each of the world's folders."""
+    world = cgroup.WorldCgroup.make()
+    if world is None:
+        assert os.geteuid() != 0, f"root is given no cgroup here: {cgroup.WorldCgroup.why}"
+        pytest.skip(f"no cgroup of a world's own for this user here ({cgroup.WorldCgroup.why})")
+    try:
+        for threads in (1, 3):
+            assert _joined_in_a_child(world.paths(False), threads) == [True] * (1 + len(world.folders)), threads
+    finally:
+        world.remove()
