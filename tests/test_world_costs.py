@@ -1,7 +1,8 @@
 """What a world no longer pays for each time (docs/scale.md's per-world profile).
 
-A hand-in's code is compiled once per executor, not once per world (grader.rerun.compiled): the
-first world's leader compiles it and returns it, and each later world of the same files loads it.
+A hand-in's code, and the trusted utils.py beside it, are compiled once per executor, not once per
+world (grader.rerun.compiled): the first world's leader compiles them and returns them, and each
+later world of the same files loads them.
 What a world shows of the code (its tracebacks' files and lines, the lines skipped) is the same
 either way, and text that is not the hand-in's own compile is never run in its place. Seeding
 in a rank seeds the CPU alone: no stack is captured for an accelerator a rank never sets up. And
@@ -13,15 +14,16 @@ import marshal
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from grader.rerun import compiled
+from grader.rerun import compiled, supervise
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
 from grader.rerun.rank import worker
-from grader.rerun.rank.source import compile_assignment, compiled_blob, from_blob
+from grader.rerun.rank.source import compile_assignment, compile_source, compiled_blob, from_blob
 from grader.rerun.wire.protocol import WorldJob, WorldReport
 from grader.rubric import load_rubric
 from tests.corpus import REFERENCE, ROOT
@@ -69,39 +71,46 @@ def test_a_later_world_loads_the_code_the_first_compiled_and_its_traceback_names
     assert [run["baseline"].status.value for run in runs] == ["passed", "passed"]
 
 
+def _files(code) -> list:
+    """The file name of `code` and of every code object inside it."""
+    return [code.co_filename] + [name for const in code.co_consts if hasattr(const, "co_filename")
+                                 for name in _files(const)]
+
+
 def test_the_loaded_code_is_the_compiled_code_under_this_worlds_file_name(tmp_path):
     first, later = tmp_path / "one" / "assignment4.py", tmp_path / "two" / "assignment4.py"
     for path in (first, later):
         path.parent.mkdir()
         path.write_text(REFERENCE.read_text() + "\nprint('the script runs')\n")
+        (path.parent / "utils.py").write_text((ROOT / "assignment_4" / "utils.py").read_text())
     code, skipped = compile_assignment(str(first))
-    loaded, loaded_skipped = from_blob(compiled_blob(code, skipped), str(later))
+    utils = compile_source(str(first.parent / "utils.py"))
+    loaded, loaded_skipped, loaded_utils = from_blob(compiled_blob(code, skipped, utils), str(later),
+                                                     str(later.parent / "utils.py"))
     assert loaded_skipped == skipped and skipped
-    names = []
-
-    def files(c):
-        names.append(c.co_filename)
-        for const in c.co_consts:
-            if hasattr(const, "co_filename"):
-                files(const)
-    files(loaded)
-    assert len(names) > 20 and set(names) == {str(later)}
-    assert loaded.co_code == code.co_code
+    assert len(_files(loaded)) > 20 and set(_files(loaded)) == {str(later)}
+    assert len(_files(loaded_utils)) > 5 and set(_files(loaded_utils)) == {str(later.parent / "utils.py")}
+    assert loaded.co_code == code.co_code and loaded_utils.co_code == utils.co_code
 
 
-def test_text_that_is_not_compiled_code_is_never_run_and_the_code_is_compiled_again(tmp_path):
+def test_text_that_is_not_compiled_code_is_never_run_and_the_code_is_compiled_again(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "utils", sys.modules.get("utils"))   # prepare loads one: this test's own
     (tmp_path / "assignment4.py").write_text("def baseline():\n    return 1\nprint('script')\n")
-    job = _job({}, code_dir=str(tmp_path))
+    (tmp_path / "utils.py").write_text("def create_batch():\n    return 2\n")
+    x = compile("x = 1", "a", "exec")
     for blob in ("not base64!", base64.b64encode(b"\x00garbage").decode(),
-                 base64.b64encode(marshal.dumps(("print('not the code')", []))).decode(),
-                 base64.b64encode(marshal.dumps((compile("x = 1", "a", "exec"), ["a"]))).decode(),
-                 base64.b64encode(marshal.dumps((compile("x = 1", "a", "exec"), 5))).decode(),
+                 base64.b64encode(marshal.dumps(("print('not the code')", [], x))).decode(),
+                 base64.b64encode(marshal.dumps((x, ["a"], x))).decode(),
+                 base64.b64encode(marshal.dumps((x, 5, x))).decode(),
+                 base64.b64encode(marshal.dumps((x, [], "print('not utils')"))).decode(),
+                 base64.b64encode(marshal.dumps((x, []))).decode(),
                  base64.b64encode(marshal.dumps(7)).decode()):
         with pytest.raises(ValueError):
-            from_blob(blob, "assignment4.py")
-        code, skipped = worker._compiled(_job({}, code_dir=str(tmp_path), compiled=blob), str(tmp_path / "assignment4.py"))
-        assert skipped == [3] and "baseline" in code.co_names
-    assert worker._compiled(job, str(tmp_path / "assignment4.py"))[1] == [3]
+            from_blob(blob, "assignment4.py", "utils.py")
+        prepared = worker.prepare(_job({}, code_dir=str(tmp_path), compiled=blob))
+        assert prepared["skipped"] == [3] and "baseline" in prepared["code"].co_names
+        assert "create_batch" in prepared["utils"].co_names and sys.modules["utils"].create_batch() == 2
+    assert worker.prepare(_job({}, code_dir=str(tmp_path)))["skipped"] == [3]
 
 
 def test_another_hand_ins_files_never_get_this_ones_compiled_code():
@@ -193,3 +202,26 @@ def test_the_zygote_keeps_its_memory_in_huge_pages_and_its_worlds_answer_the_sam
                     assert huge >= anonymous // 2, f"{huge} kB of the zygote's {anonymous} kB in huge pages"
     finally:
         executor.close()
+
+
+@pytest.mark.parametrize("descriptors", [True, False], ids=["pidfd", "polled"])
+def test_ranks_are_reaped_as_they_end_and_one_that_does_not_is_left_to_be_killed(descriptors, monkeypatch):
+    """The world's end reaps each rank the moment it exits (a process descriptor of each; polled
+    where the kernel or Python has none), with its exit code, and leaves one still running after the
+    grace to be killed."""
+    if not descriptors:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    pids = []
+    for code, linger in ((0, 0.0), (3, 0.05), (0, 30.0)):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(linger)
+            os._exit(code)
+        pids.append(pid)
+    try:
+        started = time.monotonic()
+        codes = supervise._reap_within(pids, 1.0)
+        assert codes == {0: 0, 1: 3} and time.monotonic() - started >= 1.0
+    finally:
+        os.kill(pids[2], 9)
+        os.waitpid(pids[2], 0)

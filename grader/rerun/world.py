@@ -126,7 +126,7 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
                            cpu_time=lambda: starved.cpu_time(watchdog.rank_pids()))
         report.timeline["forked"] = forked
         if not job.compiled and prepared["code"] is not None:   # for the next world of this code
-            report.compiled = compiled_blob(prepared["code"], prepared["skipped"])
+            report.compiled = compiled_blob(prepared["code"], prepared["skipped"], prepared["utils"])
         return out_of_memory(report, watchdog, job)
 
 

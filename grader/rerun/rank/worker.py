@@ -34,7 +34,7 @@ import torch.distributed as dist
 from grader.parts import BY_ID, OWN_SIZES, kind_of
 from grader.rerun.wire import bounds, protocol, secret
 from grader.rerun.sandbox import environment
-from grader.rerun.rank.source import compile_assignment, from_blob, load_source, run_assignment
+from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, run_module
 from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus
 
@@ -56,27 +56,29 @@ def warm_up() -> None:
 
 def prepare(job: protocol.WorldJob) -> dict:
     """What every rank of a world needs and may share, done once before the ranks are forked: the
-    trusted utils loaded, the hand-in's code compiled (never run: that is for the ranks). The code's
+    trusted utils loaded, the hand-in's code compiled (never run: that is for the ranks), both as an
+    earlier world compiled them where the job brings that (grader.rerun.compiled). The code's
     folder joins the path in the ranks only (rank_main): nothing the leader imports later can come
     from a folder hand-in code runs beside."""
-    load_source("utils", os.path.join(job.code_dir, "utils.py"))   # the trusted copy
-    path = os.path.join(job.code_dir, "assignment4.py")
+    path, utils_path = os.path.join(job.code_dir, "assignment4.py"), os.path.join(job.code_dir, "utils.py")
+    kept = _kept(job, path, utils_path)
+    utils = kept[2] if kept else compile_source(utils_path)   # the trusted copy
+    run_module("utils", utils, utils_path)
     try:
-        code, skipped = _compiled(job, path)
-        return {"path": path, "code": code, "skipped": skipped, "error": None}
+        code, skipped = kept[:2] if kept else compile_assignment(path)
+        return {"path": path, "code": code, "skipped": skipped, "utils": utils, "error": None}
     except BaseException as e:  # noqa: BLE001 - a syntax error is the hand-in's, reported by every rank
-        return {"path": path, "code": None, "skipped": [], "error": _error(e, job.code_dir)}
+        return {"path": path, "code": None, "skipped": [], "utils": utils, "error": _error(e, job.code_dir)}
 
 
-def _compiled(job: protocol.WorldJob, path: str) -> tuple:
-    """(code, lines skipped) of the world's assignment4.py: as an earlier world compiled it, where
-    the job brings that, else compiled here."""
-    if job.compiled:
-        try:
-            return from_blob(job.compiled, path)
-        except ValueError:
-            pass   # compiled again below
-    return compile_assignment(path)
+def _kept(job: protocol.WorldJob, path: str, utils_path: str):
+    """(code, lines skipped, utils code) as an earlier world compiled the world's files, where the
+    job brings that (grader.rerun.rank.source.from_blob); None where it does not, or brings
+    something else (both are compiled again)."""
+    try:
+        return from_blob(job.compiled, path, utils_path) if job.compiled else None
+    except ValueError:
+        return None
 
 
 def layout(check: dict, rank: int, world_size: int) -> tuple:
@@ -227,7 +229,7 @@ def _load(job: protocol.WorldJob, prepared: dict, report):
             report(protocol.LoadFailed(error=prepared["error"]))
             return None
         with CudaOnCpu():
-            module = run_assignment(prepared["code"], prepared["path"])
+            module = run_module("assignment4", prepared["code"], prepared["path"])
     except BaseException as e:  # noqa: BLE001
         report(protocol.LoadFailed(error=_error(e)))
         return None

@@ -80,8 +80,8 @@ class WorldJob:
     limits: dict[str, int]             # grader.rubric.Limits, as a mapping
     timeouts: Timeouts = field(default_factory=Timeouts)
     code_dir: str = ""                 # where the world's leader wrote `code`
-    compiled: str = ""                 # assignment4.py as an earlier world of the same `code` compiled
-                                       # it (grader.rerun.rank.source.compiled_blob), or "": compile it
+    compiled: str = ""                 # assignment4.py and utils.py as an earlier world of the same `code`
+                                       # compiled them (grader.rerun.rank.source.compiled_blob), or "": compile
 
 
 @dataclass
