@@ -30,7 +30,8 @@ room (tests/test_layout.py holds the map to that):
                  a hand-in's parts at one check, hangs says who waited for whom when a part hung,
                  starved whether a part past its clock hung or was kept from the CPU; machine says
                  why a machine cannot grade. Inside the sandbox, zygote forks a world (world), whose
-                 leader supervise runs its parts. Three wings beside them, each importing no module above it:
+                 leader supervise runs its parts (ending: its ranks reaped, the rest killed).
+                 Three wings beside them, each importing no module above it:
                  sandbox/, what holds a hand-in: bwrap builds the job sandbox, namespaces the
                  world's own, scratch its fresh /tmp, cgroup its limits, memory its watchdog
                  (outside: what the world holds beyond its processes' Pss, its sockets' buffers by

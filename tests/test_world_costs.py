@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.rerun import compiled, supervise
+from grader.rerun import compiled, ending
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
 from grader.rerun.rank import worker
@@ -220,7 +220,7 @@ def test_ranks_are_reaped_as_they_end_and_one_that_does_not_is_left_to_be_killed
         pids.append(pid)
     try:
         started = time.monotonic()
-        codes = supervise._reap_within(pids, 1.0)
+        codes = ending.reap_within(pids, 1.0)
         assert codes == {0: 0, 1: 3} and time.monotonic() - started >= 1.0
     finally:
         os.kill(pids[2], 9)

@@ -20,12 +20,11 @@ reports a part, it is sent the next part to run (Run, on its data pipe, with the
 """
 
 import os
-import select
 import selectors
-import signal
 import time
 
 from grader.parts import kind_of
+from grader.rerun import ending
 from grader.rerun.wire import bounds, channel, protocol
 from grader.rerun.wire.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
 
@@ -65,59 +64,6 @@ def _progress(work_dir: str, world_size: int) -> dict:
         except OSError:
             pass
     return out
-
-
-def _reap_within(pids: list, grace: float) -> dict:
-    """The exit codes (by rank) of the ranks `pids` that end within `grace` seconds, each reaped
-    the moment it ends: a process descriptor (pidfd_open, Linux 5.3) becomes readable when its
-    process exits. Where there is none, the ranks are polled every 5 ms."""
-    deadline, codes, watched = time.monotonic() + grace, {}, {}
-    try:
-        try:
-            for rank, pid in enumerate(pids):
-                watched[os.pidfd_open(pid)] = rank
-        except (AttributeError, OSError):   # an older kernel or Python
-            pass
-        while len(codes) < len(pids) and time.monotonic() < deadline:
-            left = deadline - time.monotonic()
-            waiting = [fd for fd, rank in watched.items() if rank not in codes]
-            if len(waiting) == len(pids) - len(codes):
-                select.select(waiting, [], [], left)
-            else:
-                time.sleep(min(0.005, max(left, 0.0)))
-            reaped = len(codes)
-            for rank, pid in enumerate(pids):
-                done, status = (0, 0) if rank in codes else os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[rank] = os.waitstatus_to_exitcode(status)
-            if len(codes) == reaped:   # readable, not yet reapable (its last thread still ending)
-                time.sleep(0.001)
-    finally:
-        for fd in watched:
-            os.close(fd)
-    return codes
-
-
-def _end(pgid: int, pids: list, grace: float = 0.0) -> dict:
-    """Kill the world's process group and reap its ranks; return each rank's exit code (-signal)."""
-    codes = _reap_within(pids, grace) if grace else {}
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for rank, pid in enumerate(pids):   # a rank that left the group (setpgid) is killed all the same
-        if rank not in codes:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    for rank, pid in enumerate(pids):
-        if rank not in codes:
-            try:
-                codes[rank] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            except ChildProcessError:
-                codes[rank] = None
-    return codes
 
 
 class _Watch:
@@ -331,7 +277,7 @@ def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, sec
         watch.abort.cpu = cpu_time() if cpu_time else None
         late = watch.ranks - set(watch.results[watch.abort.part])
         watch.abort.unread = [r for r in sorted(late) if channel.unread(orders[r])]
-    exit_codes = _end(pgid, pids, grace=0.5 if watch.abort is None else 0.0)
+    exit_codes = ending.end_ranks(pgid, pids, grace=0.5 if watch.abort is None else 0.0)
     for fd in list(fds.values()) + list(orders.values()):
         os.close(fd)
     selector.close()

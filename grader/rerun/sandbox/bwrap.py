@@ -47,7 +47,7 @@ ALTERNATIVES = "/etc/alternatives"
 # verdict or pipeline, none of the grader's side of rerun/ (executor, check, hidden, doctor, bwrap).
 # tests/test_layout.py holds this list to the zygote's imports.
 ENGINE = ("__init__.py", "limits.py", "parts/*.py", "typed.py",   # parts/*.py: every part
-          "rerun/__init__.py", "rerun/starved.py", "rerun/supervise.py", "rerun/world.py", "rerun/zygote.py",
+          "rerun/__init__.py", "rerun/ending.py", "rerun/starved.py", "rerun/supervise.py", "rerun/world.py", "rerun/zygote.py",
           "rerun/rank/*.py",   # what runs inside a rank: all of it
           "rerun/wire/__init__.py", "rerun/wire/bounds.py", "rerun/wire/channel.py", "rerun/wire/model_data.py",
           "rerun/wire/protocol.py", "rerun/wire/secret.py",
