@@ -195,3 +195,56 @@ def test_the_line_is_written_again_while_a_handin_is_slow(monkeypatch, capsys):
     assert len(lines) >= 3, lines
     lefts = [float(line.split("about ")[1].split(" s left")[0]) for line in lines]
     assert lefts == sorted(lefts) and lefts[-1] > lefts[0], lines
+
+
+DP_ALL_REDUCE = "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n"
+
+
+def _worlds_of(code_text: str, tmp_path, clock: float) -> tuple:
+    """Parts 3 and 4 of `code_text` run at the default check on a part clock of `clock` seconds:
+    (part -> PartRun, the reports of the worlds it took)."""
+    import dataclasses
+    from grader.rerun.check import run_check
+    rubric = load_rubric()
+    rubric = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock))
+    (tmp_path / "assignment4.py").write_text(code_text)
+    executor = WarmExecutor("auto", rubric.limits)
+    reports, real = [], executor.run_world
+    executor.run_world = lambda job: reports.append(real(job)) or reports[-1]
+    try:
+        runs = run_check(executor, prepare_code(tmp_path / "assignment4.py"), rubric.default_check, rubric,
+                         tmp_path, parts=["data_parallel", "tensor_parallel"])
+    finally:
+        executor.close()
+    return runs, reports
+
+
+@pytest.mark.timeout(300)
+def test_a_crash_on_one_rank_ends_its_world_long_before_the_clock_and_reads_as_the_crash(tmp_path):
+    """Rank 1 raises before Part 3's all-reduce; the others wait for it there. The world ends a tenth
+    of the clock after rank 1 reported (not at the clock: the others could only have waited), and
+    the part crashed, naming the rank and what it raised, never a hang."""
+    from grader.rerun.wire.protocol import StopReason
+    text = REFERENCE.read_text()
+    assert text.count(DP_ALL_REDUCE) == 1
+    code = text.replace(DP_ALL_REDUCE, "        if dist.get_rank() == 1:\n            raise RuntimeError('rank 1 "
+                                       "lost its way')\n" + DP_ALL_REDUCE)
+    runs, reports = _worlds_of(code, tmp_path, clock=30.0)
+    assert reports[0].abort.reason == StopReason.RANK_FAILED and reports[0].abort.part == "data_parallel"
+    assert reports[0].seconds < 15, reports[0].seconds   # 3 s after the crash, far from the 30 s clock
+    assert runs["data_parallel"].status == Status.CRASHED
+    assert runs["data_parallel"].detail.startswith("rank 1 raised RuntimeError: rank 1 lost its way"), runs
+    assert runs["tensor_parallel"].status == Status.PASSED and len(reports) == 2
+
+
+@pytest.mark.timeout(300)
+def test_a_part_every_rank_raises_in_settles_as_crashed_and_the_world_goes_on(tmp_path):
+    """Every rank raises where Part 3 all-reduces: they all report within the tenth of the clock,
+    the part settles as crashed on every rank, and Part 4 runs in the same world."""
+    text = REFERENCE.read_text()
+    runs, reports = _worlds_of(text.replace(DP_ALL_REDUCE, "        raise RuntimeError('every rank')\n"),
+                               tmp_path, clock=30.0)
+    assert len(reports) == 1 and reports[0].abort is None, reports[0].abort
+    assert runs["data_parallel"].status == Status.CRASHED and runs["data_parallel"].detail == ""
+    assert {r.status for r in runs["data_parallel"].ranks.values()} == {"crashed"} and len(runs["data_parallel"].ranks) == 4
+    assert runs["tensor_parallel"].status == Status.PASSED

@@ -8,6 +8,12 @@ reports a part, it is sent the next part to run (Run, on its data pipe, with the
 - all ranks reported every part and said done: the world is complete;
 - a part's results disagree across ranks (ok on some, an error on others) or a collective failed:
   the ranks may be out of step, so the world is ended and the report says at which part;
+- a part raised on a rank (crashed, out of memory) and another rank has not reported it a tenth of
+  the part's clock later (as long as the reference took for its whole check, PART_FACTOR): the
+  part has failed whatever the others do, and they are likely waiting for the failed rank in a
+  collective, so the world ends then, not at the part's clock. Ranks that all raise report within
+  that time and settle the part as any other; a rank ahead of the others fails its own part once
+  the parts before it are settled, never the one they are still running;
 - a part runs past its wall clock, or a rank dies: likewise, naming the part (past the clock, with
   what the ranks had of the CPU: grader.rerun.starved). Every gap has a clock: loading
   (world_start), each part from the moment a rank was sent it (part), and the end, after the last
@@ -23,10 +29,11 @@ import os
 import selectors
 import time
 
+from grader.limits import PART_FACTOR
 from grader.parts import kind_of
 from grader.rerun import ending
 from grader.rerun.wire import bounds, channel, protocol
-from grader.rerun.wire.protocol import Abort, RankStatus, StopReason, WorldJob, WorldReport
+from grader.rerun.wire.protocol import FAILED_ALONE, Abort, RankStatus, StopReason, WorldJob, WorldReport
 
 OUTPUT_HEAD, OUTPUT_TAIL = 4096, 8192
 PROGRESS_TAIL = 65536
@@ -85,6 +92,7 @@ class _Watch:
         self.results = {p: {} for p in self.parts}
         self.part_started = {}
         self.settled_at = None  # when the last part was settled (the done clock starts)
+        self.failed_at = {}     # part -> when a rank first reported it failed on its own (FAILED_ALONE)
         self.skipped = []
         self.judged = 0         # parts[:judged] have a consistent result from every rank
         self.abort = None
@@ -109,6 +117,9 @@ class _Watch:
             self.judged += 1
         if self.judged == len(self.parts) and self.settled_at is None:
             self.settled_at = time.monotonic()
+        failed = self.abort is None and any(m.status in FAILED_ALONE for m in self.results.get(self.current, {}).values())
+        if failed and self.current not in self.failed_at:   # not every rank has reported it, or it was judged above
+            self.failed_at[self.current] = time.monotonic()
 
     @property
     def complete(self) -> bool:
@@ -129,6 +140,13 @@ class _Watch:
                 late = sorted(self.ranks - set(self.results[self.current]))
                 self.stop(StopReason.TIMEOUT, self.current,
                           f"ranks {late} still running after {self.job.timeouts.part:g} s")
+        if self.current in self.failed_at:
+            deadline = self.failed_at[self.current] + self.job.timeouts.part / PART_FACTOR
+            deadlines.append(deadline)
+            if now >= deadline:
+                late = sorted(self.ranks - set(self.results[self.current]))
+                self.stop(StopReason.RANK_FAILED, self.current, f"ranks {late} had not finished the part "
+                                                                f"{self.job.timeouts.part / PART_FACTOR:g} s after a rank failed it")
         if self.settled_at is not None:
             deadline = self.settled_at + self.job.timeouts.done
             deadlines.append(deadline)

@@ -38,6 +38,7 @@ STOPPED = {
     StopReason.OUT_OF_MEMORY: "the ranks and their children used more than the world's limit (limits.memory_mb)",
     StopReason.DIST_ERROR: "a collective failed",
     StopReason.RANKS_DISAGREE: "the part returned on some ranks and failed on others",
+    StopReason.RANK_FAILED: "the part failed on a rank before the others finished it",
     StopReason.PROTOCOL: "a rank wrote to the grader's result channel itself",
     StopReason.INFRA_ERROR: "the world could not be started",
 }

@@ -36,6 +36,7 @@ class StopReason(str, Enum):
     OUT_OF_MEMORY = "out_of_memory"    # the world passed limits.memory_mb (its watchdog or its cgroup ended it)
     DIST_ERROR = "dist_error"          # a collective failed on some rank
     RANKS_DISAGREE = "ranks_disagree"  # a part returned on some ranks and raised on others
+    RANK_FAILED = "rank_failed"        # a part raised on a rank (crashed, out of memory) before every rank reported it
     PROTOCOL = "protocol"              # a malformed or out-of-order message (hand-in code writing to the pipe)
     INFRA_ERROR = "infra_error"        # the machinery failed: no part of the hand-in is to blame
                                        # (believed from a rank only before its hand-in code loads)
@@ -48,6 +49,11 @@ class RankStatus(str, Enum):
     CRASHED = "crashed"
     OOM = "oom"
     DIST_ERROR = "dist_error"          # a collective failed; the rank stops after reporting it
+
+
+# How a part fails on a rank by itself (a collective that failed waited on another rank): once one
+# rank reports one, the part has failed, and the world ends there (StopReason.RANK_FAILED).
+FAILED_ALONE = (RankStatus.CRASHED, RankStatus.OOM)
 
 
 @dataclass
