@@ -83,6 +83,11 @@ def test_a_world_report_is_made_to_fit_its_frame_part_by_part():
     assert sorted(map(len, (statuses["grad_accumulation"], statuses["data_parallel"]))) == [1, 1]
     assert statuses["grad_accumulation"] | statuses["data_parallel"] == {RankStatus.OK, RankStatus.CRASHED}
     assert len(fitted.abort.detail) == bounds.DETAIL
+    # What the leader sends is what fit leaves, whether it had to cut (as here) or not.
+    for message in (report, WorldReport(completed=["baseline"], results={"baseline": {0: Result(
+            part="baseline", status=RankStatus.OK, weight=small)}}), protocol.Hello()):
+        sent = bounds.fitted_body(message)
+        assert sent == channel.body_of(protocol.encode(bounds.fit(message)))
 
 
 def test_a_frame_past_the_limit_is_never_written():

@@ -30,7 +30,7 @@ from grader.limits import Limits
 
 def _reply(fd: int, world: int):
     """A function that sends a message to the executor as world `world`'s."""
-    return lambda message: channel.send_framed(fd, world, protocol.encode(bounds.fit(message)))
+    return lambda message: channel.send_framed(fd, world, body=bounds.fitted_body(message))
 
 
 def receive_framed(allowed, skip_world: int = None):

@@ -19,7 +19,6 @@ clock, with the grader's own words (`refusal`: the sizes at a public check, none
 never as a report too large to carry. Whatever is the hand-in's doing costs that part only.
 """
 
-import json
 
 from grader.parts import BY_ID, kind_of
 from grader.rerun.wire import channel, protocol
@@ -104,8 +103,8 @@ def hold(result: Result, check: dict) -> Result:
     return result
 
 
-def _size(value) -> int:
-    return len(json.dumps(protocol.encode(value) if hasattr(value, "TYPE") else value, separators=(",", ":")))
+def _body(value) -> bytes:
+    return channel.body_of(protocol.encode(value) if hasattr(value, "TYPE") else value)
 
 
 def fit(message):
@@ -113,20 +112,33 @@ def fit(message):
     bounds; if it is still too large, the compiled code left out (the next world compiles again),
     then, while it is, the part whose results take the most refused on every rank (as `hold`
     refuses a tensor), one part at a time: never the whole report."""
+    return _fit(message)[0]
+
+
+def fitted_body(message) -> bytes:
+    """The frame body (channel.body_of) of `fit(message)`: a report that fits as it is, the common
+    case, is encoded once, to measure it and to send it."""
+    fitted, body = _fit(message)
+    return _body(fitted) if body is None else body
+
+
+def _fit(message) -> tuple:
+    """(fit's message, its body where measuring it made that, else None)."""
     if not isinstance(message, WorldReport):
-        return message
+        return message, None
     report = message
     report.skipped_lines = report.skipped_lines[:SKIPPED]
     if report.abort is not None:
         report.abort.detail = report.abort.detail[:DETAIL]
         report.abort.error = _error(report.abort.error)
-    total = _size(report)
-    if total > REPORT_BYTES and report.compiled:
+    body = _body(report)
+    if len(body) > REPORT_BYTES and report.compiled:
         report.compiled = ""
-        total = _size(report)
-    if total <= REPORT_BYTES:
-        return report   # the common case: one encoding to measure it, none of each part's
-    sizes = {part: _size({str(r): protocol.encode(m) for r, m in ranks.items()})
+        body = _body(report)
+    if len(body) <= REPORT_BYTES:
+        return report, body   # the common case: one encoding to measure and send it, none of each part's
+    total = len(body)
+    sizes = {part: len(_body({str(r): protocol.encode(m) for r, m in ranks.items()}))
              for part, ranks in report.results.items()}
     for part in sorted(sizes, key=sizes.get, reverse=True):
         if total <= REPORT_BYTES:
@@ -135,8 +147,8 @@ def fit(message):
             values = max([_values(result.weight)] + [_values(t) for t in result.extra.values()])
             result.status, result.weight, result.extra = RankStatus.CRASHED, None, {}
             result.oversize = values or result.oversize
-        total = _size(report)
-    return report
+        total = len(_body(report))
+    return report, None
 
 
 def refusal(part: str, values: int, check: dict, hidden: bool) -> str:

@@ -56,10 +56,16 @@ MARK = b"\xa4WLD"
 FRAME = struct.Struct(">4sQII")   # mark, world, length of the body, CRC-32 of the body
 
 
-def send_framed(fd: int, world: int, message: dict) -> None:
-    """Write one message of world `world` to `fd` as a frame (world 0: none in particular); one past
-    the size limit is refused whole (ChannelError), never written torn."""
-    body = json.dumps(message, separators=(",", ":")).encode()
+def body_of(message: dict) -> bytes:
+    """What a frame carries of `message`: its JSON, compact (ASCII: a character a byte)."""
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def send_framed(fd: int, world: int, message: dict = None, body: bytes = None) -> None:
+    """Write one message of world `world` to `fd` as a frame (world 0: none in particular), given as
+    the message or as its `body` (body_of's); one past the size limit is refused whole
+    (ChannelError), never written torn."""
+    body = body_of(message) if body is None else body
     if len(body) > MAX_MESSAGE_BYTES:
         raise ChannelError(f"message of {len(body)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
     _write_all(fd, FRAME.pack(MARK, world, len(body), zlib.crc32(body)) + body)
