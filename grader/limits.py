@@ -18,8 +18,9 @@ WORLD_START_SECONDS = 60.0    # from starting a world to every rank having loade
 HANDIN_SECONDS = 600.0        # all re-runs of one hand-in
 HELPER_MB = 1024              # a grader's, or a re-run helper's, own memory beside its worlds (CUDA build: 0.6 GB)
 # A batch's part clock at each check, from the reference solution's time there (`part_clock`).
-PART_FLOOR_SECONDS = 2.0      # never shorter: a correct part slower than the reference's still fits; past it on
-                              # a loaded machine, the part runs again on the rubric's clock (grader.rerun.starved)
+PART_FLOOR_SECONDS = 1.5      # never shorter: a correct part far slower than the reference's still fits (the
+                              # stock parts take 5 ms to 30 ms a rank); past it on a loaded machine, the part
+                              # runs again on the rubric's clock (grader.rerun.starved)
 PART_FACTOR = 10.0            # times the reference's whole check: its world, every part, their judging
 
 
