@@ -2,12 +2,13 @@
 with each later world of the same code (WorldJob's `compiled`).
 
 A world's leader parses and compiles assignment4.py before it forks the ranks, about 50 ms of the
-reference's world (ast.parse alone is two thirds), and the trusted utils.py beside it, 2 ms to 3 ms;
-a hand-in runs in some 15 worlds. The leader of a world sent without them compiles both and
+reference's world (ast.parse alone is two thirds), and the trusted utils.py beside it, 2 ms to
+3 ms; a hand-in runs in some 15 worlds. The leader of a world sent without them compiles both and
 returns the result in its report (grader.rerun.rank.source.compiled_blob); the executor keeps it
 here, under the digest of the files it came from, and sends it with the next world of those
-files, whose leader loads it (under 2 ms) and compiles again only if it cannot. The grader never reads it: it is text to
-keep and send back, made by a leader, which no rank can reach, before any rank was forked.
+files, whose leader loads it (under 2 ms) and compiles again only if it cannot. The grader never
+reads it: it is text to keep and send back, made by a leader, which no rank can reach, before any
+rank was forked.
 """
 
 import collections

@@ -51,8 +51,8 @@ class RankStatus(str, Enum):
     DIST_ERROR = "dist_error"          # a collective failed; the rank stops after reporting it
 
 
-# How a part fails on a rank by itself (a collective that failed waited on another rank): once one
-# rank reports one, the part has failed, and the world ends there (StopReason.RANK_FAILED).
+# How a part fails on a rank of its own doing (DIST_ERROR is a collective another rank failed):
+# once one rank reports one, the part has failed whatever the others do (StopReason.RANK_FAILED).
 FAILED_ALONE = (RankStatus.CRASHED, RankStatus.OOM)
 
 
