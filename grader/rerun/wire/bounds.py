@@ -19,7 +19,6 @@ clock, with the grader's own words (`refusal`: the sizes at a public check, none
 never as a report too large to carry. Whatever is the hand-in's doing costs that part only.
 """
 
-
 from grader.parts import BY_ID, kind_of
 from grader.rerun.wire import channel, protocol
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus, Result, WorldReport
@@ -116,14 +115,14 @@ def fit(message):
 
 
 def fitted_body(message) -> bytes:
-    """The frame body (channel.body_of) of `fit(message)`: a report that fits as it is, the common
-    case, is encoded once, to measure it and to send it."""
+    """The frame body (channel.body_of) of `fit(message)`: a report is sent as the body that last
+    measured it, encoded once where it fits as it is (the common case)."""
     fitted, body = _fit(message)
     return _body(fitted) if body is None else body
 
 
 def _fit(message) -> tuple:
-    """(fit's message, its body where measuring it made that, else None)."""
+    """(fit's message, the body its last measure encoded; None for a message that is not a report)."""
     if not isinstance(message, WorldReport):
         return message, None
     report = message
@@ -137,18 +136,17 @@ def _fit(message) -> tuple:
         body = _body(report)
     if len(body) <= REPORT_BYTES:
         return report, body   # the common case: one encoding to measure and send it, none of each part's
-    total = len(body)
     sizes = {part: len(_body({str(r): protocol.encode(m) for r, m in ranks.items()}))
              for part, ranks in report.results.items()}
     for part in sorted(sizes, key=sizes.get, reverse=True):
-        if total <= REPORT_BYTES:
+        if len(body) <= REPORT_BYTES:
             break
         for result in report.results[part].values():
             values = max([_values(result.weight)] + [_values(t) for t in result.extra.values()])
             result.status, result.weight, result.extra = RankStatus.CRASHED, None, {}
             result.oversize = values or result.oversize
-        total = len(_body(report))
-    return report, None
+        body = _body(report)
+    return report, body
 
 
 def refusal(part: str, values: int, check: dict, hidden: bool) -> str:
