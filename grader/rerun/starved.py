@@ -8,7 +8,12 @@ ready to run but waited for a CPU (/proc/PID/task/TID/schedstat, in nanoseconds:
 slices). At a part's timeout the world's leader adds them up over every thread of its ranks
 (`cpu_time`), and the grader decides (`starved`):
 
-    starved  =  (wait >= clock / 4   and   run < clock x min(ranks, cores) / 4)   or   disk > 0
+    starved  =  (wait >= clock x min(ranks, cores) / 4   and   run < clock x min(ranks, cores) / 4)
+                or   disk > 0
+
+Both times are sums over the ranks, measured against what the world could have used at once:
+`min(ranks, cores)` CPUs for the clock. Ranks that each waited a few tenths of a second to start
+a part and then slept are not starved by it, however many ranks add their waits up.
 
 - a rank asleep, or waiting in a collective: it neither runs nor waits for the CPU. Not starved.
 - a loop that never ends: it runs (with more ranks than cores its ranks wait for each other, and
@@ -63,7 +68,8 @@ def starved(cpu: Optional[CpuTime], clock: float, ranks: int) -> bool:
     docstring); True where its times are unknown (`cpu` is None)."""
     if cpu is None:
         return True
-    return (cpu.wait >= clock / 4 and cpu.run < clock * min(ranks, max(cpu.cores, 1)) / 4) or cpu.disk > 0
+    share = clock * min(ranks, max(cpu.cores, 1)) / 4   # a quarter of what the world could use at once
+    return (cpu.wait >= share and cpu.run < share) or cpu.disk > 0
 
 
 def said(cpu: Optional[CpuTime]) -> str:
