@@ -538,6 +538,13 @@ MEMORY_ATTACKS = {
         "        except OSError:\n            break\n"
         "    try:\n        while True:\n            queued += client.send(chunk)\n"
         "    except BlockingIOError:\n        pass\n"),
+    # Page tables, which no Pss shows: a read-only mapping read once every 2 MB maps only the zero
+    # page, and each 2 MB costs a page of page tables (4 KB): {hog_mb} MB of them for {hog_mb} x 512 MB.
+    "page_tables": (
+        "import mmap, time\n"   # private and read only: no data limit, no overcommit, counts it
+        "held = mmap.mmap(-1, {hog_mb} << 29, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ)\n"
+        "held.madvise(mmap.MADV_NOHUGEPAGE)\n"   # else one huge zero page may map 2 MB without a page of them
+        "for at in range(0, len(held), 2 << 20):\n    held[at]\n"),
     "tmp_and_shm_files": (
         "import os, time\nfor top in ('/tmp', '/dev/shm'):\n"   # files of 50 MB: a rank's file size limit is 64
         "    for i in range({hog_mb} // 100):\n"

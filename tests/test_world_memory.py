@@ -21,6 +21,7 @@ import yaml
 from grader.limits import RANK_OPEN_FILES
 from grader.rerun.sandbox import outside, sockets
 from tests import tas
+from tests.conftest import skip_unless_required
 from tests.corpus import FULL, ROOT, Files, zip_bytes
 from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, inject, memory_attack
 from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
@@ -175,8 +176,9 @@ GRADE_RUBRIC = {"checks": [{"name": "default"},
                 "timeouts": {"part": 30, "process_group": 5, "world_start": 60, "handin": 300}}
 
 
-def grade_as(config: str, handin: bytes, tmp) -> dict:
-    """The grading.json of `handin` (zip bytes), graded by `python -m grader grade` as `config` grades."""
+def grade_as(config: str, handin: bytes, tmp, *extra) -> dict:
+    """The grading.json of `handin` (zip bytes), graded by `python -m grader grade` as `config`
+    grades, with the command line's `extra` arguments."""
     ta = _ta_or_skip(config)
     try:
         tmp = ta.home / "grade" if ta else tmp
@@ -184,7 +186,7 @@ def grade_as(config: str, handin: bytes, tmp) -> dict:
         (tmp / "inbox" / "oom_once.zip").write_bytes(handin)
         (tmp / "rubric.yaml").write_text(yaml.safe_dump(GRADE_RUBRIC))
         args = ["-m", "grader", "grade", str(tmp / "inbox"), "--out", str(tmp / "out"), "--jobs", "1",
-                "--rubric", str(tmp / "rubric.yaml"), "--quiet"]
+                "--rubric", str(tmp / "rubric.yaml"), "--quiet", *extra]
         if ta:
             subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(tmp)], check=True)
             proc = ta.run([str(ta.python), *args], timeout=600)
@@ -212,3 +214,27 @@ def test_an_out_of_memory_hand_in_gets_one_verdict_whichever_layer_caught_it(ref
     assert graded["root"]["score"] == graded["user"]["score"] < FULL, {c: r["score"] for c, r in graded.items()}
     held = {config: r["isolation"]["memory"] for config, r in graded.items()}
     assert "cgroup of the world's own" in held["root"] and "no memory cgroup" in held["user"], held
+
+
+# Without the sandbox a world's ranks share the machine's /dev/shm, whose files the watchdog never
+# counts as the world's: files rank 0 fills there and closes are seen by the world's own cgroup
+# alone (root), which charges them. Its kill must read as the world out of memory, at that part, as
+# the watchdog's would: not as a rank killed by a signal.
+SHM_FILES = ("import os, time\nif dist.get_rank() == 0:\n    for i in range(40):\n"
+             "        with open(f'/dev/shm/a4-hog-{i}', 'wb') as f:\n"
+             "            os.posix_fallocate(f.fileno(), 0, 25 << 20)\n    time.sleep(10)\n")
+
+
+@pytest.mark.timeout(600)
+def test_without_the_sandbox_the_kernels_kill_in_the_worlds_own_cgroup_reads_as_out_of_memory(reference_run, tmp_path):
+    if os.geteuid() != 0:
+        skip_unless_required("A4_REQUIRE_TA_CONFIGS", "a world's own cgroup without the sandbox needs root")
+    handin = zip_bytes(Files(code=inject(REFERENCE.read_text(), SHM_FILES), log=reference_run[0], err=reference_run[1]))
+    graded = grade_as("root", handin, tmp_path, "--sandbox", "off")
+    assert "cgroup of the world's own" in graded["isolation"]["memory"], graded["isolation"]
+    baseline = graded["parts"]["baseline"]
+    assert baseline["status"] == "oom" and baseline["message"].startswith(
+        f"check 'default': ran out of memory: the ranks and their children used more than {MEMORY_LIMIT_MB} MB "
+        "(limits.memory_mb, the world's limit)"), baseline
+    assert {v["status"] for part, v in graded["parts"].items() if part != "baseline"} == {"passed"}, graded["parts"]
+    assert not any(name.startswith("a4-hog-") for name in os.listdir("/dev/shm"))

@@ -96,10 +96,13 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
     return pid, read_fd, data_write
 
 
-def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=None, began=None) -> WorldReport:
+def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=None, began=None,
+              cgroups=None) -> WorldReport:
     """Fork the world's ranks, supervise them to the end, and return the world's report.
     `read_key` reads the data key (grader.rerun.wire.secret) once the ranks are forked (None: fresh data).
-    The world as a whole is held to limits.memory_mb and limits.processes (grader.rerun.sandbox.memory).
+    The world as a whole is held to limits.memory_mb and limits.processes (grader.rerun.sandbox.memory);
+    `cgroups`: the folders this process joined for the world (the isolation's by default), whose
+    out-of-memory kills are the world's.
     The report's timeline gets "forked": seconds from `began` (the leader's start) to every rank forked."""
     began = time.monotonic() if began is None else began
     from grader.rerun.rank import worker
@@ -119,7 +122,8 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
     outputs = [os.path.join(job.work_dir, f"rank{rank}.out") for rank in range(job.world_size)]
     forked = round(time.monotonic() - began, 4)
     key = read_key() if read_key else None   # only now: no rank holds it
-    cgroups = isolation.cgroups if isolation is not None else []
+    if cgroups is None:
+        cgroups = isolation.cgroups if isolation is not None else []
     own = isolation is not None and isolation.per_world
     with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups, pids, own) as watchdog:
         report = supervise(job, fds, orders, pids, pgid, draw_secrets(job, key),
@@ -192,8 +196,9 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
         limits = Limits(**job.limits)
         uid = namespaces.world_uid(isolation) if uid is None else uid
-        if cgroups or isolation.cgroups:   # before anything of the world is forked: all of it is counted
-            cgroup.join(cgroups or isolation.cgroups)
+        cgroups = cgroups or isolation.cgroups
+        if cgroups:   # before anything of the world is forked: all of it is counted
+            cgroup.join(cgroups)
         if isolation.passable:   # outside the sandbox, as root: ranks reach the Python below /root
             scratch.own_mounts(isolation.passable, [job.work_dir])
         if isolation.per_world:   # first: the code goes into the world's own new /tmp
@@ -207,7 +212,7 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups
             if uid != os.getuid():
                 os.chown(job.work_dir, uid, uid)
             namespaces.prctl(namespaces.PR_SET_DUMPABLE, 0)  # no same-user process may read this one's memory
-            report = run_world(job, uid, limits, read_key, isolation, began)
+            report = run_world(job, uid, limits, read_key, isolation, began, cgroups)
     except namespaces.SandboxError as e:
         report = infra_report(job, f"the sandbox could not be set up: {e}")
     except BaseException as e:  # noqa: BLE001 - the grader must always get a report

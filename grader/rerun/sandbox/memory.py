@@ -9,20 +9,23 @@ descendant).
 
     used  = sum over the world's processes of Pss (proportional set size: a page shared by n
             processes counts 1/n in each, so pages shared inside the world count once, and a fork
-            that shares without writing costs nothing)
+            that shares without writing costs nothing) and of their page tables (VmPTE: no Pss
+            shows them, and a process that reads a terabyte of a read-only mapping once every
+            2 MB maps only the zero page but holds 2 GB of them)
             + what the world holds outside Pss (grader.rerun.sandbox.outside: memfds and files in memory
             it holds open, its own /tmp and /dev/shm, its socket buffers), read every
             OUTSIDE_EVERY polls while that is small, every poll once it is not
     tasks = sum over the world's processes of their threads (what RLIMIT_NPROC would count)
 
 polled every POLL_S seconds; Pss is read (smaps_rollup, costly) only while the cheap upper bound,
-the sum of the resident sets (statm), is above the limit, and then estimated between readings
-(`Estimate`). The moment `used` passes limits.memory_mb, every process of the world is killed and
-each rank's output ends with "MemoryError: the ranks and their children used more than N MB"; the
-world's report (grader.rerun.world.out_of_memory, by `ran_out`) then ends out of memory at the part
-`culprit`, the rank whose processes held most, was running; past limits.processes, with "the ranks
-and their children ran more than N processes and threads", a crash. The watchdog needs nothing from the machine but /proc (without it, a laptop's world has no
-watchdog, and `check` says so); between two polls a world may allocate past the limit.
+the sum of the resident sets and page tables (status), is above the limit, and then estimated
+between readings (`Estimate`). The moment `used` passes limits.memory_mb, every process of the
+world is killed and each rank's output ends with "MemoryError: the ranks and their children used
+more than N MB"; the world's report (grader.rerun.world.out_of_memory, by `ran_out`) then ends out
+of memory at the part `culprit`, the rank whose processes held most, was running; past
+limits.processes, with "the ranks and their children ran more than N processes and threads", a
+crash. The watchdog needs nothing but /proc (without it, a laptop's world has no watchdog, and
+`check` says so); between two polls a world may allocate past the limit.
 
 Where a cgroup of the world's own holds it (grader.rerun.sandbox.cgroup), the kernel holds both limits
 exactly; when its out-of-memory killer acts there, the watchdog sees it and ends the world with the
@@ -41,7 +44,6 @@ from grader.rerun.sandbox import outside as outside_module
 
 POLL_S = 0.02
 MAX_PAUSE = 0.2    # the longest between two polls, however much one costs
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 HAS_PROC = os.path.isdir("/proc/self/task")   # Linux; not macOS, where a world has no watchdog
 
 
@@ -84,28 +86,34 @@ def descendants(root: int, children: dict = None) -> list:
     return found
 
 
-def _resident(pid: int) -> int:
+def _status(pid, *fields: bytes) -> int:
+    """The sum of `fields` (in kB) of /proc/PID/status, in bytes; 0 where it cannot be read."""
     try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return sum(int(line.split()[1]) << 10 for line in f if line.startswith(fields))
     except (OSError, ValueError, IndexError):
         return 0
 
 
+def _resident(pid: int) -> int:
+    """An upper bound of what `pid` holds, in bytes: its resident set and its page tables."""
+    return _status(pid, b"VmRSS:", b"VmPTE:")
+
+
 def _proportional(pid: int) -> int:
-    """Pss of `pid`, in bytes; its resident set where smaps_rollup cannot be read."""
+    """Pss of `pid` and its page tables, in bytes; `_resident` where smaps_rollup cannot be read."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
                 if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) << 10
+                    return (int(line.split()[1]) << 10) + _status(pid, b"VmPTE:")
     except (OSError, ValueError, IndexError):
         pass
     return _resident(pid)
 
 
 def used(pids: list) -> int:
-    """Bytes the processes `pids` use together (the sum of their Pss, see the module docstring)."""
+    """Bytes the processes `pids` use together (their Pss and page tables: the module docstring)."""
     return sum(_proportional(p) for p in pids)
 
 
@@ -163,14 +171,7 @@ class Estimate:
 def data_size(field: bytes = b"VmData:") -> int:
     """What this process holds as data now (VmData: private writable mappings; VmSize: its whole
     address space), in bytes; 0 where /proc does not say."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) << 10
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _status("self", field)
 
 
 RANK_GROWTH_MB = 1024   # address space a rank adds to the zygote's: its threads' stacks and arenas, gloo, tensors
