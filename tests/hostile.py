@@ -86,16 +86,20 @@ ATTACKS = {
         "if leaks:\n    raise RuntimeError(f'LEAK {{leaks[:3]}}')\n"),
     # Every file it can list, anywhere: a rubric, a reference solution or another hand-in's code.
     "walk_the_file_system": Attack(
-        "import os, time\nleaks = []\nown = os.path.dirname(os.path.abspath(__file__))  # this hand-in's own code\n"
-        "deadline = time.monotonic() + 3\n"
-        "for folder, dirs, files in os.walk('/'):\n"
-        "    dirs[:] = [d for d in dirs if os.path.join(folder, d) not in ('/proc', '/sys', '/dev')]\n"
-        "    if time.monotonic() > deadline:\n        break\n"   # what it can reach in 3 s, then the part goes on
-        "    if folder == own:\n        continue\n"
-        "    for name in files:\n"
-        "        if (name.startswith('rubric') and name.endswith('.yaml')) or name == 'assignment4.py' \\\n"
-        "                or (name.endswith('.zip') and 'handin' in name) or '/assignment_4' in folder:\n"
-        "            leaks.append(os.path.join(folder, name))\n"
+        "import collections, os, time\nleaks = []\nown = os.path.dirname(os.path.abspath(__file__))  # this hand-in's own code\n"
+        # Breadth first, what it can reach in a second (the part's clock is at least 1.5 s), then the
+        # part goes on: every folder near the top, where a rubric or others' code would be, is seen.
+        "deadline, folders = time.monotonic() + 1, collections.deque(['/'])\n"
+        "while folders and time.monotonic() < deadline:\n"
+        "    folder = folders.popleft()\n"
+        "    try:\n        entries = list(os.scandir(folder))\n    except OSError:\n        continue\n"
+        "    for entry in entries:\n"
+        "        if entry.is_dir(follow_symlinks=False):\n"
+        "            if entry.path not in ('/proc', '/sys', '/dev') and entry.path != own:\n"
+        "                folders.append(entry.path)\n"
+        "        elif (entry.name.startswith('rubric') and entry.name.endswith('.yaml')) or entry.name == 'assignment4.py' \\\n"
+        "                or (entry.name.endswith('.zip') and 'handin' in entry.name) or '/assignment_4' in folder:\n"
+        "            leaks.append(entry.path)\n"
         "if leaks:\n    raise RuntimeError(f'LEAK {{leaks[:3]}}')\n"),
     # Reads every readable mapping of its own process for the hidden checks' names, the rubric's
     # keys and the reference's markers (spelt backwards here, so that only the needles themselves,
