@@ -510,15 +510,12 @@ def parse_bombs(log: str, err: str) -> dict:
 
 
 # Memory no process's Pss shows, each past the world's limit in a test rubric's small one
-# (tests/test_world_memory.py: MEMORY_LIMIT_MB over 2 ranks, each rank taking HOG_MB): memfds;
-# data queued in unix socket pairs, and in TCP and UDP sockets on the world's loopback, that no
-# one reads; files in the world's own /tmp and /dev/shm. Each holds what it took for a few seconds,
+# (tests/test_world_memory.py: MEMORY_LIMIT_MB over 2 ranks, each rank taking HOG_MB): data queued
+# in unix socket pairs, and in TCP and UDP sockets on the world's loopback, that no one reads; page
+# tables; files in the world's own /tmp and /dev/shm. Each holds what it took for a few seconds,
 # so that a world nobody stops completes the part. Sizes are in MB.
 HOLD_S = 4
 MEMORY_ATTACKS = {
-    "memfds": (
-        "import os, time\nheld = []\nfor _ in range({hog_mb} // 25):\n"
-        "    fd = os.memfd_create('a4-hog')\n    os.posix_fallocate(fd, 0, 25 << 20)\n    held.append(fd)\n"),
     "unix_socket_queues": (
         "import socket, time\nheld, chunk, queued = [], bytes(1 << 20), 0\n"
         "while queued < {hog_mb} << 20:\n"
@@ -557,8 +554,41 @@ MEMORY_ATTACKS = {
 }
 
 
+# Memory a rank is refused the calls to make (grader.rerun.rank.syscalls), each where the watchdog
+# could not count it: memfds only in flight in a unix message, or closed with a page of each still
+# mapped (by the C library: Python's mmap keeps a descriptor); SysV shared memory detached, and
+# message queues nobody reads, in the rank's own IPC namespace. And memfds held open, which it could.
+_LIBC = "import ctypes, errno, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+_FAILED = "    if {call} == -1:\n        raise OSError(ctypes.get_errno(), '{name}')\n"
+REFUSED_MEMORY = {
+    "memfds_held": (
+        "import os, time\nheld = []\nfor _ in range({hog_mb} // 25):\n"
+        "    fd = os.memfd_create('a4-hog')\n    os.posix_fallocate(fd, 0, 25 << 20)\n    held.append(fd)\n"),
+    "memfds_in_flight": (
+        "import os, socket, time\nheld = socket.socketpair()\nfor _ in range({hog_mb} // 25):\n"
+        "    fd = os.memfd_create('a4-hog')\n    os.posix_fallocate(fd, 0, 25 << 20)\n"
+        "    socket.send_fds(held[0], [b'x'], [fd])\n    os.close(fd)\n"),
+    "memfds_mapped_and_closed": (
+        _LIBC + "import mmap, os\nlibc.mmap.restype = ctypes.c_void_p\n"
+        "libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)\n"
+        "for _ in range({hog_mb} // 25):\n"
+        "    fd = os.memfd_create('a4-hog')\n    os.posix_fallocate(fd, 0, 25 << 20)\n"
+        "    libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)\n    os.close(fd)\n"),
+    "sysv_memory_detached": (
+        _LIBC + "libc.shmat.restype = ctypes.c_void_p\nlibc.shmat.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int)\n"
+        "libc.shmdt.argtypes = (ctypes.c_void_p,)\nfor _ in range({hog_mb} // 25):\n"
+        "    segment = libc.shmget(0, 25 << 20, 0o1600)\n" + _FAILED.format(call="segment", name="shmget") +
+        "    at = libc.shmat(segment, None, 0)\n    ctypes.memset(at, 1, 25 << 20)\n    libc.shmdt(at)\n"),
+    "sysv_queues_unread": (   # each queue holds 16 KB (msgmnb); 32000 of them (msgmni) per IPC namespace
+        _LIBC + "message = ctypes.create_string_buffer(8 + 8000)\nmessage[0] = 1\n"
+        "for _ in range(min({hog_mb} * 64, 30000)):\n"
+        "    queue = libc.msgget(0, 0o1600)\n" + _FAILED.format(call="queue", name="msgget") +
+        "    libc.msgsnd(queue, message, 8000, 0)\n    libc.msgsnd(queue, message, 8000, 0)\n"),
+}
+
+
 def memory_attack(name: str, hog_mb: int) -> str:
-    """The reference with MEMORY_ATTACKS[name] at the start of single_step, each rank taking `hog_mb`
-    and holding it HOLD_S seconds."""
-    snippet = MEMORY_ATTACKS[name].format(hog_mb=hog_mb) + f"time.sleep({HOLD_S})\n"
+    """The reference with MEMORY_ATTACKS[name] (or REFUSED_MEMORY[name]) at the start of single_step,
+    each rank taking `hog_mb` and holding it HOLD_S seconds."""
+    snippet = {**MEMORY_ATTACKS, **REFUSED_MEMORY}[name].format(hog_mb=hog_mb) + f"time.sleep({HOLD_S})\n"
     return inject(REFERENCE.read_text(), snippet)

@@ -1,11 +1,13 @@
-"""Memory that no process's Pss shows, held to the world's limit (grader.rerun.sandbox.outside), and one
-out-of-memory cause getting one verdict whichever layer caught it: the world's cgroup (root, cgroup
-v1 or v2) or its watchdog (an ordinary user without a cgroup).
+"""Memory that no process's Pss shows, held to the world's limit (grader.rerun.sandbox.outside) or
+refused (grader.rerun.rank.syscalls), and one out-of-memory cause getting one verdict whichever
+layer caught it: the world's cgroup (root, cgroup v1 or v2) or its watchdog (an ordinary user
+without a cgroup).
 
 Each attack of tests/hostile.py's MEMORY_ATTACKS runs in a real 2-rank world on one warm executor,
 graded by the configuration's own Python and kit, under a small limit (MEMORY_LIMIT_MB) that each
 rank's HOG_MB alone stays under and both together pass: the part must be out of memory, saying
-why, and end before the hand-in's hold is over.
+why, and end before the hand-in's hold is over. Each of REFUSED_MEMORY must crash at its first call,
+refused.
 """
 
 import json
@@ -23,7 +25,7 @@ from grader.rerun.sandbox import outside, sockets
 from tests import tas
 from tests.conftest import skip_unless_required
 from tests.corpus import FULL, ROOT, Files, zip_bytes
-from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, inject, memory_attack
+from tests.hostile import HOLD_S, MEMORY_ATTACKS, REFERENCE, REFUSED_MEMORY, inject, memory_attack
 from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
 
 pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
@@ -53,8 +55,7 @@ from grader.rubric import load_rubric
 rubric = load_rubric(Path(sys.argv[2]))
 check = dataclasses.replace(rubric.checks[0], world_size=2)
 executor = WarmExecutor("auto", rubric.limits)
-executor.start()
-found = {}
+found = {"isolation": executor.start()}
 for name, path in json.loads(sys.argv[1]).items():
     started = time.monotonic()
     code = prepare_code(Path(path))
@@ -93,7 +94,7 @@ def run_worlds(config: str, codes: dict, tmp) -> dict:
 
 @pytest.fixture(scope="module", params=CONFIG_PARAMS[:2])
 def memory_worlds(request, tmp_path_factory) -> dict:
-    codes = {name: memory_attack(name, HOG_MB) for name in MEMORY_ATTACKS}
+    codes = {name: memory_attack(name, HOG_MB) for name in [*MEMORY_ATTACKS, *REFUSED_MEMORY]}
     codes["bounded"] = inject(REFERENCE.read_text(), BOUNDED)
     return run_worlds(request.param, codes, tmp_path_factory.mktemp("memory"))
 
@@ -106,6 +107,15 @@ def test_memory_outside_pss_is_held_to_the_worlds_limit(memory_worlds, attack):
     assert measured["detail"] == (f"the ranks and their children used more than {MEMORY_LIMIT_MB} MB "
                                   "(limits.memory_mb, the world's limit)"), measured
     assert measured["seconds"] < HOLD_S + 30, measured
+
+
+@pytest.mark.timeout(700)
+@pytest.mark.parametrize("attack", sorted(REFUSED_MEMORY))
+def test_memory_the_watchdog_could_not_count_is_refused_to_every_rank(memory_worlds, attack):
+    measured = memory_worlds[attack]
+    assert measured["status"] == "crashed", measured
+    assert measured["exceptions"] and all(e.startswith("PermissionError: [Errno 1]") for e in measured["exceptions"]), measured
+    assert "memfd_create, memfd_secret, shmget and msgget refused" in memory_worlds["isolation"]["limits"]
 
 
 @pytest.mark.timeout(700)
@@ -163,12 +173,13 @@ def test_memory_files_held_open_count_once_each_by_their_blocks():
 
 # ---- one cause, one verdict ---------------------------------------------------------------------
 
-# Rank 0 fills 1000 MB of memfds in the baseline, past the world's 800 MB, while the other ranks go
-# on to the next part: as root the world's cgroup (which charges memfds) or the watchdog catches it,
-# as an ordinary user the watchdog alone. Only the baseline may be charged, with one verdict.
-OOM_ONCE = ("import os, time\nif dist.get_rank() == 0:\n    held = []\n    for _ in range(40):\n"
-            "        fd = os.memfd_create('a4-hog')\n        os.posix_fallocate(fd, 0, 25 << 20)\n"
-            "        held.append(fd)\n    time.sleep(10)\n")
+# Rank 0 fills 1000 MB of shared memory in the baseline (no data limit of one process counts it),
+# past the world's 800 MB, while the other ranks go on to the next part: as root the world's cgroup
+# or the watchdog catches it, as an ordinary user the watchdog alone. Only the baseline may be
+# charged, with one verdict.
+OOM_ONCE = ("import mmap, time\nif dist.get_rank() == 0:\n"
+            "    held = mmap.mmap(-1, 1000 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)\n"
+            "    time.sleep(10)\n")
 GRADE_RUBRIC = {"checks": [{"name": "default"},
                            {"name": "two-ranks", "hidden": True, "world_size": 2, "seed": 1234,
                             "global_batch_size": 52, "input_dim": 13, "output_dim": 12, "accumulation_steps": 2}],

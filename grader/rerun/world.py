@@ -24,6 +24,7 @@ from grader.rerun.wire import protocol
 from grader.rerun.wire.protocol import Abort, StopReason, WorldJob, WorldReport
 from grader.rerun import starved
 from grader.rerun.supervise import draw_secrets, supervise
+from grader.rerun.rank import syscalls
 from grader.rerun.rank.source import compiled_blob
 from grader.limits import Limits
 
@@ -82,6 +83,8 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             os.chdir(job.work_dir)
             # Not dumpable where its leader is privileged over its user id: no other rank reads it through /proc.
             namespaces.limit_rank(limits, uid, nproc, dumpable=not (private and isolation.id_range > 1))
+            if isolation is not None and isolation.refused:
+                syscalls.refuse()
             environment.hold_rank()
             worker.rank_main(job, rank, 3, prepared, 4)
         finally:

@@ -123,9 +123,11 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     control_out = _boot()
     from grader.rerun.sandbox import namespaces, scratch, sweep
     from grader.rerun import world
+    from grader.rerun.rank import syscalls
     cgroups = [c for c in os.environ.get("A4_CGROUPS", "").split(os.pathsep) if c]
     _, start = receive_framed((protocol.Setup,))
     isolation = namespaces.probe(mode, start.kit if start else "", sandbox_name, cgroups)
+    syscalls.note(isolation)
     hello = protocol.Hello(isolation=isolation.summary())
     _reply(control_out, 0)(hello)
     last = None

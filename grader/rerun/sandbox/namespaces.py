@@ -88,6 +88,7 @@ class Isolation:
     controllers: list = field(default_factory=list)  # what they hold: "memory", "pids"
     tasks: str = ""             # the tasks.Hold that bounds a world's tasks, by name
     watchdog: bool = True       # /proc is there: the world's leader watches its memory and tasks
+    refused: str = ""           # the calls every rank is refused (grader.rerun.rank.syscalls), "" where none
     passable: list = field(default_factory=list)     # folders above the Python each world opens (no sandbox, root)
     uid: int = -1               # the user id the zygote runs as
     problems: list = field(default_factory=list)
@@ -113,7 +114,8 @@ class Isolation:
                          "the grader's user, in a user namespace of its own" if self.sandbox else
                          f"the grader's own user (uid {self.uid})"),
                 "limits": ("per process: data past what it holds at its fork (RLIMIT_DATA), file size, CPU time; "
-                           "1 compute thread, no GPU"),
+                           "1 compute thread, no GPU; " + (f"{self.refused} refused" if self.refused else
+                                                          "memory files NOT refused (no seccomp filter)")),
                 "memory": f"the world's processes together, at most limits.memory_mb: {memory}",
                 "tasks": f"the world's processes and threads together, at most limits.processes: {held}",
                 "scratch": ("a new /tmp and /dev/shm per world and per rank, the code read only" if self.per_rank else
@@ -223,7 +225,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) 
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
-def _in_child(attempt) -> str:
+def in_child(attempt) -> str:
     """Run `attempt` in a forked child: '' when it returned, else what it raised."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -247,7 +249,7 @@ def _readable(isolation: Isolation) -> None:
     uid = world_uid(isolation)
     found = readable.check_as(uid)
     blocked = found.above
-    if blocked and not isolation.sandbox and os.geteuid() == 0 and not _in_child(lambda: scratch.own_mounts(blocked)):
+    if blocked and not isolation.sandbox and os.geteuid() == 0 and not in_child(lambda: scratch.own_mounts(blocked)):
         isolation.passable = blocked
         found = readable.check_as(uid, prepare=lambda: scratch.own_mounts(blocked))
     problem = found.problem(isolation.mode)
@@ -279,9 +281,9 @@ def probe(mode: str, kit_root: str = "", sandbox: str = "", cgroups: list = ()) 
     isolation.network = [name for _, name in socket.if_nameindex()] == ["lo"]
     with open("/proc/1/cmdline", "rb") as f:
         isolation.processes = b"bwrap" in f.read() and len([p for p in os.listdir("/proc") if p.isdigit()]) < 16
-    why = _in_child(lambda: unshare_world(isolation))
+    why = in_child(lambda: unshare_world(isolation))
     isolation.per_world = not why
-    alone = _in_child(lambda: _rank_view_here(isolation)) if isolation.per_world else why
+    alone = in_child(lambda: _rank_view_here(isolation)) if isolation.per_world else why
     isolation.per_rank = not alone
     if isolation.per_world and alone:
         isolation.problems.append(f"the ranks of a world share its /tmp, /dev/shm and IPC ({alone})")

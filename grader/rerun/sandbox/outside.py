@@ -13,8 +13,10 @@ shared memory, its socket buffers.
 
 A cgroup v1 charges the files and the shared memory but not the sockets; no process's Pss shows a
 page no process maps. A page a rank both maps and holds in a memory file counts twice (in its Pss
-and here), which errs toward the limit. What is not counted is bounded instead (docs/security.md):
-a memory file no process holds open but some process maps counts by the pages mapped (their Pss);
+and here), which errs toward the limit. What is not counted is refused or bounded instead
+(docs/security.md): the calls that make a memory file no process need hold open, or SysV memory
+in a rank's own IPC namespace, are refused to the ranks (grader.rerun.rank.syscalls; where the
+kernel has no seccomp, a memfd no process holds open but one maps counts by the pages mapped);
 pipes hold at most the kernel's per-user pipe allowance (fs.pipe-user-pages-soft).
 
 Each reading says, beside the total, what each process holds (`by_pid`: files and sockets, by the
