@@ -52,6 +52,9 @@ PARSE_SECONDS = 10
 # about 30. Each open socket or pipe may hold kernel buffers no Pss shows; the watchdog counts the
 # sockets' (grader.rerun.sandbox.outside), and this bounds how many a rank can hold.
 RANK_OPEN_FILES = 256
+# Files a world's /tmp and /dev/shm (and each rank's) may hold, per MB of limits.tmp_mb: each costs
+# the kernel about 1 KB that no block of the file system, and so no reading of the watchdog, shows.
+TMP_FILES_PER_MB = 128
 
 
 @dataclass
@@ -65,7 +68,7 @@ class Limits:
     memory_mb: int = 4096
     processes: int = 128       # processes and threads of one world, together (a 4-rank world runs about 20)
     file_mb: int = 64          # largest file a rank may write (its output included)
-    tmp_mb: int = 64           # size of the world's /tmp
+    tmp_mb: int = 64           # size of the world's /tmp (and /dev/shm), with TMP_FILES_PER_MB files a MB
     cpu_s: int = 300           # CPU seconds of one rank
 
 

@@ -557,7 +557,8 @@ MEMORY_ATTACKS = {
 # Memory a rank is refused the calls to make (grader.rerun.rank.syscalls), each where the watchdog
 # could not count it: memfds only in flight in a unix message, or closed with a page of each still
 # mapped (by the C library: Python's mmap keeps a descriptor); SysV shared memory detached, and
-# message queues nobody reads, in the rank's own IPC namespace. And memfds held open, which it could.
+# message queues nobody reads, in the rank's own IPC namespace; io_uring rings, whose queues are the
+# kernel's. And memfds held open, which it could.
 _LIBC = "import ctypes, errno, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 _FAILED = "    if {call} == -1:\n        raise OSError(ctypes.get_errno(), '{name}')\n"
 REFUSED_MEMORY = {
@@ -584,6 +585,11 @@ REFUSED_MEMORY = {
         "for _ in range(min({hog_mb} * 64, 30000)):\n"
         "    queue = libc.msgget(0, 0o1600)\n" + _FAILED.format(call="queue", name="msgget") +
         "    libc.msgsnd(queue, message, 8000, 0)\n    libc.msgsnd(queue, message, 8000, 0)\n"),
+    "io_uring_rings": (   # each ring of 32768 entries, its completion queue 131072: about 5 MB
+        _LIBC + "held = []\nfor _ in range({hog_mb} // 5):\n    params = (ctypes.c_uint32 * 30)()\n"
+        "    params[1], params[2] = 1 << 17, 1 << 4   # cq_entries, flags: IORING_SETUP_CQSIZE\n"
+        "    ring = libc.syscall(425, 1 << 15, params)\n" + _FAILED.format(call="ring", name="io_uring_setup") +
+        "    held.append(ring)\n"),
 }
 
 

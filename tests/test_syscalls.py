@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(platform.machine() not in syscalls.REFUSED or no
                                 reason="the filter is written for Linux on x86-64 and arm64")
 
 libc = ctypes.CDLL(None, use_errno=True)
+IO_URING_SETUP = 425   # the same number on x86-64 and arm64
 
 
 def refused(call) -> bool:
@@ -43,6 +44,7 @@ def test_each_refused_call_fails_with_eperm_in_the_filtered_process_its_threads_
         assert refused(lambda: os.memfd_create("a4"))
         assert refused(lambda: libc.shmget(0, 4096, 0o600))
         assert refused(lambda: libc.msgget(0, 0o600))
+        assert refused(lambda: libc.syscall(ctypes.c_long(IO_URING_SETUP), 8, ctypes.create_string_buffer(120)))
         seen = []
         thread = threading.Thread(target=lambda: seen.append(refused(lambda: os.memfd_create("a4"))))
         thread.start()
@@ -76,7 +78,7 @@ def test_a_thread_started_before_the_filter_is_filtered_too():
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x32 numbers exist on x86-64 only")
 def test_the_x32_numbers_of_the_calls_are_refused_too():
     def body():
-        for number in (319, 29, 68):
+        for number in (319, 29, 68, 425):
             assert refused(lambda: libc.syscall(ctypes.c_long(syscalls.X32 | number), 0, 0, 0)), number
     assert in_filtered_child(body) == ""
 

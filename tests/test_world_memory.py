@@ -20,7 +20,8 @@ import time
 import pytest
 import yaml
 
-from grader.limits import RANK_OPEN_FILES
+from grader.limits import RANK_OPEN_FILES, TMP_FILES_PER_MB
+from grader.rerun.rank import syscalls
 from grader.rerun.sandbox import outside, sockets
 from tests import tas
 from tests.conftest import skip_unless_required
@@ -34,15 +35,23 @@ MEMORY_LIMIT_MB = 800
 HOG_MB = 600   # each of the 2 ranks: 1200 MB together, unchecked
 RUBRIC = {"limits": {"memory_mb": MEMORY_LIMIT_MB, "tmp_mb": HOG_MB + 64},
           "timeouts": {"part": 60, "world_start": 60}}
-# No rank may raise its socket buffers past the machine's maximum (that needs CAP_NET_ADMIN), nor
-# open more files than RLIMIT_NOFILE lets it: the part must pass.
+# No rank may raise its socket buffers past the machine's maximum (that needs CAP_NET_ADMIN), open
+# more files than RLIMIT_NOFILE lets it, nor make more files than its scratch may hold: the part
+# must pass.
 BOUNDED = ("import resource, socket\n"
            "for option in (getattr(socket, 'SO_SNDBUFFORCE', 32), getattr(socket, 'SO_RCVBUFFORCE', 33)):\n"
            "    try:\n        socket.socket().setsockopt(socket.SOL_SOCKET, option, 1 << 30)\n"
            "        raise RuntimeError('LEAK a rank forced a socket buffer past the maximum')\n"
            "    except PermissionError:\n        pass\n"
            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
-           f"assert soft == hard == {RANK_OPEN_FILES}, (soft, hard)\n")
+           f"assert soft == hard == {RANK_OPEN_FILES}, (soft, hard)\n"
+           # nor make more empty files (each about 1 KB of the kernel's that no block shows) than its
+           # /tmp and /dev/shm may hold
+           "import errno, os\nmade = 0\nfor top in ('/tmp', '/dev/shm'):\n    try:\n"
+           "        while made < 10 ** 6:\n"
+           "            os.close(os.open(f'{top}/a4-empty-{made}', os.O_CREAT | os.O_WRONLY))\n            made += 1\n"
+           "    except OSError as e:\n        assert e.errno == errno.ENOSPC, e\n"
+           f"assert made <= 2 * {RUBRIC['limits']['tmp_mb'] * TMP_FILES_PER_MB}, made\n")
 
 # Run by the configuration's Python in its kit: the baseline part of each hand-in (argv[1], a JSON
 # {name: path}) in a 2-rank world of one warm executor.
@@ -115,7 +124,7 @@ def test_memory_the_watchdog_could_not_count_is_refused_to_every_rank(memory_wor
     measured = memory_worlds[attack]
     assert measured["status"] == "crashed", measured
     assert measured["exceptions"] and all(e.startswith("PermissionError: [Errno 1]") for e in measured["exceptions"]), measured
-    assert "memfd_create, memfd_secret, shmget and msgget refused" in memory_worlds["isolation"]["limits"]
+    assert f"{syscalls.CALLS} refused" in memory_worlds["isolation"]["limits"]
 
 
 @pytest.mark.timeout(700)
@@ -230,17 +239,20 @@ def test_an_out_of_memory_hand_in_gets_one_verdict_whichever_layer_caught_it(ref
 # Without the sandbox a world's ranks share the machine's /dev/shm, whose files the watchdog never
 # counts as the world's: files rank 0 fills there and closes are seen by the world's own cgroup
 # alone (root), which charges them. Its kill must read as the world out of memory, at that part, as
-# the watchdog's would: not as a rank killed by a signal.
+# the watchdog's would: not as a rank killed by a signal. Every rank waits in the part: no process
+# holds those files, so the rank that held most, whose part is charged, may be any of them.
 SHM_FILES = ("import os, time\nif dist.get_rank() == 0:\n    for i in range(40):\n"
-             "        with open(f'/dev/shm/a4-hog-{i}', 'wb') as f:\n"
-             "            os.posix_fallocate(f.fileno(), 0, 25 << 20)\n    time.sleep(10)\n")
+             "        with open(f'/dev/shm/{prefix}{i}', 'wb') as f:\n"
+             "            os.posix_fallocate(f.fileno(), 0, 25 << 20)\ntime.sleep(10)\n")
 
 
 @pytest.mark.timeout(600)
 def test_without_the_sandbox_the_kernels_kill_in_the_worlds_own_cgroup_reads_as_out_of_memory(reference_run, tmp_path):
     if os.geteuid() != 0:
         skip_unless_required("A4_REQUIRE_TA_CONFIGS", "a world's own cgroup without the sandbox needs root")
-    handin = zip_bytes(Files(code=inject(REFERENCE.read_text(), SHM_FILES), log=reference_run[0], err=reference_run[1]))
+    prefix = f"a4-hog-{os.getpid()}-"   # this run's own names: another run's may be there meanwhile
+    code = inject(REFERENCE.read_text(), SHM_FILES.replace("{prefix}", prefix))
+    handin = zip_bytes(Files(code=code, log=reference_run[0], err=reference_run[1]))
     graded = grade_as("root", handin, tmp_path, "--sandbox", "off")
     assert "cgroup of the world's own" in graded["isolation"]["memory"], graded["isolation"]
     baseline = graded["parts"]["baseline"]
@@ -248,4 +260,4 @@ def test_without_the_sandbox_the_kernels_kill_in_the_worlds_own_cgroup_reads_as_
         f"check 'default': ran out of memory: the ranks and their children used more than {MEMORY_LIMIT_MB} MB "
         "(limits.memory_mb, the world's limit)"), baseline
     assert {v["status"] for part, v in graded["parts"].items() if part != "baseline"} == {"passed"}, graded["parts"]
-    assert not any(name.startswith("a4-hog-") for name in os.listdir("/dev/shm"))
+    assert not any(name.startswith(prefix) for name in os.listdir("/dev/shm"))

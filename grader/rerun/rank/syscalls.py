@@ -8,6 +8,9 @@ shows and that its world's watchdog could not count.
 - shmget, msgget: SysV shared memory and message queues. A segment nobody maps any longer, or a
   queue nobody reads, lives on in its IPC namespace; each rank's own (grader.rerun.sandbox.scratch
   .rank_view) is one the world's leader cannot read.
+- io_uring_setup: each ring's queues (up to 5 MB, 200 rings a gigabyte) are the kernel's, in no
+  process's resident set.
+- bpf: a map's memory is the kernel's too (where the machine lets users make one at all).
 
 A cgroup charges all of these; where the watchdog alone holds a world (an ordinary user without a
 cgroup) they would pass its limit unseen. Nothing a part needs makes them (torch, gloo, torch's CUDA
@@ -42,14 +45,16 @@ SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 LD_ABS, JEQ, RET = 0x20, 0x15, 0x06          # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
 X32 = 0x40000000                             # x32 calls are x86-64's numbers with this bit set
-# audit architecture -> its numbers of memfd_create, memfd_secret, shmget, msgget (and i386's ipc)
+# audit architecture -> its numbers of memfd_create, memfd_secret, shmget, msgget, io_uring_setup,
+# bpf (and i386's ipc)
+_X86_64 = (319, 447, 29, 68, 425, 321)
 REFUSED = {
-    "x86_64": {0xC000003E: (319, 447, 29, 68, X32 | 319, X32 | 447, X32 | 29, X32 | 68),
-               0x40000003: (356, 447, 395, 399, 117)},
-    "aarch64": {0xC00000B7: (279, 447, 194, 186), 0x40000028: (385, 447, 307, 303)},
+    "x86_64": {0xC000003E: _X86_64 + tuple(X32 | number for number in _X86_64),
+               0x40000003: (356, 447, 395, 399, 425, 357, 117)},
+    "aarch64": {0xC00000B7: (279, 447, 194, 186, 425, 280), 0x40000028: (385, 447, 307, 303, 425, 386)},
 }
 SECCOMP_CALL = {"x86_64": 317, "aarch64": 277}
-CALLS = "memfd_create, memfd_secret, shmget and msgget"
+CALLS = "memfd_create, memfd_secret, shmget, msgget, io_uring_setup and bpf"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

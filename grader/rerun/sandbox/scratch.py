@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 
+from grader.limits import TMP_FILES_PER_MB
 from grader.rerun.sandbox import readable
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
@@ -57,7 +58,8 @@ def fresh(tmp_mb: int) -> None:
     held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
     try:
         for top in SCRATCH:
-            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_mb << 20}")
+            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV,
+                   f"mode=1777,size={tmp_mb << 20},nr_inodes={tmp_mb * TMP_FILES_PER_MB}")
         for path, fd in held.items():
             os.makedirs(path, mode=0o755, exist_ok=True)
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
