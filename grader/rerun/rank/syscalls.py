@@ -104,8 +104,7 @@ def note(isolation) -> None:
 def check() -> None:
     """In a process of its own, which it leaves filtered: the filter installed, memfd_create and
     shmget are refused; OSError where either is not so."""
-    if _libc.prctl(38, 1, 0, 0, 0) != 0:   # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "no_new_privs could not be set")
+    namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
     refuse()
     try:
         os.close(os.memfd_create("a4-probe"))
