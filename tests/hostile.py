@@ -545,7 +545,9 @@ MEMORY_ATTACKS = {
         "import mmap, time\n"   # private and read only: no data limit, no overcommit, counts it
         "held = mmap.mmap(-1, {hog_mb} << 29, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ)\n"
         "held.madvise(mmap.MADV_NOHUGEPAGE)\n"   # else one huge zero page may map 2 MB without a page of them
-        "for at in range(0, len(held), 2 << 20):\n    held[at]\n"),
+        # 16 MB of them, then a pause: about 1 GB a second, as memory is filled, not 5 GB at once
+        "for at in range(0, len(held), 2 << 20):\n    held[at]\n"
+        "    if at % (8 << 30) == 0:\n        time.sleep(0.01)\n"),
     "tmp_and_shm_files": (
         "import os, time\nfor top in ('/tmp', '/dev/shm'):\n"   # files of 50 MB: a rank's file size limit is 64
         "    for i in range({hog_mb} // 100):\n"
