@@ -56,19 +56,33 @@ def test_a_later_world_loads_the_code_the_first_compiled_and_its_traceback_names
         return report
 
     executor._run_world = run_world
+
+    checks = []
+
+    def check() -> dict:
+        for _ in range(2):   # a world the machine failed (gloo's join) runs again once, as grading does
+            checks.append(run_check(executor, code, rubric.default_check, rubric, tmp_path,
+                                    parts=["data_parallel", "baseline"]))
+            if checks[-1]["baseline"].status.value != "infra_error":
+                return checks[-1]
+        return checks[-1]
+
     try:
-        runs = [run_check(executor, code, rubric.default_check, rubric, tmp_path, parts=["data_parallel", "baseline"])
-                for _ in range(2)]
+        runs = [check() for _ in range(2)]
     finally:
         executor.close()
-    # The first world compiled and returned it; every later one was sent it and returned nothing.
-    assert sent[0] == "" and returned[0] and all(blob == returned[0] for blob in sent[1:]) and not any(returned[1:])
-    assert len(sent) == 2   # a part that raises ends no world: one world a check
+    said = [(part, run[part].status.value, run[part].detail) for run in runs for part in run]
+    assert [run[part].status.value for run in runs for part in ("data_parallel", "baseline")] == \
+        ["crashed", "passed"] * 2, said
+    # The first world that loaded the code compiled it and returned it; every later one was sent it
+    # and returned nothing. A part that raises ends no world: one world a check.
+    first = next(i for i, blob in enumerate(returned) if blob)
+    assert not any(sent[:first + 1]) and all(blob == returned[first] for blob in sent[first + 1:]), said
+    assert not any(returned[first + 1:]) and len(sent) == len(checks), said
     tracebacks = [run["data_parallel"].ranks[0].traceback for run in runs]
     line = source.replace(*RAISE).splitlines().index('    raise ValueError("boom")') + 1
     assert tracebacks[0] == tracebacks[1] and f'File "assignment4.py", line {line}, in data_parallel_single_step' \
         in tracebacks[1], tracebacks
-    assert [run["baseline"].status.value for run in runs] == ["passed", "passed"]
 
 
 def _files(code) -> list:
