@@ -22,7 +22,7 @@ import yaml
 
 from grader.limits import RANK_OPEN_FILES, TMP_FILES_PER_MB
 from grader.rerun.rank import syscalls
-from grader.rerun.sandbox import outside, sockets
+from grader.rerun.sandbox import cgroup, outside, sockets
 from tests import tas
 from tests.conftest import skip_unless_required
 from tests.corpus import FULL, ROOT, Files, zip_bytes
@@ -51,7 +51,17 @@ BOUNDED = ("import resource, socket\n"
            "        while made < 10 ** 6:\n"
            "            os.close(os.open(f'{top}/a4-empty-{made}', os.O_CREAT | os.O_WRONLY))\n            made += 1\n"
            "    except OSError as e:\n        assert e.errno == errno.ENOSPC, e\n"
-           f"assert made <= 2 * {RUBRIC['limits']['tmp_mb'] * TMP_FILES_PER_MB}, made\n")
+           f"assert made <= 2 * {RUBRIC['limits']['tmp_mb'] * TMP_FILES_PER_MB}, made\n"
+           # and, should the kernel's out-of-memory killer pick in the world, it picks the rank or
+           # what the rank started, never the world's supervisor: the rank may not put itself behind it
+           "def oom_rank():\n    with open('/proc/self/oom_score_adj') as f:\n        return f.read().strip()\n"
+           f"assert oom_rank() == '{cgroup.OOM_SCORE_ADJ}', oom_rank()\n"
+           "pid = os.fork()\nif pid == 0:\n"
+           f"    os._exit(0 if oom_rank() == '{cgroup.OOM_SCORE_ADJ}' else 1)\n"
+           "assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, 'a child left the line'\n"
+           "try:\n    with open('/proc/self/oom_score_adj', 'w') as f:\n        f.write('-1')\n"
+           "    raise RuntimeError('LEAK a rank put itself behind its supervisor in the killer line')\n"
+           "except PermissionError:\n    pass\n")
 
 # Run by the configuration's Python in its kit: the baseline part of each hand-in (argv[1], a JSON
 # {name: path}) in a 2-rank world of one warm executor; a world the machine failed runs again once,
@@ -247,7 +257,10 @@ def test_an_out_of_memory_hand_in_gets_one_verdict_whichever_layer_caught_it(ref
 # alone (root), which charges them. Its kill must read as the world out of memory, at that part, as
 # the watchdog's would: not as a rank killed by a signal. Every rank waits in the part: no process
 # holds those files, so the rank that held most, whose part is charged, may be any of them.
-SHM_FILES = ("import os, time\nif dist.get_rank() == 0:\n    for i in range(40):\n"
+# As root the rank's place in the killer's line is a floor it cannot lower.
+SHM_FILES = ("import os, time\ntry:\n    with open('/proc/self/oom_score_adj', 'w') as f:\n        f.write('0')\n"
+             "    raise RuntimeError('a rank of root lowered its oom_score_adj')\nexcept PermissionError:\n    pass\n"
+             "if dist.get_rank() == 0:\n    for i in range(40):\n"
              "        with open(f'/dev/shm/{prefix}{i}', 'wb') as f:\n"
              "            os.posix_fallocate(f.fileno(), 0, 25 << 20)\ntime.sleep(10)\n")
 

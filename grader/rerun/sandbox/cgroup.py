@@ -8,7 +8,9 @@
 
 Each world's leader moves itself into every folder (`join`) before it forks anything, so all the
 world starts is counted, and nothing else. When the kernel's out-of-memory killer acts there, the
-leader's watchdog sees it (`oom_kills`) and ends the world as out of memory.
+leader's watchdog sees it (`oom_kills`) and ends the world as out of memory. Each rank puts itself
+first in the killer's line (`first_to_die`): the kill takes the hand-in's processes, never the
+world's supervisor, whose loss would read as a crash.
 
 Where one can be had:
 - root, cgroup v1: below the grader's own cgroup in the memory and the pids hierarchy;
@@ -33,6 +35,7 @@ CGROUP = "/a4-cgroup"   # where the world's folders are bound inside the sandbox
 LEADER_TASKS = 4        # the world's leader, its watchdog thread, its PID namespace's init: counted beside the world
 V1_LIMITS = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"), "pids": ("pids.max",)}
 V2_LIMITS = ("memory.max", "memory.swap.max", "pids.max")
+OOM_SCORE_ADJ = 1000    # a rank's, the most: the out-of-memory killer picks it (and all it starts) before any other
 
 
 def _read(path: str) -> str:
@@ -296,3 +299,14 @@ def oom_kills(folders: list) -> int:
                 if line.startswith("oom_kill "):
                     total += int(line.split()[1])
     return total
+
+
+def first_to_die() -> None:
+    """In a rank, before it gives up its privileges: the rank, and all it starts, first in line when
+    the kernel's out-of-memory killer picks. Raising it needs no privilege; root's write also sets
+    the floor the rank may not go below, an ordinary user's rank may lower it to 0 (never below)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass   # no /proc (not Linux): no such killer either

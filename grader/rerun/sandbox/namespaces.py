@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import RANK_OPEN_FILES, Limits
-from grader.rerun.sandbox import memory, readable, scratch, sweep, tasks
+from grader.rerun.sandbox import cgroup, memory, readable, scratch, sweep, tasks
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 CLONE_NEWNS = 0x00020000
@@ -199,6 +199,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) 
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(kind, (value, value))
 
+    cgroup.first_to_die()   # with its privileges, if any: then a floor
     data = memory.data_size()
     if data:   # one process alone may not take more than the world may: refused at once, a clean MemoryError
         cap(resource.RLIMIT_DATA, data + (limits.memory_mb << 20))
@@ -216,6 +217,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) 
     # it runs as this user without privilege (no namespaces), reads the rank's Pss, not its resident set,
     # which counts every page shared with the zygote once per rank (4 ranks of torch's CUDA build: 2 GB).
     prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
+    cgroup.first_to_die()   # again: where it had no privilege, its /proc was not its own to write until now
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
     if LINUX and (os.environ.get("A4_IN_SANDBOX") or uid != 0):
         try:
