@@ -59,6 +59,7 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
     if pid == 0:  # the rank
         try:
             os.setpgid(0, pgid)
+            cgroup.first_to_die()   # before its own view's user namespace: as root, a floor it cannot lower
             for sig in SHIELDED + (signal.SIGPIPE, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             out = os.open(os.path.join(job.work_dir, f"rank{rank}.out"),

@@ -303,8 +303,9 @@ def oom_kills(folders: list) -> int:
 
 def first_to_die() -> None:
     """In a rank, before it gives up its privileges: the rank, and all it starts, first in line when
-    the kernel's out-of-memory killer picks. Raising it needs no privilege; root's write also sets
-    the floor the rank may not go below, an ordinary user's rank may lower it to 0 (never below)."""
+    the kernel's out-of-memory killer picks. Raising it needs no privilege; a write with
+    CAP_SYS_RESOURCE (root's, but in containers that drop it) also sets the floor the rank may not go
+    below, else the rank may lower it to 0 (never below)."""
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write(str(OOM_SCORE_ADJ))

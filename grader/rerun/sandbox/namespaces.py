@@ -199,7 +199,6 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) 
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(kind, (value, value))
 
-    cgroup.first_to_die()   # with its privileges, if any: then a floor
     data = memory.data_size()
     if data:   # one process alone may not take more than the world may: refused at once, a clean MemoryError
         cap(resource.RLIMIT_DATA, data + (limits.memory_mb << 20))
@@ -217,7 +216,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) 
     # it runs as this user without privilege (no namespaces), reads the rank's Pss, not its resident set,
     # which counts every page shared with the zygote once per rank (4 ranks of torch's CUDA build: 2 GB).
     prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
-    cgroup.first_to_die()   # again: where it had no privilege, its /proc was not its own to write until now
+    cgroup.first_to_die()   # its /proc is its own to write only now (grader.rerun.world.fork_rank did as root)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
     if LINUX and (os.environ.get("A4_IN_SANDBOX") or uid != 0):
         try:
