@@ -26,17 +26,18 @@ room (tests/test_layout.py holds the map to that):
     rerun/       the engine: run hand-in code in gloo worlds inside a sandbox and bring back its
                  weights. On the grader's side, the executors (executor, executors, torchrun)
                  start zygote, the warm helper (startup: its environment and the refusals to start
-                 it), and send each world the code an earlier one compiled (compiled); check runs
+                 it; bwrap: the job sandbox built around it, and the engine's files staged in it),
+                 and send each world the code an earlier one compiled (compiled); check runs
                  a hand-in's parts at one check, hangs says who waited for whom when a part hung,
                  starved whether a part past its clock hung or was kept from the CPU; machine says
                  why a machine cannot grade. Inside the sandbox, zygote forks a world (world), whose
                  leader supervise runs its parts (ending: its ranks reaped, the rest killed).
                  Three wings beside them, each importing no module above it:
-                 sandbox/, what holds a hand-in: bwrap builds the job sandbox, namespaces the
-                 world's own, scratch its fresh /tmp, cgroup its limits, memory its watchdog
-                 (outside: what the world holds beyond its processes' Pss, its sockets' buffers by
-                 sockets), tasks its count of processes and threads, sweep (without the sandbox, a
-                 world's processes and files ended with it), environment (the variables a rank and
+                 sandbox/, what holds a hand-in inside the job sandbox: namespaces the world's
+                 own, scratch its fresh /tmp, cgroup its limits, memory its watchdog (pss: what
+                 /proc says of each process; outside: what the world holds beyond their Pss, its
+                 sockets' buffers by sockets), tasks its count of processes and threads, sweep
+                 (without the sandbox, a world's processes and files ended with it), environment (the variables a rank and
                  the helper get), readable (code and Python the ranks' user can read);
                  wire/, what crosses between the grader and the ranks: protocol types the messages
                  and channel frames them, bounds holds what a rank sends back to its part's size,

@@ -55,6 +55,12 @@ RANK_OPEN_FILES = 256
 # Files a world's /tmp and /dev/shm (and each rank's) may hold, per MB of limits.tmp_mb: each costs
 # the kernel about 1 KB that no block of the file system, and so no reading of the watchdog, shows.
 TMP_FILES_PER_MB = 128
+# What a world's sockets may hold in the kernel, at most: limits.memory_mb / SOCKETS_SHARE (256 MB of
+# the default 4096). The machine's TCP memory is one pool for every world and every process
+# (net.ipv4.tcp_mem, UDP's likewise: about a tenth of its RAM); a world that held it all would make
+# the other worlds' gloo joins, and the machine's own connections, fail. --jobs worlds, each held
+# to a sixteenth of its limit, take at most about 6% of the RAM; gloo's own buffers are a few MB.
+SOCKETS_SHARE = 16
 
 
 @dataclass

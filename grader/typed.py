@@ -17,7 +17,7 @@ or raises ValueError saying what the value must be ("a whole number >= 1": "...:
 number >= 1, not 0"), and `help`, what the key is for, which every message about the key ends with.
 
 Why a helper and not pydantic, msgspec or cattrs: the three users need about 80 lines, the grader
-runs inside the sandbox where every import is staged by hand (grader.rerun.sandbox.bwrap.ENGINE), and a
+runs inside the sandbox where every import is staged by hand (grader.rerun.bwrap.ENGINE), and a
 rank's messages must be decoded with nothing imported that hand-in code could reach through the
 interpreter; a dependency would add a compiled wheel per Python version for what these lines do.
 """

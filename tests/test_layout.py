@@ -277,7 +277,7 @@ def test_the_command_line_loads_no_torch_and_no_room():
 
 
 def test_the_sandbox_stages_what_the_zygote_imports_and_no_more():
-    from grader.rerun.sandbox.bwrap import ENGINE
+    from grader.rerun.bwrap import ENGINE
     found, todo = set(), ["grader.rerun.zygote"]
     while todo:
         module = todo.pop()

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from grader.rerun.sandbox import bwrap, readable
+from grader.rerun import bwrap
+from grader.rerun.sandbox import readable
 from tests.conftest import skip_unless_required
 
 NOBODY = 65534

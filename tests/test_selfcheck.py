@@ -211,7 +211,7 @@ def test_where_no_bubblewrap_is_installed_check_says_what_held_the_runs_and_name
         public_rubric, reference_run, tmp_path, monkeypatch):
     """The student release's requirements.txt brings no bubblewrap: `check` says so as it is, with
     what still held the re-runs and what they lacked, never a package to install that it lacks."""
-    from grader.rerun.sandbox import bwrap
+    from grader.rerun import bwrap
     monkeypatch.setattr(bwrap, "find_bwrap", lambda: None)
     log, err = reference_run
     handin = write_zip(tmp_path / "mine.zip", Files(code=REFERENCE.read_text(), log=log, err=err))

@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -22,7 +23,7 @@ import yaml
 
 from grader.limits import RANK_OPEN_FILES, TMP_FILES_PER_MB
 from grader.rerun.rank import syscalls
-from grader.rerun.sandbox import cgroup, outside, sockets
+from grader.rerun.sandbox import cgroup, memory, outside, sockets
 from tests import tas
 from tests.conftest import skip_unless_required
 from tests.corpus import FULL, ROOT, Files, zip_bytes
@@ -32,6 +33,7 @@ from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
 pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
 
 MEMORY_LIMIT_MB = 800
+SOCKET_ATTACKS = ("unix_socket_queues", "tcp_and_udp_buffers")
 HOG_MB = 600   # each of the 2 ranks: 1200 MB together, unchecked
 RUBRIC = {"limits": {"memory_mb": MEMORY_LIMIT_MB, "tmp_mb": HOG_MB + 64},
           "timeouts": {"part": 60, "world_start": 60}}
@@ -121,7 +123,21 @@ def memory_worlds(request, tmp_path_factory) -> dict:
     names = sorted([*MEMORY_ATTACKS, *REFUSED_MEMORY], key=lambda name: name == "tcp_and_udp_buffers")
     codes = {"bounded": inject(REFERENCE.read_text(), BOUNDED)}
     codes.update({name: memory_attack(name, HOG_MB) for name in names})
-    return run_worlds(request.param, codes, tmp_path_factory.mktemp("memory"))
+    # The machine's TCP and UDP memory (one pool, every namespace's), sampled while the worlds run.
+    before, peak, done = sockets.pool(), [0], threading.Event()
+
+    def sample():
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], sockets.pool())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        found = run_worlds(request.param, codes, tmp_path_factory.mktemp("memory"))
+    finally:
+        done.set()
+        sampler.join()
+    return {**found, "pool_growth_mb": (peak[0] - before) >> 20}
 
 
 @pytest.mark.timeout(700)
@@ -129,9 +145,19 @@ def memory_worlds(request, tmp_path_factory) -> dict:
 def test_memory_outside_pss_is_held_to_the_worlds_limit(memory_worlds, attack):
     measured = memory_worlds[attack]
     assert measured["status"] == "oom", measured
-    assert measured["detail"] == (f"the ranks and their children used more than {MEMORY_LIMIT_MB} MB "
+    # Sockets are held to their share of it first: the machine's socket memory is one pool.
+    assert measured["detail"] == (memory.sockets_verdict(MEMORY_LIMIT_MB) if attack in SOCKET_ATTACKS else
+                                  f"the ranks and their children used more than {MEMORY_LIMIT_MB} MB "
                                   "(limits.memory_mb, the world's limit)"), measured
     assert measured["seconds"] < HOLD_S + 30, measured
+
+
+@pytest.mark.timeout(700)
+def test_a_worlds_sockets_take_only_their_share_of_the_machines_pool(memory_worlds):
+    # Two ranks queued 1200 MB in TCP and UDP buffers, unchecked; each world may hold a sixteenth of
+    # its limit there (50 MB): what it took past that before its watchdog's next poll is all the
+    # pool ever lent it, never the other worlds' share.
+    assert 0 < memory_worlds["pool_growth_mb"] < MEMORY_LIMIT_MB // 2, memory_worlds["pool_growth_mb"]
 
 
 @pytest.mark.timeout(700)

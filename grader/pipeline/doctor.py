@@ -23,7 +23,8 @@ from grader import kit
 from grader.parts import BACKWARD
 from grader.pipeline.canary import canary, lowered
 from grader.pipeline.peak import Peak
-from grader.rerun.sandbox import bwrap, cgroup, environment, tasks
+from grader.rerun import bwrap
+from grader.rerun.sandbox import cgroup, environment, tasks
 from grader.rerun import machine, starved
 from grader.rerun.executor import CannotGrade, WarmExecutor
 from grader.rerun.executors import make_executor

@@ -5,7 +5,7 @@ import os
 import threading
 import time
 
-from grader.rerun.sandbox.memory import HAS_PROC, descendants, tree, used
+from grader.rerun.sandbox.pss import HAS_PROC, descendants, tree, used
 
 
 class Peak:

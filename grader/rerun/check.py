@@ -138,7 +138,7 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
     returned = {r.rank for r in ranks.values() if r.status == "ok"}
     hang = hang_detail(part_calls(part, ranks, report), returned, words)
     if reason == StopReason.OUT_OF_MEMORY:   # the watchdog or the world's cgroup: the cause, whatever the ranks said
-        status, detail = Status.OOM, _oom_detail(words, memory_mb)
+        status, detail = Status.OOM, words.stopped(reason, abort.detail or memory.verdict(memory_mb))
     elif reason == StopReason.TIMEOUT and not crashed:   # with one, the others likely waited for it
         status = Status.TIMEOUT
         detail = f"{part} did not finish: {detail}" + (f"; {hang}" if hang else

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from grader import kit
 from grader.limits import Limits
-from grader.rerun.compiled import Compiled
-from grader.rerun.sandbox import bwrap, cgroup, tasks
+from grader.rerun import bwrap, compiled
+from grader.rerun.sandbox import cgroup, tasks
 from grader.rerun.wire import channel, protocol
 from grader.rerun.wire.protocol import WorldJob, WorldReport
 from grader.rerun.sandbox.namespaces import scratch_dir
@@ -51,7 +51,7 @@ class Counted:
     compiled = None
 
     def run_world(self, job: WorldJob) -> WorldReport:
-        started, self.compiled = time.monotonic(), self.compiled or Compiled()
+        started, self.compiled = time.monotonic(), self.compiled or compiled.Compiled()
         job, key = self.compiled.with_compiled(job)
         try:
             return self.compiled.keep(key, self._run_world(job))
@@ -61,7 +61,7 @@ class Counted:
 
 
 class WarmExecutor(Counted):
-    """The zygote, inside bubblewrap (grader.rerun.sandbox.bwrap) unless the sandbox is off.
+    """The zygote, inside bubblewrap (grader.rerun.bwrap) unless the sandbox is off.
 
     sandbox: "auto" needs the whole sandbox (`start` raises SandboxUnavailable without it); "best"
     (a student's own check) runs without it where it cannot start, and says so; "off" never tries.

@@ -13,7 +13,8 @@ either way).
 from dataclasses import dataclass
 
 from grader.limits import Limits
-from grader.rerun.sandbox import bwrap, tasks
+from grader.rerun import bwrap
+from grader.rerun.sandbox import tasks
 
 DOCTOR = "`python -m grader doctor` runs a world here and says what holds"
 

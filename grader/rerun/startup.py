@@ -5,7 +5,8 @@ hand-in (grader.rerun.executor starts it)."""
 import os
 
 from grader import kit
-from grader.rerun.sandbox import bwrap, environment
+from grader.rerun import bwrap
+from grader.rerun.sandbox import environment
 
 # The only variables of the grader's environment that reach the processes running hand-ins (and
 # the Python's own, grader.rerun.sandbox.environment.PYTHON).

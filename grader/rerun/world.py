@@ -149,7 +149,7 @@ def out_of_memory(report: WorldReport, watchdog, job: WorldJob) -> WorldReport:
     part = next((p for p in unsettled if watchdog.culprit not in report.results.get(p, {})), None) \
         if watchdog.culprit is not None else None
     part = part or (unsettled[0] if unsettled else None)
-    report.abort = Abort(reason=StopReason.OUT_OF_MEMORY, part=part, detail=memory.verdict(watchdog.limit_mb))
+    report.abort = Abort(reason=StopReason.OUT_OF_MEMORY, part=part, detail=watchdog.verdict)
     return report
 
 

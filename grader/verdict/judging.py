@@ -7,7 +7,7 @@ A Judging is two functions of the verdict's:
     judge(run, exp, part, check, tol, say, passed)   the run's CheckOutcome against it
 
 The record names it as "module:NAME" (the Judging called NAME of a module of this room), not by an
-import: the parts are the ranks' to import, and the verdict's code is not (grader.rerun.sandbox.bwrap.ENGINE).
+import: the parts are the ranks' to import, and the verdict's code is not (grader.rerun.bwrap.ENGINE).
 Each module that judges holds its own: compare (a step of one weight), backward (a layer run
 alone), megatron (Part 5's block, at both kinds).
 """

@@ -4,7 +4,7 @@ per rank, and no GPU, however many cores and GPUs the machine has.
 A cluster's module Python (`module load python`, `module load pytorch`) works only with the
 variables the module set: its libraries through LD_LIBRARY_PATH, torch through PYTHONPATH. Those
 (`PYTHON`) reach the zygote and every rank, their folders bound read only in the sandbox
-(grader.rerun.sandbox.bwrap); nothing else of the grader's environment does.
+(grader.rerun.bwrap); nothing else of the grader's environment does.
 
 Every thread pool a rank could start is bounded before the zygote's first fork: the variables
 OpenMP, MKL, OpenBLAS, Apple's Accelerate and numexpr read when they load (`ONE_THREAD`, set in the

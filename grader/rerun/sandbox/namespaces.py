@@ -1,5 +1,5 @@
 """The sandbox inside the job sandbox: a namespace set per world, limits per rank, a clean slate
-between worlds. grader.rerun.sandbox.bwrap builds the job sandbox around all of it.
+between worlds. grader.rerun.bwrap builds the job sandbox around all of it.
 
 bubblewrap isolates the zygote from the machine; this module isolates one world from the next
 inside it, and that part stays hand-written: a warm zygote forks worlds from a process that has

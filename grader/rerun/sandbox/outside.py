@@ -92,7 +92,7 @@ class Outside:
                     self.scratch.add(os.stat(path).st_dev)
                 except OSError:
                     pass
-        self.total, self.by_pid = 0, {}
+        self.total, self.by_pid, self.sockets = 0, {}, 0
         # Without a mount namespace of its own a world's ranks see the machine's /tmp and /dev/shm:
         # never counted as the world's (grader.rerun.sandbox.sweep removes what the world left there).
         self.shared = set() if own else {_device(path) for path in OWN_SCRATCH}
@@ -147,14 +147,16 @@ class Outside:
         return total
 
     def read(self, pids: list) -> int:
-        """What the world of `pids` (as /proc numbers them) holds outside Pss now, in bytes."""
+        """What the world of `pids` (as /proc numbers them) holds outside Pss now, in bytes; its
+        sockets' part of it in `sockets` (those dumped: not the machine's TCP standing in)."""
         by_pid, holders = self._files(pids)
-        unowned = 0
+        unowned, self.sockets = 0, 0
         for inode, size in kernel_sockets.held().items():
             if inode in holders:
                 by_pid[holders[inode]] = by_pid.get(holders[inode], 0) + size
             elif self.own or not inode:   # in flight (no process holds it), or the machine's TCP standing in
                 unowned += size
+            self.sockets += size if inode and (inode in holders or self.own) else 0
         if self.own:
             unowned += sum(_used(path) for path in OWN_SCRATCH) + _sysv_shm()
         unowned += self._ranks_scratch(pids)

@@ -9,7 +9,7 @@ LD_LIBRARY_PATH and of libpython, the interpreter's own), every folder below the
 and the files at their top two levels (the modules a part imports by name), and says what failed:
 
     above: folders above a root the id cannot pass (only their owner may: /root, a home directory);
-           the sandbox makes them passable (grader.rerun.sandbox.bwrap), and so does a world's own mount
+           the sandbox makes them passable (grader.rerun.bwrap), and so does a world's own mount
            namespace outside it (grader.rerun.sandbox.scratch.passable), where one can be made;
     below: folders inside a root it cannot list, files it cannot read: nothing but a change of
            their permissions helps (chmod -R o+rX), and grading refuses, naming them.

@@ -38,7 +38,7 @@ def _mount(source, target, fstype, flags, data=None):
 def python_links() -> dict:
     """{path: its target} for the prefixes of the Python in use that are reached through a link (a
     venv at ~/venv linked to /scratch/venv): Python runs by that name, so the sandbox makes the same
-    link (grader.rerun.sandbox.bwrap) and `fresh` makes it again in each world's /tmp."""
+    link (grader.rerun.bwrap) and `fresh` makes it again in each world's /tmp."""
     paths = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}
     return {p: os.path.realpath(p) for p in sorted(paths) if os.path.realpath(p) != p}
 

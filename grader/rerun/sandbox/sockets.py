@@ -103,18 +103,30 @@ def _dump(family: int, protocol: int, found: dict) -> None:
                 offset += (length + 3) & ~3
 
 
-def _tcp_memory() -> int:
-    """What every TCP socket of the machine holds together (sockstat's "TCP: ... mem" pages, IPv4
-    and IPv6 alike), in bytes; -1 where it cannot be read."""
+def _pool(*kinds: str) -> int:
+    """What every socket of `kinds` ("TCP:", "UDP:") of the machine holds together (sockstat's
+    "mem" pages, IPv4 and IPv6 alike), in bytes; -1 where it cannot be read."""
+    total = -1
     try:
         with open("/proc/net/sockstat") as f:
             for line in f:
                 fields = line.split()
-                if fields and fields[0] == "TCP:" and "mem" in fields:
-                    return int(fields[fields.index("mem") + 1]) * PAGE
+                if fields and fields[0] in kinds and "mem" in fields:
+                    total = max(total, 0) + int(fields[fields.index("mem") + 1]) * PAGE
     except (OSError, ValueError, IndexError):
-        pass
-    return -1
+        return -1
+    return total
+
+
+def _tcp_memory() -> int:
+    """What every TCP socket of the machine holds together, in bytes; -1 where it cannot be read."""
+    return _pool("TCP:")
+
+
+def pool() -> int:
+    """What the machine's TCP and UDP sockets hold together, in bytes (one file read: cheap enough
+    for every poll of a watchdog); -1 where it cannot be read."""
+    return _pool("TCP:", "UDP:")
 
 
 def held() -> dict:

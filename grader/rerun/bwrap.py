@@ -53,7 +53,7 @@ ENGINE = ("__init__.py", "limits.py", "parts/*.py", "typed.py",   # parts/*.py: 
           "rerun/wire/protocol.py", "rerun/wire/secret.py",
           "rerun/sandbox/__init__.py", "rerun/sandbox/cgroup.py", "rerun/sandbox/environment.py",
           "rerun/sandbox/memory.py", "rerun/sandbox/namespaces.py", "rerun/sandbox/outside.py",
-          "rerun/sandbox/readable.py", "rerun/sandbox/scratch.py", "rerun/sandbox/sockets.py",
+          "rerun/sandbox/pss.py", "rerun/sandbox/readable.py", "rerun/sandbox/scratch.py", "rerun/sandbox/sockets.py",
           "rerun/sandbox/sweep.py", "rerun/sandbox/tasks.py")
 PASSWD = "a4:x:{uid}:{gid}:a4 sandbox:/tmp:/bin/false\n"
 CLONE_NEWUSER = 0x10000000
