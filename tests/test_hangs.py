@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -81,10 +82,15 @@ def test_a_correct_handin_is_never_called_hung_while_every_core_is_busy(tmp_path
 BURNS = ("    # Same seed, same initial weight: on every rank and in every part.\n",
          "    __import__('a4_burn')\n    # Same seed, same initial weight: on every rank and in every part.\n")
 # Four ranks of it take a quarter of the floor's clock on this machine alone; beside LOOPS busy
-# loops they take twice the clock or more, whether the kernel shares the CPU per task or per session.
+# loops they take twice the clock or more. Where the kernel shares the CPU per session (autogroup),
+# the world's session gets CORES / (LOOPS + 1) of the cores, and so 8 loops a group of 4 cores are
+# enough; per task, its 4 ranks get 4 x CORES / (LOOPS + 4), and 32 are needed. More than enough
+# starves the world's leader too, and a world that outlasts its executor's patience reads as the
+# machine's failure.
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 CORES = len(os.sched_getaffinity(0))
 CPU_S = PART_FLOOR_SECONDS * min(4, CORES) / 16
-LOOPS = 32 * CORES // min(4, CORES)
+LOOPS = (8 if AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1" else 32) * CORES // min(4, CORES)
 
 
 @pytest.mark.timeout(600)

@@ -39,6 +39,9 @@ def test_the_rule_on_the_cases_its_docstring_names():
     assert not starved(CpuTime(run=2.0, wait=6.0, cores=2), clock, 4)            # those 4 beside another world
     assert starved(CpuTime(run=0.6, wait=6.0, cores=2), clock, 4)                # a busy machine took the cores
     assert starved(CpuTime(run=3.0, wait=0.0, cores=2, disk=1), clock, 4)        # a rank waiting for the disk
+    # A machine so busy the leader read the times long after the clock: the ranks ran on meanwhile.
+    assert starved(CpuTime(run=3.62, wait=438.8, cores=2), 1.5, 4)
+    assert not starved(CpuTime(run=3.62, wait=25.0, cores=2), 1.5, 4)            # a loop given a seventh
     assert not starved(CpuTime(run=0.06, wait=0.53, cores=2), 1.5, 4)            # 4 ranks slow to start, then asleep
     assert starved(None, clock, 4)                                               # times the kernel does not keep
     assert "could not be read" in said(None) and "ran 0.6 s and waited 6 s for a CPU, on 2 cores" in \

@@ -8,7 +8,8 @@ ready to run but waited for a CPU (/proc/PID/task/TID/schedstat, in nanoseconds:
 slices). At a part's timeout the world's leader adds them up over every thread of its ranks
 (`cpu_time`), and the grader decides (`starved`):
 
-    starved  =  (wait >= clock x min(ranks, cores) / 4   and   run < clock x min(ranks, cores) / 4)
+    starved  =  (wait >= clock x min(ranks, cores) / 4   and   (run < clock x min(ranks, cores) / 4
+                                                             or wait >= KEPT_OUT x run))
                 or   disk > 0
 
 Both times are sums over the ranks, measured against what the world could have used at once:
@@ -22,6 +23,9 @@ a part and then slept are not starved by it, however many ranks add their waits 
 - a correct part on a machine whose cores something else took: its ranks waited for the CPU and
   ran little. Starved: the grader runs the part again on the rubric's own clock, and that run
   decides (grader.pipeline.grade.judge_check).
+- a machine so busy that the world's leader itself got the CPU late, after the clock: its ranks
+  went on running meanwhile, past a quarter of the cores' clock, but waited KEPT_OUT times as long
+  as they ran (a world given an eighth of what it asked for, or less). Starved.
 - a rank waiting for the disk (a thread in state D at the timeout: pages of torch read back on a
   machine short of memory) neither runs nor waits for a CPU, and is not the code's fault either:
   `disk` counts those threads, and one is enough to run the part again.
@@ -41,6 +45,7 @@ from typing import Optional
 from grader.rerun.wire.protocol import CpuTime
 
 SOURCE = "/proc/self/schedstat"
+KEPT_OUT = 8   # waited this many times as long as it ran: kept from the CPU, whenever the times were read
 READABLE = os.path.exists(SOURCE)
 
 
@@ -69,7 +74,7 @@ def starved(cpu: Optional[CpuTime], clock: float, ranks: int) -> bool:
     if cpu is None:
         return True
     share = clock * min(ranks, max(cpu.cores, 1)) / 4   # a quarter of what the world could use at once
-    return (cpu.wait >= share and cpu.run < share) or cpu.disk > 0
+    return (cpu.wait >= share and (cpu.run < share or cpu.wait >= KEPT_OUT * cpu.run)) or cpu.disk > 0
 
 
 def said(cpu: Optional[CpuTime]) -> str:
