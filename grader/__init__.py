@@ -37,8 +37,9 @@ room (tests/test_layout.py holds the map to that):
                  own, scratch its fresh /tmp, cgroup its limits, memory its watchdog (pss: what
                  /proc says of each process; outside: what the world holds beyond their Pss, its
                  sockets' buffers by sockets), tasks its count of processes and threads, sweep
-                 (without the sandbox, a world's processes and files ended with it), environment (the variables a rank and
-                 the helper get), readable (code and Python the ranks' user can read);
+                 (without the sandbox, a world's processes and files ended with it), environment
+                 (the variables a rank and the helper get), readable (code and Python the ranks'
+                 user can read);
                  wire/, what crosses between the grader and the ranks: protocol types the messages
                  and channel frames them, bounds holds what a rank sends back to its part's size,
                  secret derives each part's data by its layout (model_data: the optional Part 7's

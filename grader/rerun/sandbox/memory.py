@@ -42,7 +42,7 @@ import time
 from grader.limits import SOCKETS_SHARE
 from grader.rerun.sandbox import cgroup, sockets
 from grader.rerun.sandbox import outside as outside_module
-from grader.rerun.sandbox.pss import HAS_PROC, Estimate, _nspid, _resident, data_size, descendants, tree
+from grader.rerun.sandbox.pss import HAS_PROC, Estimate, data_size, descendants, nspid, resident_set, tree
 
 POLL_S = 0.02
 MAX_PAUSE = 0.2    # the longest between two polls, however much one costs
@@ -135,9 +135,9 @@ class Watchdog:
 
     def _rank_trees(self, pids: list, children: dict) -> dict:
         """rank -> the /proc pids of its process and all below it."""
-        depth, wanted = len(_nspid("self")) - 1, {pid: rank for rank, pid in enumerate(self.ranks)}
+        depth, wanted = len(nspid("self")) - 1, {pid: rank for rank, pid in enumerate(self.ranks)}
         for pid in pids if len(self._proc_of) < len(self.ranks) else []:
-            ours = _nspid(pid)
+            ours = nspid(pid)
             if len(ours) > depth and ours[depth] in wanted:
                 self._proc_of[wanted[ours[depth]]] = pid
         return {rank: [pid, *descendants(pid, children)] for rank, pid in self._proc_of.items()}
@@ -152,7 +152,7 @@ class Watchdog:
             pids = descendants(self._me, children)
             count = sum(threads.get(p, 1) for p in pids)
             self.peak_tasks = max(self.peak_tasks, count)
-            resident = {p: _resident(p) for p in pids}
+            resident = {p: resident_set(p) for p in pids}
             polls += 1
             # ...and at once when the machine's sockets grew by half the world's share since (one file read)
             if polls % OUTSIDE_EVERY == 1 or outside.total > limit // 8 or sum(resident.values()) > limit // 2 \
@@ -199,9 +199,9 @@ class Watchdog:
     @staticmethod
     def _signal(pids: list, sig: int) -> None:
         """Send `sig` to each of `pids` (as /proc numbers them: kill() takes our namespace's number)."""
-        depth = len(_nspid("self")) - 1
+        depth = len(nspid("self")) - 1
         for pid in pids:
-            ours = _nspid(pid)
+            ours = nspid(pid)
             try:
                 if len(ours) > depth:
                     os.kill(ours[depth], sig)

@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass, field
 
 from grader.limits import RANK_OPEN_FILES, Limits
-from grader.rerun.sandbox import cgroup, memory, readable, scratch, sweep, tasks
+from grader.rerun.sandbox import cgroup, memory, pss, readable, scratch, sweep, tasks
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x20000000, 0x40000000, 0x08000000
 CLONE_NEWNS = 0x00020000
@@ -199,7 +199,7 @@ def limit_rank(limits: Limits, uid: int, nproc: int = 0, dumpable: bool = True) 
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(kind, (value, value))
 
-    data = memory.data_size()
+    data = pss.data_size()
     if data:   # one process alone may not take more than the world may: refused at once, a clean MemoryError
         cap(resource.RLIMIT_DATA, data + (limits.memory_mb << 20))
     cap(resource.RLIMIT_FSIZE, limits.file_mb << 20)

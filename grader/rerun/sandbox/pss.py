@@ -29,7 +29,7 @@ def tree() -> tuple:
     return children, threads
 
 
-def _nspid(pid) -> list:
+def nspid(pid) -> list:
     """The numbers of process `pid` in the PID namespace /proc shows and in each one below it."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
@@ -60,13 +60,13 @@ def _status(pid, *fields: bytes) -> int:
         return 0
 
 
-def _resident(pid: int) -> int:
+def resident_set(pid: int) -> int:
     """An upper bound of what `pid` holds, in bytes: its resident set and its page tables."""
     return _status(pid, b"VmRSS:", b"VmPTE:")
 
 
 def _proportional(pid: int) -> int:
-    """Pss of `pid` and its page tables, in bytes; `_resident` where smaps_rollup cannot be read."""
+    """Pss of `pid` and its page tables, in bytes; `resident_set` where smaps_rollup cannot be read."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
@@ -74,7 +74,7 @@ def _proportional(pid: int) -> int:
                     return (int(line.split()[1]) << 10) + _status(pid, b"VmPTE:")
     except (OSError, ValueError, IndexError):
         pass
-    return _resident(pid)
+    return resident_set(pid)
 
 
 def used(pids: list) -> int:
