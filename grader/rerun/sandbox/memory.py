@@ -166,7 +166,8 @@ class Watchdog:
             # tenth, but never wait long (a world fills gigabytes a second), and poll four times as
             # often while the world holds more than half its limit.
             pause = min(MAX_PAUSE, max(POLL_S, 10 * (time.monotonic() - started)))
-            if min(sum(resident.values()) + outside.total, estimate.last + outside.total or limit) > limit // 2:
+            if min(sum(resident.values()) + outside.total, estimate.last + outside.total or limit) > limit // 2 \
+                    or outside.sockets > limit // SOCKETS_SHARE // 4:   # ...or its sockets a quarter of their share
                 pause = POLL_S / 4
             if (sum(resident.values()) + outside.total > limit and estimate.over(
                     resident, lambda stop: self._signal(pids, signal.SIGSTOP if stop else signal.SIGCONT),
