@@ -155,9 +155,10 @@ class Watchdog:
             resident = {p: resident_set(p) for p in pids}
             polls += 1
             # ...and at once when the machine's sockets grew by half the world's share since (one file read)
+            machine = sockets.pool()
             if polls % OUTSIDE_EVERY == 1 or outside.total > limit // 8 or sum(resident.values()) > limit // 2 \
-                    or sockets.pool() - pool > limit // SOCKETS_SHARE // 2:
-                pool = sockets.pool()
+                    or machine - pool > limit // SOCKETS_SHARE // 2:
+                pool = machine
                 outside.read(pids)
             held = {p: resident[p] + outside.by_pid.get(p, 0) for p in pids}
             self.shares = {rank: sum(held.get(p, 0) for p in tree_pids)
