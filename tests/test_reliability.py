@@ -328,3 +328,53 @@ def test_the_array_collection_reads_what_the_pipeline_wrote_and_records_what_no_
     assert {s: v["status"] for s, v in views.items()} == statuses
     assert views["none"]["message"] == "not graded: array task 7_1 ended failed: boom; grade it again"
     assert views["other"]["sha256"] == hands["other"].sha256
+
+
+def test_no_rank_loads_the_handins_code_before_every_rank_joined_gloo():
+    """gloo's first side of a connection is done once it has written to it: a rank sent its code
+    while a peer still joins could end (a hand-in that crashes at once) and close the connection
+    under it, a join failing as the machine's. The supervisor's orders, over real pipes: Load to
+    each rank only once every rank said Joined; an infrastructure error before that is the
+    machine's, and the world ends on it."""
+    from grader.rerun.supervise import _Watch
+    from grader.rerun.wire import channel, protocol
+
+    def framed(message) -> bytes:   # what a rank writes to its result pipe
+        read, write = os.pipe()
+        protocol.send(write, message)
+        os.close(write)
+        with os.fdopen(read, "rb") as f:
+            return f.read()
+
+    def pending(fd: int) -> list:   # the orders a rank has not read yet
+        reader, found = channel.Reader(), []
+        try:
+            while data := os.read(fd, 1 << 16):
+                found += [protocol.decode(m, protocol.ORDERS) for m in reader.feed(data)]
+        except BlockingIOError:
+            pass
+        return found
+
+    job = protocol.WorldJob(work_dir="", code={}, store="", world_size=3, parts=["baseline"], check={},
+                            pg_timeout=5, limits={})
+    pipes = {rank: os.pipe() for rank in range(3)}
+    for read, _ in pipes.values():
+        os.set_blocking(read, False)
+    try:
+        watch = _Watch(job, dict.fromkeys(pipes), {rank: write for rank, (_, write) in pipes.items()}, {})
+        for rank in (2, 0):
+            watch.received(rank, framed(protocol.Joined()))
+            assert all(pending(read) == [] for read, _ in pipes.values()), rank
+        watch.received(1, framed(protocol.Joined()))
+        assert all(pending(read) == [protocol.Load()] for read, _ in pipes.values())
+        assert watch.abort is None and "joined" in watch.timeline
+
+        late = _Watch(job, dict.fromkeys(pipes), {rank: write for rank, (_, write) in pipes.items()}, {})
+        late.received(0, framed(protocol.Joined()))
+        late.received(1, framed(protocol.InfraError(error=protocol.ErrorInfo(exception="RuntimeError: closed by peer"))))
+        assert late.abort.reason == protocol.StopReason.INFRA_ERROR, late.abort
+        assert all(pending(read) == [] for read, _ in pipes.values())
+    finally:
+        for fds in pipes.values():
+            for fd in fds:
+                os.close(fd)

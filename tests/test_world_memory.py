@@ -118,8 +118,8 @@ def run_worlds(config: str, codes: dict, tmp) -> dict:
 
 @pytest.fixture(scope="module", params=CONFIG_PARAMS[:2])
 def memory_worlds(request, tmp_path_factory) -> dict:
-    # The TCP and UDP buffers last: what they held is the machine's until their namespace is gone,
-    # some seconds after their world, and a world that joins gloo meanwhile may be refused.
+    # The TCP and UDP buffers last: what they held stays in the machine's pool until their namespace
+    # is gone, some seconds after their world, and the pool's growth is read over the others too.
     names = sorted([*MEMORY_ATTACKS, *REFUSED_MEMORY], key=lambda name: name == "tcp_and_udp_buffers")
     codes = {"bounded": inject(REFERENCE.read_text(), BOUNDED)}
     codes.update({name: memory_attack(name, HOG_MB) for name in names})

@@ -1,12 +1,50 @@
 """How a world's ranks end: each reaped the moment it exits, within a grace, and what is left
 killed with its process group (`end_ranks`, called by grader.rerun.supervise once the world is
-complete or must end).
+complete or must end), and what they left: what each wrote, and its record of its last part's
+collectives.
 """
 
 import os
 import select
 import signal
 import time
+
+OUTPUT_HEAD, OUTPUT_TAIL = 4096, 8192
+PROGRESS_TAIL = 65536
+
+
+def output(work_dir: str, world_size: int) -> dict:
+    """Head and tail of what each rank wrote to stdout/stderr."""
+    out = {}
+    for rank in range(world_size):
+        path = os.path.join(work_dir, f"rank{rank}.out")
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(OUTPUT_HEAD)
+                if size > OUTPUT_HEAD + OUTPUT_TAIL:
+                    f.seek(size - OUTPUT_TAIL)
+                    head += b"\n[... %d bytes left out ...]\n" % (size - OUTPUT_HEAD - OUTPUT_TAIL)
+                head += f.read()
+            out[rank] = head.decode("utf-8", "replace")
+        except OSError:
+            out[rank] = ""
+    return out
+
+
+def progress(work_dir: str, world_size: int) -> dict:
+    """The tail of each rank's record of its last part's collectives (grader.rerun.rank.hooks), read
+    after the world ended: what a rank that never reported was waiting in."""
+    out = {}
+    for rank in range(world_size):
+        try:
+            with open(os.path.join(work_dir, f"rank{rank}.calls"), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - PROGRESS_TAIL))
+                out[rank] = f.read(PROGRESS_TAIL).decode("utf-8", "replace")
+        except OSError:
+            pass
+    return out
 
 
 def reap_within(pids: list, grace: float) -> dict:

@@ -19,7 +19,9 @@ reports a part, it is sent the next part to run (Run, on its data pipe, with the
   (world_start), each part from the moment a rank was sent it (part), and the end, after the last
   part's results, until every rank says done (done); a world out of time keeps the parts it settled;
 - the code does not load: the world ends before any part. Gloo that does not start is the
-  machine's failure, believed only before the rank says it loads the hand-in's code;
+  machine's failure, believed only before the rank says it loads the hand-in's code; no rank is
+  sent Load (its code loaded) before every rank joined, so no hand-in can end a rank under a peer
+  still joining it;
 - a rank sends a malformed message, one out of order, or a result for a part it was not sent
   (no token of a Run it was given): that is hand-in code writing to the pipe, and the world ends at
   the part that rank was running (at loading, before any).
@@ -35,44 +37,6 @@ from grader.rerun import ending
 from grader.rerun.wire import bounds, channel, protocol
 from grader.rerun.wire.protocol import FAILED_ALONE, Abort, RankStatus, StopReason, WorldJob, WorldReport
 
-OUTPUT_HEAD, OUTPUT_TAIL = 4096, 8192
-PROGRESS_TAIL = 65536
-
-
-def _output(work_dir: str, world_size: int) -> dict:
-    """Head and tail of what each rank wrote to stdout/stderr."""
-    out = {}
-    for rank in range(world_size):
-        path = os.path.join(work_dir, f"rank{rank}.out")
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(OUTPUT_HEAD)
-                if size > OUTPUT_HEAD + OUTPUT_TAIL:
-                    f.seek(size - OUTPUT_TAIL)
-                    head += b"\n[... %d bytes left out ...]\n" % (size - OUTPUT_HEAD - OUTPUT_TAIL)
-                head += f.read()
-            out[rank] = head.decode("utf-8", "replace")
-        except OSError:
-            out[rank] = ""
-    return out
-
-
-def _progress(work_dir: str, world_size: int) -> dict:
-    """The tail of each rank's record of its last part's collectives (grader.rerun.rank.hooks), read
-    after the world ended: what a rank that never reported was waiting in."""
-    out = {}
-    for rank in range(world_size):
-        try:
-            with open(os.path.join(work_dir, f"rank{rank}.calls"), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(max(0, size - PROGRESS_TAIL))
-                out[rank] = f.read(PROGRESS_TAIL).decode("utf-8", "replace")
-        except OSError:
-            pass
-    return out
-
-
 class _Watch:
     """The supervisor's state for one world: what every rank has said, and when."""
 
@@ -84,10 +48,10 @@ class _Watch:
         self.readers = {rank: channel.Reader() for rank in fds}
         self.orders, self.secrets = orders, secrets
         self.ranks = set(fds)
-        self.ready, self.done, self.closed = set(), set(), set()
+        self.joined, self.ready, self.done, self.closed = set(), set(), set(), set()
         self.gave_up = set()    # ranks that reported a failed collective and then ended on purpose
-        # What each rank may send next: "joined", "loading", "load" (Ready or LoadFailed),
-        # ("result", i, token) for part i, "done", "nothing".
+        # What each rank may send next: "joined", "nothing" until every rank joined, then "loading",
+        # "load" (Ready or LoadFailed), ("result", i, token) for part i, "done", "nothing".
         self.expecting = {rank: "joined" for rank in fds}
         self.results = {p: {} for p in self.parts}
         self.part_started = {}
@@ -166,6 +130,16 @@ class _Watch:
         want = self.expecting.get(rank)
         return self.parts[want[1]] if isinstance(want, tuple) else self.current
 
+    def joined_all(self, rank: int) -> None:
+        """`rank` joined gloo: once every rank has, each is sent Load (its hand-in's code runs)."""
+        self.expecting[rank] = "nothing"
+        self.joined.add(rank)
+        if len(self.joined) == self.size:
+            self.timeline["joined"] = round(time.monotonic() - self.started, 4)
+            for each in sorted(self.joined):
+                self.expecting[each] = "loading"
+                self.order(each, protocol.Load())
+
     def send_next(self, rank: int, index: int) -> None:
         """Start part `index` on `rank` (Finish when there is none)."""
         if index < len(self.parts):
@@ -178,10 +152,13 @@ class _Watch:
         else:
             self.expecting[rank] = "done"
             message = protocol.Finish()
+        self.order(rank, message)
+
+    def order(self, rank: int, message) -> None:
         try:
             protocol.send(self.orders[rank], message)
         except OSError:
-            pass   # the rank closed its data pipe (its hand-in did): its clock runs out
+            pass   # the rank closed its data pipe (its hand-in did, or it is gone): its clock runs out
 
     def received(self, rank: int, data: bytes) -> None:
         try:
@@ -229,7 +206,7 @@ class _Watch:
         if not isinstance(want, str) or kind not in allowed.get(want, ()):
             return self.forged(rank, f"sent {kind!r} out of order")
         if isinstance(message, protocol.Joined):
-            self.expecting[rank] = "loading"
+            self.joined_all(rank)
         elif isinstance(message, protocol.Loading):
             self.expecting[rank] = "load"
         elif isinstance(message, protocol.Ready):
@@ -300,8 +277,8 @@ def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, sec
         os.close(fd)
     selector.close()
     watch.timeline["ended"] = round(time.monotonic() - watch.started, 4)
-    output = collect_output() if collect_output else _output(job.work_dir, job.world_size)
-    progress = _progress(job.work_dir, job.world_size) if watch.abort is not None else {}
+    output = collect_output() if collect_output else ending.output(job.work_dir, job.world_size)
+    progress = ending.progress(job.work_dir, job.world_size) if watch.abort is not None else {}
     return WorldReport(completed=watch.parts[:watch.judged], results=watch.results, abort=watch.abort,
                        exit_codes=exit_codes, output=output, progress=progress, skipped_lines=watch.skipped,
                        seconds=round(time.monotonic() - watch.started, 3), timeline=watch.timeline,

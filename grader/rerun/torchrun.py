@@ -43,7 +43,7 @@ class TorchrunExecutor(Counted):
         return self.isolation
 
     def _run_world(self, job: WorldJob) -> WorldReport:
-        from grader.rerun import supervise
+        from grader.rerun import ending, supervise
         work = job.work_dir
         job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(work, "code")))
         world_size = job.world_size
@@ -68,7 +68,7 @@ class TorchrunExecutor(Counted):
 
         def output():
             with open(log_path, "rb") as f:
-                return {0: f.read()[-supervise.OUTPUT_TAIL:].decode("utf-8", "replace")}
+                return {0: f.read()[-ending.OUTPUT_TAIL:].decode("utf-8", "replace")}
         return supervise.supervise(job, fds, orders, [proc.pid], proc.pid, supervise.draw_secrets(job, self.key),
                                    collect_output=output, launcher_exited=lambda: proc.poll() is not None)
 

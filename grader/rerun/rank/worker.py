@@ -273,8 +273,9 @@ def _serve(module, job: protocol.WorldJob, rank: int, comm: CommRecorder, served
 def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None, data_fd: int = 4) -> None:
     """The whole life of one rank. Never returns: the process ends with os._exit.
 
-    Messages: Joined (gloo is up), Loading (the hand-in's code runs from here on), Ready, then a
-    Result per Run read from `data_fd`, and Done at Finish."""
+    Messages: Joined (gloo is up), then, once Load is read from `data_fd` (every rank has joined),
+    Loading (the hand-in's code runs from here on), Ready, then a Result per Run read from
+    `data_fd`, and Done at Finish."""
     me = os.getpid()
 
     def report(message):
@@ -295,6 +296,8 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
         prepared = prepared or prepare(job)
         served = {"data": None}   # the part's data create_batch hands out (secret.serve_batches)
         secret.serve_batches(served)
+        if not isinstance(protocol.receive(data_fd, protocol.ORDERS), protocol.Load):
+            os._exit(0)   # the world ends before its code runs (another rank's join failed)
         module = _load(job, prepared, report)
         if module is None:
             os._exit(0)

@@ -139,6 +139,15 @@ class PartSecret:
 
 
 @dataclass
+class Load:
+    """Supervisor to rank: every rank has joined gloo; load the hand-in's code now. Nothing of a
+    hand-in runs in a world before its last rank joined: gloo's first side of a connection is done
+    when it has written to the socket, and a rank whose hand-in then ended would close it under a
+    peer still reading it, a join failing as if the machine had (closed by peer)."""
+    TYPE: typing.ClassVar[str] = "load"
+
+
+@dataclass
 class Run:
     """Supervisor to rank: run `part` now, on this data; the Result must carry `token`."""
     TYPE: typing.ClassVar[str] = "run"
@@ -155,7 +164,8 @@ class Finish:
 
 @dataclass
 class Joined:
-    """Rank to supervisor: gloo is up (the last message an infrastructure error may follow)."""
+    """Rank to supervisor: gloo is up; the rank waits for Load (the last message an infrastructure
+    error may follow)."""
     TYPE: typing.ClassVar[str] = "joined"
 
 
@@ -243,11 +253,11 @@ class WorldReport:
     compiled: str = ""   # the leader's compile of a job that came without one, for the next world of that code
 
 
-Message = Union[Setup, WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Run, Finish, Result, Done,
+Message = Union[Setup, WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Load, Run, Finish, Result, Done,
                 LoadFailed, InfraError, WorldReport]
 TYPES = {cls.TYPE: cls for cls in typing.get_args(Message)}
 RANK_MESSAGES = (Joined, Loading, Ready, Result, Done, LoadFailed, InfraError)
-ORDERS = (Run, Finish)   # what a rank reads on its data pipe
+ORDERS = (Load, Run, Finish)   # what a rank reads on its data pipe
 
 
 def stopped(job: WorldJob, reason: StopReason, detail: str, part=None) -> WorldReport:
