@@ -373,6 +373,7 @@ def test_no_rank_loads_the_handins_code_before_every_rank_joined_gloo():
         late.received(0, framed(protocol.Joined()))
         late.received(1, framed(protocol.InfraError(error=protocol.ErrorInfo(exception="RuntimeError: closed by peer"))))
         assert late.abort.reason == protocol.StopReason.INFRA_ERROR, late.abort
+        assert late.abort.detail == "rank 1 could not join gloo: RuntimeError: closed by peer", late.abort
         assert all(pending(read) == [] for read, _ in pipes.values())
     finally:
         for fds in pipes.values():

@@ -188,7 +188,7 @@ class _Watch:
             if want != "joined":   # after the hand-in's code is loaded, the hand-in speaks for the rank
                 return self.forged(rank, "claimed an infrastructure error")
             self.expecting[rank] = "nothing"
-            return self.stop(StopReason.INFRA_ERROR, None, message.error.exception)
+            return self.stop(StopReason.INFRA_ERROR, None, f"rank {rank} could not join gloo: {message.error.exception}")
         if isinstance(message, protocol.Result):
             if not (isinstance(want, tuple) and message.part == self.parts[want[1]]):
                 return self.forged(rank, f"sent a result for {message.part!r} out of order, a part it was not running")
