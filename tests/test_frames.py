@@ -1,6 +1,6 @@
 """Every reply between a zygote and its executor is delivered, and delivered as its own world's: the
 framed stream (grader.rerun.wire.channel) over real pipes and real processes, writers killed mid-frame
-included."""
+included; and a world's supervisor orders its ranks' code loaded only once every rank joined."""
 
 import os
 import signal
@@ -11,6 +11,7 @@ import pytest
 
 from grader.rerun.wire import channel, protocol
 from grader.rerun.executor import WarmExecutor
+from grader.rerun.supervise import _Watch
 from grader.rerun.wire.protocol import WorldJob, WorldReport
 
 
@@ -143,3 +144,51 @@ def test_a_real_zygote_answers_each_world_with_its_own_report(tmp_path):
     finally:
         executor.close()
     assert executor.stepped_over == 0 and executor.worlds == 3
+
+
+def test_no_rank_loads_the_handins_code_before_every_rank_joined_gloo():
+    """gloo's first side of a connection is done once it has written to it: a rank sent its code
+    while a peer still joins could end (a hand-in that crashes at once) and close the connection
+    under it, a join failing as the machine's. The supervisor's orders, over real pipes: Load to
+    each rank only once every rank said Joined; an infrastructure error before that is the
+    machine's, and the world ends on it."""
+    def framed(message) -> bytes:   # what a rank writes to its result pipe
+        read, write = os.pipe()
+        protocol.send(write, message)
+        os.close(write)
+        with os.fdopen(read, "rb") as f:
+            return f.read()
+
+    def pending(fd: int) -> list:   # the orders a rank has not read yet
+        reader, found = channel.Reader(), []
+        try:
+            while data := os.read(fd, 1 << 16):
+                found += [protocol.decode(m, protocol.ORDERS) for m in reader.feed(data)]
+        except BlockingIOError:
+            pass
+        return found
+
+    job = protocol.WorldJob(work_dir="", code={}, store="", world_size=3, parts=["baseline"], check={},
+                            pg_timeout=5, limits={})
+    pipes = {rank: os.pipe() for rank in range(3)}
+    for read, _ in pipes.values():
+        os.set_blocking(read, False)
+    try:
+        watch = _Watch(job, dict.fromkeys(pipes), {rank: write for rank, (_, write) in pipes.items()}, {})
+        for rank in (2, 0):
+            watch.received(rank, framed(protocol.Joined()))
+            assert all(pending(read) == [] for read, _ in pipes.values()), rank
+        watch.received(1, framed(protocol.Joined()))
+        assert all(pending(read) == [protocol.Load()] for read, _ in pipes.values())
+        assert watch.abort is None and "joined" in watch.timeline
+
+        late = _Watch(job, dict.fromkeys(pipes), {rank: write for rank, (_, write) in pipes.items()}, {})
+        late.received(0, framed(protocol.Joined()))
+        late.received(1, framed(protocol.InfraError(error=protocol.ErrorInfo(exception="RuntimeError: closed by peer"))))
+        assert late.abort.reason == protocol.StopReason.INFRA_ERROR, late.abort
+        assert late.abort.detail == "rank 1 could not join gloo: RuntimeError: closed by peer", late.abort
+        assert all(pending(read) == [] for read, _ in pipes.values())
+    finally:
+        for fds in pipes.values():
+            for fd in fds:
+                os.close(fd)
