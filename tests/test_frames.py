@@ -150,8 +150,8 @@ def test_no_rank_loads_the_handins_code_before_every_rank_joined_gloo():
     """gloo's first side of a connection is done once it has written to it: a rank sent its code
     while a peer still joins could end (a hand-in that crashes at once) and close the connection
     under it, a join failing as the machine's. The supervisor's orders, over real pipes: Load to
-    each rank only once every rank said Joined; an infrastructure error before that is the
-    machine's, and the world ends on it."""
+    each rank only once every rank said Joined; an infrastructure error before that, or a rank not
+    joined in the world's start clock, is the machine's, and the world ends on it."""
     def framed(message) -> bytes:   # what a rank writes to its result pipe
         read, write = os.pipe()
         protocol.send(write, message)
@@ -169,7 +169,7 @@ def test_no_rank_loads_the_handins_code_before_every_rank_joined_gloo():
         return found
 
     job = protocol.WorldJob(work_dir="", code={}, store="", world_size=3, parts=["baseline"], check={},
-                            pg_timeout=5, limits={})
+                            pg_timeout=5, limits={}, timeouts=protocol.Timeouts(world_start=30))
     pipes = {rank: os.pipe() for rank in range(3)}
     for read, _ in pipes.values():
         os.set_blocking(read, False)
@@ -188,6 +188,17 @@ def test_no_rank_loads_the_handins_code_before_every_rank_joined_gloo():
         assert late.abort.reason == protocol.StopReason.INFRA_ERROR, late.abort
         assert late.abort.detail == "rank 1 could not join gloo: RuntimeError: closed by peer", late.abort
         assert all(pending(read) == [] for read, _ in pipes.values())
+
+        # Past the world's start clock: a rank that has not joined is the machine's; a rank that
+        # joined but has not loaded the code, the hand-in's.
+        for joined, reason, detail in (((0, 2), protocol.StopReason.INFRA_ERROR, "ranks [1] did not join gloo within 30 s"),
+                                       ((0, 1, 2), protocol.StopReason.START_TIMEOUT,
+                                        "ranks [0, 1, 2] did not load the code within 30 s")):
+            slow = _Watch(job, dict.fromkeys(pipes), {rank: write for rank, (_, write) in pipes.items()}, {})
+            for rank in joined:
+                slow.received(rank, framed(protocol.Joined()))
+            slow.next_deadline(slow.start_deadline + 1)
+            assert (slow.abort.reason, slow.abort.detail) == (reason, detail), slow.abort
     finally:
         for fds in pipes.values():
             for fd in fds:

@@ -21,7 +21,7 @@ reports a part, it is sent the next part to run (Run, on its data pipe, with the
 - the code does not load: the world ends before any part. Gloo that does not start is the
   machine's failure, believed only before the rank says it loads the hand-in's code; no rank is
   sent Load (its code loaded) before every rank joined, so no hand-in can end a rank under a peer
-  still joining it;
+  still joining it, and a join not done within the start clock is the machine's too;
 - a rank sends a malformed message, one out of order, or a result for a part it was not sent
   (no token of a Run it was given): that is hand-in code writing to the pipe, and the world ends at
   the part that rank was running (at loading, before any).
@@ -94,7 +94,10 @@ class _Watch:
         deadlines = []
         if len(self.ready) < self.size:
             deadlines.append(self.start_deadline)
-            if now >= self.start_deadline:
+            if now >= self.start_deadline and len(self.joined) < self.size:   # nothing of the hand-in ran yet
+                self.stop(StopReason.INFRA_ERROR, None, f"ranks {sorted(self.ranks - self.joined)} did not join "
+                                                        f"gloo within {self.job.timeouts.world_start:g} s")
+            elif now >= self.start_deadline:
                 self.stop(StopReason.START_TIMEOUT, None, f"ranks {sorted(self.ranks - self.ready)} did not "
                                                           f"load the code within {self.job.timeouts.world_start:g} s")
         if self.current in self.part_started:
