@@ -328,4 +328,3 @@ def test_the_array_collection_reads_what_the_pipeline_wrote_and_records_what_no_
     assert {s: v["status"] for s, v in views.items()} == statuses
     assert views["none"]["message"] == "not graded: array task 7_1 ended failed: boom; grade it again"
     assert views["other"]["sha256"] == hands["other"].sha256
-
