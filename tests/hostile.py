@@ -539,6 +539,26 @@ MEMORY_ATTACKS = {
         "        except OSError:\n            break\n"
         "    try:\n        while True:\n            queued += client.send(chunk)\n"
         "    except BlockingIOError:\n        pass\n"),
+    # Netlink's replies to requests nobody reads (a dump of the world's links, again and again):
+    # about 1.6 MB to 3 MB a socket, in the kernel; a process's open files hold 200 of them.
+    "netlink_queues": (
+        "import os, socket, struct, time\n"
+        "request = struct.pack('=IHHII', 32, 18, 0x301, 1, 0) + bytes(16)   # RTM_GETLINK, a dump\n"
+        "def fill(wanted):\n    held, queued = [], 0\n"
+        "    while queued < wanted and len(held) < 200:\n"
+        "        s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)\n"
+        "        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)\n        s.setblocking(False)\n"
+        "        for _ in range(10000):\n            try:\n                s.send(request)\n"
+        "            except OSError:\n                break\n"
+        "        held.append(s)\n"
+        "        queued += struct.unpack('=I', s.getsockopt(socket.SOL_SOCKET, 55, 36)[:4])[0]   # SO_MEMINFO: rmem_alloc\n"
+        "    return held, queued\n"
+        "held, queued = fill({hog_mb} << 20)\n"
+        "while queued < {hog_mb} << 20:   # more in a child, past one process's open files\n"
+        "    r, w = os.pipe()\n    if os.fork() == 0:\n"
+        "        mine = fill(({hog_mb} << 20) - queued)\n        os.write(w, str(mine[1]).encode())\n"
+        f"        time.sleep({HOLD_S})\n        os._exit(0)\n"
+        "    queued += int(os.read(r, 32) or 0)\n"),
     # Page tables, which no Pss shows: a read-only mapping read once every 2 MB maps only the zero
     # page, and each 2 MB costs a page of page tables (4 KB): {hog_mb} MB of them for {hog_mb} x 512 MB.
     "page_tables": (
@@ -560,7 +580,8 @@ MEMORY_ATTACKS = {
 # could not count it: memfds only in flight in a unix message, or closed with a page of each still
 # mapped (by the C library: Python's mmap keeps a descriptor); SysV shared memory detached, and
 # message queues nobody reads, in the rank's own IPC namespace; io_uring rings, whose queues are the
-# kernel's. And memfds held open, which it could.
+# kernel's; a tmpfs mounted in a namespace of the rank's own; UDP-Lite sockets, which no dump the
+# watchdog makes shows. And memfds held open, which it could.
 _LIBC = "import ctypes, errno, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 _FAILED = "    if {call} == -1:\n        raise OSError(ctypes.get_errno(), '{name}')\n"
 REFUSED_MEMORY = {
@@ -587,6 +608,35 @@ REFUSED_MEMORY = {
         "for _ in range(min({hog_mb} * 64, 30000)):\n"
         "    queue = libc.msgget(0, 0o1600)\n" + _FAILED.format(call="queue", name="msgget") +
         "    libc.msgsnd(queue, message, 8000, 0)\n    libc.msgsnd(queue, message, 8000, 0)\n"),
+    # A child in a user and mount namespace of its own mounts a tmpfs the watchdog never reads and
+    # fills it (a rank is many threads: unshare(CLONE_NEWUSER) needs one)
+    "tmpfs_of_its_own": (
+        _LIBC + "import os\nr, w = os.pipe()\nif os.fork() == 0:\n"
+        "    libc.prctl(4, 1, 0, 0, 0)   # dumpable again: its own /proc files, to map its user\n"
+        "    uid, gid, made = os.getuid(), os.getgid(), libc.unshare(0x10000000 | 0x00020000)\n"
+        "    os.write(w, str(0 if made == 0 else ctypes.get_errno()).encode())\n"
+        "    if made == 0:\n"
+        "        open('/proc/self/setgroups', 'w').write('deny')\n"
+        "        open('/proc/self/uid_map', 'w').write(f'0 {{uid}} 1')\n"
+        "        open('/proc/self/gid_map', 'w').write(f'0 {{gid}} 1')\n"
+        "        os.makedirs('/tmp/a4-own', exist_ok=True)\n"
+        "        libc.mount(b'none', b'/tmp/a4-own', b'tmpfs', 0, b'size=8g')\n"
+        "        for i in range({hog_mb} // 50):\n"
+        "            with open(f'/tmp/a4-own/{{i}}', 'wb') as f:\n"
+        "                os.posix_fallocate(f.fileno(), 0, 50 << 20)\n"
+        f"        time.sleep({HOLD_S})\n"
+        "    os._exit(0)\n"
+        "failed = int(os.read(r, 32) or 0)\nif failed:\n    raise OSError(failed, 'unshare')\n"),
+    # Sockets the watchdog does not dump: UDP-Lite datagrams nobody reads
+    "udplite_queues": (
+        "import socket, time\nheld, queued = [], 0\n"
+        "while queued < {hog_mb} << 20:\n"
+        "    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 136)\n"
+        "    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)\n"
+        "    receiver.bind(('127.0.0.1', 0))\n"
+        "    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 136)\n    held += [receiver, sender]\n"
+        "    for _ in range(256):\n        try:\n            queued += sender.sendto(bytes(60000), receiver.getsockname())\n"
+        "        except OSError:\n            break\n"),
     "io_uring_rings": (   # each ring of 32768 entries, its completion queue 131072: about 5 MB
         _LIBC + "held = []\nfor _ in range({hog_mb} // 5):\n    params = (ctypes.c_uint32 * 30)()\n"
         "    params[1], params[2] = 1 << 17, 1 << 4   # cq_entries, flags: IORING_SETUP_CQSIZE\n"

@@ -104,23 +104,100 @@ def test_what_a_rank_needs_still_works_under_the_filter(tmp_path):
     assert in_filtered_child(body) == ""
 
 
-def test_the_program_jumps_to_the_refusal_from_each_number_and_past_each_other_architecture():
-    """Read back as the kernel runs it, for two made-up architectures: every listed number of the
-    matching one reaches the last instruction (EPERM); any other number, or architecture, allows."""
-    code = syscalls.program({1: (10, 11), 2: (20,)})
+def run_filter(code: bytes, arch: int, nr: int, args=(0, 0, 0)) -> int:
+    """What the kernel's classic BPF would return for `code` on this call: a small interpreter of
+    the instructions the filter uses."""
     rows = [struct.unpack("=HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
+    data = {syscalls.NR: nr, syscalls.ARCH: arch, **dict(zip(syscalls.ARG, args))}
+    at, accumulator = 0, 0
+    while True:
+        op, jt, jf, k = rows[at]
+        if op == syscalls.RET:
+            return k
+        if op == syscalls.LD_ABS:
+            accumulator, at = data[k], at + 1
+        elif op == syscalls.AND:
+            accumulator, at = accumulator & k, at + 1
+        elif op == syscalls.JA:
+            at += 1 + k
+        elif op in (syscalls.JEQ, syscalls.JSET):
+            taken = accumulator == k if op == syscalls.JEQ else bool(accumulator & k)
+            at += 1 + (jt if taken else jf)
+        else:
+            raise AssertionError(f"instruction {op:#x} at {at}")
+        assert at < len(rows), "ran off the end"
 
-    def run(arch: int, nr: int) -> int:
-        at, loaded = 0, 0
-        while True:
-            op, jt, jf, k = rows[at]
-            if op == syscalls.RET:
-                return k
-            if op == syscalls.LD_ABS:
-                loaded, at = (arch if k == 4 else nr), at + 1
-            else:
-                at += 1 + (jt if loaded == k else jf)
 
-    deny = syscalls.SECCOMP_RET_ERRNO | errno.EPERM
-    assert [run(1, 10), run(1, 11), run(2, 20)] == [deny] * 3
-    assert {run(1, 20), run(2, 10), run(3, 10), run(1, 12)} == {syscalls.SECCOMP_RET_ALLOW}
+DENY, NOSYS = syscalls.SECCOMP_RET_ERRNO | errno.EPERM, syscalls.SECCOMP_RET_ERRNO | errno.ENOSYS
+ALLOW = syscalls.SECCOMP_RET_ALLOW
+
+
+def test_the_program_refuses_each_number_of_the_matching_architecture_and_allows_the_rest():
+    """Read back as the kernel runs it, for two made-up architectures: every refused number of the
+    matching one is EPERM, its clone3 ENOSYS; any other number, or architecture, is allowed."""
+    made_up = {1: syscalls.Calls(refused=(10, 11), clone3=(12,), unshare=(13,), clone=(14,), sockets=(15, 16)),
+               2: syscalls.Calls(refused=(20,), clone3=(), unshare=(), clone=(), sockets=())}
+    code = syscalls.program(made_up)
+    assert [run_filter(code, 1, 10), run_filter(code, 1, 11), run_filter(code, 2, 20)] == [DENY] * 3
+    assert run_filter(code, 1, 12) == NOSYS
+    assert {run_filter(code, 1, 20), run_filter(code, 2, 10), run_filter(code, 3, 10), run_filter(code, 1, 17),
+            run_filter(code, 2, 12)} == {ALLOW}
+
+
+def test_the_program_reads_the_arguments_of_namespace_and_socket_calls():
+    """unshare and clone are refused with any CLONE_NEW* flag, allowed without; a socket only of
+    the families and protocols the watchdog counts (the machine's own table)."""
+    table = syscalls.REFUSED[platform.machine()]
+    arch, calls = next(iter(table.items()))
+    code = syscalls.program(table)
+    unshare, clone, sock = calls.unshare[0], calls.clone[0], calls.sockets[0]
+    new_user, new_net, new_time, clone_files, sigchld = 0x10000000, 0x40000000, 0x80, 0x400, 17
+    assert run_filter(code, arch, unshare, (new_user,)) == DENY
+    assert run_filter(code, arch, unshare, (new_time,)) == DENY
+    assert run_filter(code, arch, unshare, (clone_files,)) == ALLOW
+    assert run_filter(code, arch, clone, (new_net | sigchld,)) == DENY
+    assert run_filter(code, arch, clone, (sigchld,)) == ALLOW
+    assert run_filter(code, arch, calls.clone3[0]) == NOSYS
+    nonblock = socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+    allowed = [(socket.AF_UNIX, socket.SOCK_STREAM, 0), (socket.AF_UNIX, socket.SOCK_SEQPACKET, 0),
+               (socket.AF_INET, socket.SOCK_STREAM, 0), (socket.AF_INET6, socket.SOCK_STREAM | nonblock, 6),
+               (socket.AF_INET, socket.SOCK_DGRAM, 17), (socket.AF_NETLINK, socket.SOCK_RAW, 0)]
+    refused_sockets = [(socket.AF_INET, socket.SOCK_DGRAM, 136), (socket.AF_INET6, socket.SOCK_STREAM, 262),
+                       (socket.AF_INET, socket.SOCK_SEQPACKET, 0), (socket.AF_INET, socket.SOCK_STREAM, 132),
+                       (socket.AF_NETLINK, socket.SOCK_RAW, 4), (40, socket.SOCK_STREAM, 0), (17, socket.SOCK_RAW, 0)]
+    for number in calls.sockets:
+        assert [run_filter(code, arch, number, a) for a in allowed] == [ALLOW] * len(allowed), number
+        assert [run_filter(code, arch, number, a) for a in refused_sockets] == [DENY] * len(refused_sockets), number
+    assert run_filter(code, arch, sock + 1000, refused_sockets[0]) == ALLOW   # another call: its arguments unread
+
+
+def test_new_namespaces_mounts_and_uncounted_sockets_are_refused_and_what_needs_threads_still_works():
+    """A rank's child may not make a user, mount or network namespace of its own (where it could
+    mount a tmpfs, or queue socket memory, that its world's watchdog never reads), join another's,
+    mount, nor open a socket the watchdog does not count; threads, fork, subprocesses and the
+    interface lookup gloo makes (getifaddrs, over netlink's routing protocol) work as before."""
+    import subprocess
+
+    def body():
+        pid = os.fork()   # one thread: where unshare(CLONE_NEWUSER) would otherwise work
+        if pid == 0:
+            ok = refused(lambda: libc.unshare(0x10000000 | 0x00020000)) and refused(lambda: libc.unshare(0x40000000))
+            os._exit(0 if ok else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "a child made a namespace of its own"
+        # a target that is not there: should the filter let it through, the call fails otherwise, harmlessly
+        assert refused(lambda: libc.mount(b"none", b"/a4-not-there", b"tmpfs", 0, None))
+        with open("/proc/self/ns/net") as own:
+            assert refused(lambda: libc.setns(own.fileno(), 0))
+        for family, kind, protocol in ((socket.AF_INET, socket.SOCK_DGRAM, 136), (socket.AF_INET, socket.SOCK_STREAM, 262),
+                                       (socket.AF_NETLINK, socket.SOCK_RAW, 4), (40, socket.SOCK_STREAM, 0)):
+            assert refused(lambda: socket.socket(family, kind, protocol)), (family, kind, protocol)
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(1))
+        thread.start()
+        thread.join()
+        assert seen == [1]
+        assert subprocess.run(["true"]).returncode == 0
+        assert "lo" in [name for _, name in socket.if_nameindex()]
+        socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).close()
+        socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).close()
+    assert in_filtered_child(body) == ""

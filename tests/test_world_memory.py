@@ -33,7 +33,7 @@ from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip
 pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
 
 MEMORY_LIMIT_MB = 800
-SOCKET_ATTACKS = ("unix_socket_queues", "tcp_and_udp_buffers")
+SOCKET_ATTACKS = ("unix_socket_queues", "tcp_and_udp_buffers", "netlink_queues")
 HOG_MB = 600   # each of the 2 ranks: 1200 MB together, unchecked
 RUBRIC = {"limits": {"memory_mb": MEMORY_LIMIT_MB, "tmp_mb": HOG_MB + 64},
           "timeouts": {"part": 60, "world_start": 60}}

@@ -1,5 +1,6 @@
 """The system calls a rank is refused, by a seccomp filter: those that make memory no process's Pss
-shows and that its world's watchdog could not count.
+shows and that its world's watchdog could not count, and those that would take a rank out of the
+world's view.
 
 - memfd_create, memfd_secret: a memory file. The watchdog counts the memfds a world's processes hold
   open (grader.rerun.sandbox.outside), but not one only a unix message in flight holds
@@ -11,31 +12,49 @@ shows and that its world's watchdog could not count.
 - io_uring_setup: each ring's queues (up to 5 MB, 200 rings a gigabyte) are the kernel's, in no
   process's resident set.
 - bpf: a map's memory is the kernel's too (where the machine lets users make one at all).
+- new namespaces (unshare, clone with a CLONE_NEW* flag, clone3, setns) and mounts (mount and the
+  new mount API, pivot_root): a rank's child in a user namespace of its own may mount a tmpfs
+  the watchdog never looks at (it reads the world's /tmp and /dev/shm, and each rank's) and fill it,
+  or open sockets in a network namespace of its own, which the watchdog does not dump. clone3 fails
+  with ENOSYS, not EPERM: its flags are in memory a filter cannot read, and the C library then falls
+  back to clone, whose flags it can.
+- sockets of any family but unix, TCP and UDP (over IPv4 and IPv6) and netlink's routing protocol
+  (which the C library's getifaddrs, and so gloo, needs): those are the sockets the watchdog counts
+  (grader.rerun.sandbox.sockets); UDP-Lite, MPTCP, SCTP, vsock and the rest would queue memory it
+  does not. (32-bit x86 reaches sockets through socketcall(2) as well: refused whole.)
 
-A cgroup charges all of these; where the watchdog alone holds a world (an ordinary user without a
-cgroup) they would pass its limit unseen. Nothing a part needs makes them (torch, gloo, torch's CUDA
-build on the CPU), so each rank is refused them before the hand-in's code runs: they fail with
-EPERM ("Operation not permitted"), and the part that called one crashes saying so.
+A cgroup charges the memory ones; where the watchdog alone holds a world (an ordinary user without a
+cgroup) they would pass its limit unseen, and a cgroup v1 charges no socket buffer. Nothing a part
+needs makes them (torch, gloo, torch's CUDA build on the CPU), so each rank is refused them before
+the hand-in's code runs: they fail with EPERM ("Operation not permitted"), and the part that called
+one crashes saying so.
 
-The filter, classic BPF over struct seccomp_data (nr at offset 0, arch at offset 4):
+The filter, classic BPF over struct seccomp_data (nr at offset 0, arch at 4, the low 32 bits of
+argument i at 16 + 8 i):
 
     for each architecture this machine's processes may call the kernel as (x86-64 and its 32-bit
     and x32 calls; arm64 and its 32-bit calls):
-        arch == it  and  nr is one of its numbers for these calls   ->  SECCOMP_RET_ERRNO | EPERM
-    anything else                                                   ->  SECCOMP_RET_ALLOW
+        arch == it  and  nr is one of its refused calls               ->  EPERM
+                        nr is clone3                                  ->  ENOSYS
+                        nr is unshare, clone and args[0] & CLONE_NEW* ->  EPERM
+                        nr is socket, socketpair and (args[0], args[1] & 0xf, args[2]) is not
+                            (AF_UNIX, any, any), (AF_INET or AF_INET6, STREAM or DGRAM, 0 or TCP
+                            or UDP) or (AF_NETLINK, any, NETLINK_ROUTE)   ->  EPERM
+    anything else                                                     ->  SECCOMP_RET_ALLOW
 
-(32-bit x86 reaches SysV IPC through ipc(2) as well: refused whole.) It is installed with
-seccomp(2) and SECCOMP_FILTER_FLAG_TSYNC (every thread of the rank), or prctl(2) (the calling thread
-and what it starts) on a kernel without seccomp(2). It needs no_new_privs, which every rank sets
-(grader.rerun.sandbox.namespaces.limit_rank). Where the kernel has no seccomp (or another
-architecture) `refuse` raises; the zygote tries it first in a process of its own (`note`), and
-each result's isolation says whether the calls are refused.
+It is installed with seccomp(2) and SECCOMP_FILTER_FLAG_TSYNC (every thread of the rank), or
+prctl(2) (the calling thread and what it starts) on a kernel without seccomp(2). It needs
+no_new_privs, which every rank sets (grader.rerun.sandbox.namespaces.limit_rank). Where the kernel
+has no seccomp (or another architecture) `refuse` raises; the zygote tries it first in a process of
+its own (`note`), and each result's isolation says whether the calls are refused.
 """
 
 import ctypes
+import dataclasses
 import errno
 import os
 import platform
+import socket
 import struct
 
 from grader.rerun.sandbox import namespaces
@@ -43,33 +62,101 @@ from grader.rerun.sandbox import namespaces
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
-LD_ABS, JEQ, RET = 0x20, 0x15, 0x06          # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+# BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JSET|BPF_K, BPF_JMP|BPF_JA,
+# BPF_ALU|BPF_AND|BPF_K, BPF_RET|BPF_K
+LD_ABS, JEQ, JSET, JA, AND, RET = 0x20, 0x15, 0x45, 0x05, 0x54, 0x06
+NR, ARCH = 0, 4
+ARG = (16, 24, 32)                           # the low 32 bits of args[0], args[1], args[2] (little-endian)
 X32 = 0x40000000                             # x32 calls are x86-64's numbers with this bit set
-# audit architecture -> its numbers of memfd_create, memfd_secret, shmget, msgget, io_uring_setup,
-# bpf (and i386's ipc)
-_X86_64 = (319, 447, 29, 68, 425, 321)
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET; unshare also takes CLONE_NEWTIME
+# (clone's low byte is the exit signal instead)
+NEW_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+NEW_NAMESPACES_UNSHARE = NEW_NAMESPACES | 0x00000080
+SOCKET_TYPE = 0xF                            # SOCK_NONBLOCK and SOCK_CLOEXEC ride on the type's higher bits
+NETLINK_ROUTE = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Calls:
+    """One architecture's numbers of the calls the filter looks at."""
+    refused: tuple          # refused whatever their arguments
+    clone3: tuple
+    unshare: tuple
+    clone: tuple
+    sockets: tuple          # socket and socketpair: the family, type and protocol are args 0 to 2
+
+
+# memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, setns, mount, pivot_root, and
+# the new mount API (open_tree, move_mount, fsopen, fsmount, fspick: the same numbers everywhere)
+_MOUNT_API = (428, 429, 430, 432, 433)
+_X86_64 = Calls(refused=(319, 447, 29, 68, 425, 321, 308, 165, 155) + _MOUNT_API, clone3=(435,), unshare=(272,),
+                clone=(56,), sockets=(41, 53))
+
+
+def _x32(calls: Calls) -> Calls:
+    """x86-64's numbers with their x32 twins added."""
+    return Calls(*(numbers + tuple(X32 | n for n in numbers) for numbers in dataclasses.astuple(calls)))
+
+
+# audit architecture -> its numbers (i386 also reaches SysV IPC through ipc(2) and sockets through
+# socketcall(2): both refused whole)
 REFUSED = {
-    "x86_64": {0xC000003E: _X86_64 + tuple(X32 | number for number in _X86_64),
-               0x40000003: (356, 447, 395, 399, 425, 357, 117)},
-    "aarch64": {0xC00000B7: (279, 447, 194, 186, 425, 280), 0x40000028: (385, 447, 307, 303, 425, 386)},
+    "x86_64": {0xC000003E: _x32(_X86_64),
+               0x40000003: Calls(refused=(356, 447, 395, 399, 425, 357, 346, 21, 217, 117, 102) + _MOUNT_API,
+                                 clone3=(435,), unshare=(310,), clone=(120,), sockets=(359, 360))},
+    "aarch64": {0xC00000B7: Calls(refused=(279, 447, 194, 186, 425, 280, 268, 40, 41) + _MOUNT_API,
+                                  clone3=(435,), unshare=(97,), clone=(220,), sockets=(198, 199)),
+                0x40000028: Calls(refused=(385, 447, 307, 303, 425, 386, 375, 21, 218) + _MOUNT_API,
+                                  clone3=(435,), unshare=(337,), clone=(120,), sockets=(281, 288))},
 }
 SECCOMP_CALL = {"x86_64": 317, "aarch64": 277}
-CALLS = "memfd_create, memfd_secret, shmget, msgget, io_uring_setup and bpf"
+CALLS = ("memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, new namespaces, mounts and "
+         "sockets but unix, TCP, UDP and netlink routing")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def program(refused: dict) -> bytes:
     """The filter's instructions (struct sock_filter: u16 code, u8 jt, u8 jf, u32 k) for `refused`
-    (audit architecture -> call numbers)."""
+    (audit architecture -> Calls). Jumps name their target; each is resolved to its offset."""
     rows = []
-    for arch, numbers in refused.items():
-        rows += [(LD_ABS, 0, 0, 4), (JEQ, 0, len(numbers) + 1, arch), (LD_ABS, 0, 0, 0)]
-        rows += [(JEQ, "deny", 0, number) for number in numbers]
-    rows += [(RET, 0, 0, SECCOMP_RET_ALLOW), (RET, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)]
-    deny = len(rows) - 1
-    return b"".join(struct.pack("=HBBI", code, deny - at - 1 if jt == "deny" else jt, jf, k)
-                    for at, (code, jt, jf, k) in enumerate(rows))
+    for at, (arch, calls) in enumerate(refused.items()):
+        other = f"arch{at + 1}" if at + 1 < len(refused) else "allow"
+        rows += [f"arch{at}", (LD_ABS, 0, 0, ARCH), (JEQ, 0, other, arch), (LD_ABS, 0, 0, NR)]
+        for numbers, target in ((calls.refused, "deny"), (calls.clone3, "nosys"), (calls.unshare, "unshare"),
+                                (calls.clone, "clone"), (calls.sockets, "socket")):
+            rows += [(JEQ, target, 0, number) for number in numbers]
+        rows += [(JA, 0, 0, other)]
+    rows += ["unshare", (LD_ABS, 0, 0, ARG[0]), (JSET, "deny", "allow", NEW_NAMESPACES_UNSHARE),
+             "clone", (LD_ABS, 0, 0, ARG[0]), (JSET, "deny", "allow", NEW_NAMESPACES),
+             "socket", (LD_ABS, 0, 0, ARG[0]), (JEQ, "allow", 0, socket.AF_UNIX), (JEQ, "inet", 0, socket.AF_INET),
+             (JEQ, "inet", 0, socket.AF_INET6), (JEQ, 0, "deny", socket.AF_NETLINK),
+             (LD_ABS, 0, 0, ARG[2]), (JEQ, "allow", "deny", NETLINK_ROUTE),
+             "inet", (LD_ABS, 0, 0, ARG[1]), (AND, 0, 0, SOCKET_TYPE), (JEQ, "protocol", 0, socket.SOCK_STREAM),
+             (JEQ, "protocol", "deny", socket.SOCK_DGRAM),
+             "protocol", (LD_ABS, 0, 0, ARG[2]), (JEQ, "allow", 0, 0), (JEQ, "allow", 0, socket.IPPROTO_TCP),
+             (JEQ, "allow", "deny", socket.IPPROTO_UDP),
+             "allow", (RET, 0, 0, SECCOMP_RET_ALLOW),
+             "nosys", (RET, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS),
+             "deny", (RET, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)]
+    labels, code = {}, []
+    for row in rows:
+        if isinstance(row, str):
+            labels[row] = len(code)
+        else:
+            code.append(row)
+
+    def offset(target, at: int) -> int:
+        jump = labels[target] - at - 1 if isinstance(target, str) else target
+        assert 0 <= jump <= 255, (target, jump)   # classic BPF jumps forward only, a byte at most
+        return jump
+
+    packed = []
+    for at, (op, jt, jf, k) in enumerate(code):
+        if op == JA:   # an unconditional jump's offset is its k
+            op, jt, jf, k = JA, 0, 0, offset(k, at)
+        packed.append(struct.pack("=HBBI", op, offset(jt, at), offset(jf, at), k))
+    return b"".join(packed)
 
 
 def refuse() -> None:
@@ -102,14 +189,19 @@ def note(isolation) -> None:
 
 
 def check() -> None:
-    """In a process of its own, which it leaves filtered: the filter installed, memfd_create and
-    shmget are refused; OSError where either is not so."""
+    """In a process of its own, which it leaves filtered: the filter installed, memfd_create,
+    shmget, a new user namespace and a UDP-Lite socket are refused; OSError where one is not so."""
     namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
     refuse()
-    try:
-        os.close(os.memfd_create("a4-probe"))
-    except PermissionError:
-        if _libc.shmget(0, 4096, 0o600) == -1 and ctypes.get_errno() == errno.EPERM:
-            return
-        raise OSError(errno.EEXIST, "shmget still works under the filter") from None
-    raise OSError(errno.EEXIST, "memfd_create still works under the filter")
+
+    def still_works(call, name: str) -> None:
+        try:
+            if call() != -1 or ctypes.get_errno() != errno.EPERM:
+                raise OSError(errno.EEXIST, f"{name} still works under the filter")
+        except PermissionError:
+            pass
+
+    still_works(lambda: os.close(os.memfd_create("a4-probe")), "memfd_create")
+    still_works(lambda: _libc.shmget(0, 4096, 0o600), "shmget")
+    still_works(lambda: _libc.unshare(0x10000000), "unshare(CLONE_NEWUSER)")
+    still_works(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 136).close(), "a UDP-Lite socket")

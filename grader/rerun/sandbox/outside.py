@@ -8,15 +8,17 @@ shared memory, its socket buffers.
                   of its own; each is a tmpfs of limits.tmp_mb), and of each rank's own
                   (grader.rerun.sandbox.scratch.rank_view), seen through /proc/PID/root
             + its SysV shared memory segments' resident bytes (where it has an IPC namespace of its own)
-            + what its sockets hold in the kernel (grader.rerun.sandbox.sockets: every socket of its own
-                  network namespace, else those its processes hold open)
+            + what its sockets hold in the kernel (grader.rerun.sandbox.sockets: TCP, UDP, unix and
+                  netlink; every socket of its own network namespace, else those its processes
+                  hold open)
 
 A cgroup v1 charges the files and the shared memory but not the sockets; no process's Pss shows a
 page no process maps. A page a rank both maps and holds in a memory file counts twice (in its Pss
 and here), which errs toward the limit. What is not counted is refused or bounded instead
-(docs/security.md): the calls that make a memory file no process need hold open, or SysV memory
-in a rank's own IPC namespace, are refused to the ranks (grader.rerun.rank.syscalls; where the
-kernel has no seccomp, a memfd no process holds open but one maps counts by the pages mapped);
+(docs/security.md): the calls that make a memory file no process need hold open, SysV memory in
+a rank's own IPC namespace, a tmpfs or sockets in a namespace of a rank's own, or sockets of a kind
+no dump reads, are refused to the ranks (grader.rerun.rank.syscalls; where the kernel has no
+seccomp, a memfd no process holds open but one maps counts by the pages mapped);
 pipes hold at most the kernel's per-user pipe allowance (fs.pipe-user-pages-soft).
 
 Each reading says, beside the total, what each process holds (`by_pid`: files and sockets, by the

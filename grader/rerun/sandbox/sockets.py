@@ -1,5 +1,5 @@
 """The memory a world's sockets hold in the kernel: what no process's Pss shows and a cgroup v1 does
-not charge (its TCP, UDP and unix socket buffers).
+not charge (its TCP, UDP, unix and netlink socket buffers).
 
 Read as `ss -m` reads it, by sock_diag netlink dumps of the network namespace the caller is in
 (the world's own, where the world has namespaces of its own), one per kind of socket:
@@ -8,7 +8,9 @@ Read as `ss -m` reads it, by sock_diag netlink dumps of the network namespace th
 
 (sk_meminfo: bytes received and not yet read, bytes sent and not yet freed, the send queue of a
 stream, packets waiting for the socket's lock), in bytes of skb truesize. A unix socket's queue is
-charged to its sender's wmem_alloc, a TCP or UDP socket's to its receiver's rmem_alloc: each byte
+charged to its sender's wmem_alloc, a TCP or UDP socket's to its receiver's rmem_alloc, a netlink
+socket's replies (the kernel's answers to requests nobody reads: about 1.6 MB a socket) to its
+rmem_alloc: each byte
 queued counts at least once; TCP's unacknowledged bytes may count twice (sent and received), which
 errs toward the limit. Each socket's bytes come back by its inode, so that a world sharing the
 machine's namespace counts only the sockets its processes hold (grader.rerun.sandbox.outside); in a
@@ -16,9 +18,11 @@ namespace of the world's own every socket counts, those only in flight inside a 
 (SCM_RIGHTS: no process holds them) included. TCP is dumped only while the machine's TCP
 sockets together hold TCP_DUMP_BYTES or more (`held`); below, that total counts instead.
 
-A dump the kernel refuses (no sock_diag module for a kind) counts nothing for that kind, and
-`refused` says which: those sockets are then bounded only by the ranks' open files and the
-machine's buffer sizes (docs/security.md).
+These are the only sockets a rank may make (grader.rerun.rank.syscalls refuses every other family
+and protocol: UDP-Lite, MPTCP, SCTP, vsock, netlink but for routes, ...). A dump the kernel refuses
+(no sock_diag module for a kind) counts nothing for that kind, and `refused` says which: those
+sockets are then bounded only by the ranks' open files and the machine's buffer sizes
+(docs/security.md).
 """
 
 import os
@@ -32,14 +36,17 @@ NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_SKMEMINFO = 7                     # the attribute (and idiag_ext bit 7 - 1) that asks for sk_meminfo
 UNIX_DIAG_MEMINFO = 5
 UDIAG_SHOW_MEMINFO = 0x20
+NETLINK_DIAG_MEMINFO, NDIAG_SHOW_MEMINFO, NDIAG_PROTO_ALL = 0, 0x1, 255
 ALL_STATES = 0xFFFFFFFF
 # sk_meminfo's u32 fields: rmem_alloc, rcvbuf, wmem_alloc, sndbuf, fwd_alloc, wmem_queued, optmem, backlog, drops
 HELD = (0, 2, 5, 7)
-# (family, protocol) of each dump: TCP and UDP over IPv4 and IPv6, and unix sockets
+# (family, protocol) of each dump: TCP and UDP over IPv4 and IPv6, unix and netlink sockets
 KINDS = ((socket.AF_INET, socket.IPPROTO_TCP), (socket.AF_INET6, socket.IPPROTO_TCP),
-         (socket.AF_INET, socket.IPPROTO_UDP), (socket.AF_INET6, socket.IPPROTO_UDP), (socket.AF_UNIX, 0))
+         (socket.AF_INET, socket.IPPROTO_UDP), (socket.AF_INET6, socket.IPPROTO_UDP), (socket.AF_UNIX, 0),
+         (socket.AF_NETLINK, NDIAG_PROTO_ALL))
 INET_MSG = 72      # struct inet_diag_msg: family, state, timer, retrans, the 48-byte sockid, 5 u32 (inode last)
 UNIX_MSG = 16      # struct unix_diag_msg: family, type, state, pad, ino, cookie[2]
+NETLINK_MSG = 28   # struct netlink_diag_msg: family, type, protocol, state, portid, dst_portid, dst_group, ino, cookie[2]
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TCP_DUMP_BYTES = 16 << 20   # below this, the machine's TCP memory as a whole stands in for a dump
@@ -51,6 +58,8 @@ refused = set()    # the kinds whose dump the kernel refused, by name ("udp6")
 def _request(family: int, protocol: int) -> bytes:
     if family == socket.AF_UNIX:   # struct unix_diag_req
         body = struct.pack("=BBHIIIII", family, 0, 0, ALL_STATES, 0, UDIAG_SHOW_MEMINFO, 0, 0)
+    elif family == socket.AF_NETLINK:   # struct netlink_diag_req: every protocol, any inode
+        body = struct.pack("=BBHIIII", family, protocol, 0, 0, NDIAG_SHOW_MEMINFO, 0, 0)
     else:                          # struct inet_diag_req_v2, the sockid left zero (any)
         body = struct.pack("=BBBxI", family, protocol, 1 << (INET_DIAG_SKMEMINFO - 1), ALL_STATES) + bytes(48)
     return struct.pack("=IHHII", 16 + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
@@ -70,6 +79,8 @@ def _message_held(family: int, data: bytes, start: int, end: int) -> tuple:
     """(inode, bytes it holds) of one socket's reply."""
     if family == socket.AF_UNIX:
         head, inode, wanted = UNIX_MSG, struct.unpack_from("=I", data, start + 4)[0], UNIX_DIAG_MEMINFO
+    elif family == socket.AF_NETLINK:
+        head, inode, wanted = NETLINK_MSG, struct.unpack_from("=I", data, start + 16)[0], NETLINK_DIAG_MEMINFO
     else:
         head, inode, wanted = INET_MSG, struct.unpack_from("=I", data, start + INET_MSG - 4)[0], INET_DIAG_SKMEMINFO
     for kind, payload in _attributes(data, start + head, end):
@@ -81,7 +92,7 @@ def _message_held(family: int, data: bytes, start: int, end: int) -> tuple:
 
 def _dump(family: int, protocol: int, found: dict) -> None:
     """Add what the sockets of one kind hold to `found` (inode -> bytes), by one dump."""
-    name = {socket.AF_UNIX: "unix"}.get(family) or ("tcp" if protocol == socket.IPPROTO_TCP else "udp") + (
+    name = {socket.AF_UNIX: "unix", socket.AF_NETLINK: "netlink"}.get(family) or ("tcp" if protocol == socket.IPPROTO_TCP else "udp") + (
         "6" if family == socket.AF_INET6 else "")
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as nl:
         nl.settimeout(1.0)
