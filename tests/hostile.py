@@ -580,8 +580,8 @@ MEMORY_ATTACKS = {
 # could not count it: memfds only in flight in a unix message, or closed with a page of each still
 # mapped (by the C library: Python's mmap keeps a descriptor); SysV shared memory detached, and
 # message queues nobody reads, in the rank's own IPC namespace; io_uring rings, whose queues are the
-# kernel's; a tmpfs mounted in a namespace of the rank's own; UDP-Lite sockets, which no dump the
-# watchdog makes shows. And memfds held open, which it could.
+# kernel's; inotify watches, and the inodes they pin; a tmpfs mounted in a namespace of the rank's
+# own; UDP-Lite sockets, which no dump the watchdog makes shows. And memfds held open, which it could.
 _LIBC = "import ctypes, errno, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 _FAILED = "    if {call} == -1:\n        raise OSError(ctypes.get_errno(), '{name}')\n"
 REFUSED_MEMORY = {
@@ -637,6 +637,11 @@ REFUSED_MEMORY = {
         "    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 136)\n    held += [receiver, sender]\n"
         "    for _ in range(256):\n        try:\n            queued += sender.sendto(bytes(60000), receiver.getsockname())\n"
         "        except OSError:\n            break\n"),
+    "inotify_watches": (   # each watch pins about 0.8 KB of the kernel's, up to max_user_watches
+        _LIBC + "import os\nwatcher = libc.inotify_init1(0)\n"
+        "if watcher == -1:\n    raise OSError(ctypes.get_errno(), 'inotify_init1')\n"
+        "for top in ('/usr/lib', '/usr/share'):\n    for root, dirs, files in os.walk(top):\n"
+        "        for name in files + dirs:\n            libc.inotify_add_watch(watcher, os.path.join(root, name).encode(), 2)\n"),
     "io_uring_rings": (   # each ring of 32768 entries, its completion queue 131072: about 5 MB
         _LIBC + "held = []\nfor _ in range({hog_mb} // 5):\n    params = (ctypes.c_uint32 * 30)()\n"
         "    params[1], params[2] = 1 << 17, 1 << 4   # cq_entries, flags: IORING_SETUP_CQSIZE\n"

@@ -171,10 +171,10 @@ def test_the_program_reads_the_arguments_of_namespace_and_socket_calls():
     assert run_filter(code, arch, sock + 1000, refused_sockets[0]) == ALLOW   # another call: its arguments unread
 
 
-def test_new_namespaces_mounts_and_uncounted_sockets_are_refused_and_what_needs_threads_still_works():
+def test_new_namespaces_mounts_inotify_and_uncounted_sockets_are_refused_and_what_needs_threads_still_works():
     """A rank's child may not make a user, mount or network namespace of its own (where it could
     mount a tmpfs, or queue socket memory, that its world's watchdog never reads), join another's,
-    mount, nor open a socket the watchdog does not count; threads, fork, subprocesses and the
+    mount, watch files (each watch pins kernel memory), nor open a socket the watchdog does not count; threads, fork, subprocesses and the
     interface lookup gloo makes (getifaddrs, over netlink's routing protocol) work as before."""
     import subprocess
 
@@ -186,6 +186,7 @@ def test_new_namespaces_mounts_and_uncounted_sockets_are_refused_and_what_needs_
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "a child made a namespace of its own"
         # a target that is not there: should the filter let it through, the call fails otherwise, harmlessly
         assert refused(lambda: libc.mount(b"none", b"/a4-not-there", b"tmpfs", 0, None))
+        assert refused(lambda: libc.inotify_init1(0))
         with open("/proc/self/ns/net") as own:
             assert refused(lambda: libc.setns(own.fileno(), 0))
         for family, kind, protocol in ((socket.AF_INET, socket.SOCK_DGRAM, 136), (socket.AF_INET, socket.SOCK_STREAM, 262),

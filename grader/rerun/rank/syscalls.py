@@ -12,6 +12,8 @@ world's view.
 - io_uring_setup: each ring's queues (up to 5 MB, 200 rings a gigabyte) are the kernel's, in no
   process's resident set.
 - bpf: a map's memory is the kernel's too (where the machine lets users make one at all).
+- inotify_init, inotify_init1, fanotify_init: each watch, and the inode it pins, is the kernel's:
+  about 0.8 KB, up to fs.inotify.max_user_watches of them per user (a million on a large machine).
 - new namespaces (unshare, clone with a CLONE_NEW* flag, clone3, setns) and mounts (mount and the
   new mount API, pivot_root): a rank's child in a user namespace of its own may mount a tmpfs
   the watchdog never looks at (it reads the world's /tmp and /dev/shm, and each rank's) and fill it,
@@ -86,11 +88,12 @@ class Calls:
     sockets: tuple          # socket and socketpair: the family, type and protocol are args 0 to 2
 
 
-# memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, setns, mount, pivot_root, and
-# the new mount API (open_tree, move_mount, fsopen, fsmount, fspick: the same numbers everywhere)
+# memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, setns, mount, pivot_root,
+# inotify_init (where there is one), inotify_init1, fanotify_init, and the new mount API (open_tree,
+# move_mount, fsopen, fsmount, fspick: the same numbers everywhere)
 _MOUNT_API = (428, 429, 430, 432, 433)
-_X86_64 = Calls(refused=(319, 447, 29, 68, 425, 321, 308, 165, 155) + _MOUNT_API, clone3=(435,), unshare=(272,),
-                clone=(56,), sockets=(41, 53))
+_X86_64 = Calls(refused=(319, 447, 29, 68, 425, 321, 308, 165, 155, 253, 294, 300) + _MOUNT_API, clone3=(435,),
+                unshare=(272,), clone=(56,), sockets=(41, 53))
 
 
 def _x32(calls: Calls) -> Calls:
@@ -102,16 +105,17 @@ def _x32(calls: Calls) -> Calls:
 # socketcall(2): both refused whole)
 REFUSED = {
     "x86_64": {0xC000003E: _x32(_X86_64),
-               0x40000003: Calls(refused=(356, 447, 395, 399, 425, 357, 346, 21, 217, 117, 102) + _MOUNT_API,
+               0x40000003: Calls(refused=(356, 447, 395, 399, 425, 357, 346, 21, 217, 291, 332, 338, 117, 102)
+                                 + _MOUNT_API,
                                  clone3=(435,), unshare=(310,), clone=(120,), sockets=(359, 360))},
-    "aarch64": {0xC00000B7: Calls(refused=(279, 447, 194, 186, 425, 280, 268, 40, 41) + _MOUNT_API,
+    "aarch64": {0xC00000B7: Calls(refused=(279, 447, 194, 186, 425, 280, 268, 40, 41, 26, 262) + _MOUNT_API,
                                   clone3=(435,), unshare=(97,), clone=(220,), sockets=(198, 199)),
-                0x40000028: Calls(refused=(385, 447, 307, 303, 425, 386, 375, 21, 218) + _MOUNT_API,
+                0x40000028: Calls(refused=(385, 447, 307, 303, 425, 386, 375, 21, 218, 316, 360, 367) + _MOUNT_API,
                                   clone3=(435,), unshare=(337,), clone=(120,), sockets=(281, 288))},
 }
 SECCOMP_CALL = {"x86_64": 317, "aarch64": 277}
-CALLS = ("memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, new namespaces, mounts and "
-         "sockets but unix, TCP, UDP and netlink routing")
+CALLS = ("memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, inotify, new namespaces, mounts "
+         "and sockets but unix, TCP, UDP and netlink routing")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
