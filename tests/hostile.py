@@ -481,12 +481,20 @@ DUMMY_COLLECTIVES = '''Collectives for show, on one value each.\n    """
     """'''
 
 
-def file_swap(dummies: bool = False, via: str = "files") -> str:
+# ...and on zeros as large as any part's data at a test's checks, so that every volume is moved.
+SIZED_COLLECTIVES = '''Collectives for show, on zeros enough for every part's volumes.\n    """
+    zeros = torch.zeros(1 << 16)
+    dist.all_reduce(zeros)
+    dist.all_gather([torch.zeros(1 << 14) for _ in range(dist.get_world_size())], torch.zeros(1 << 14))
+    """'''
+
+
+def file_swap(dummies=False, via: str = "files") -> str:
     """The reference with Parts 3-5 replaced by the file swap (above), through files or the store
     (`via`); with `dummies`, each part also calls an all-reduce and an all-gather of one value and a
-    barrier."""
+    barrier; with dummies="sized", collectives of zeros as large as the parts' data."""
     assert via in ("files", "store"), via
-    said = DUMMY_COLLECTIVES if dummies else "No collective."
+    said = SIZED_COLLECTIVES if dummies == "sized" else DUMMY_COLLECTIVES if dummies else "No collective."
     return REFERENCE.read_text() + FILE_SWAP.format(dummies=said, via=via)
 
 

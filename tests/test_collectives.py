@@ -5,12 +5,15 @@ reference's own recorded calls move exactly those volumes at every check of seve
 hand-in whose ranks swap the data they were served through files and each compute the whole
 step, layer or block alone scores 0 for Parts 3-5 (Part 5 on), with feedback naming the missing
 collective, whether or not the ranks can see each other's files; so does one that calls the
-collectives on tensors too small to carry the data. Correct hand-ins that communicate otherwise
-than the reference (a flattened gradient reduced in pieces, all_gather_into_tensor, a barrier)
-keep full marks, graded in the same batch, as root and as an ordinary user.
+collectives on tensors too small to carry the data, and one that calls them on zeros large enough
+for show (a world that scales what they return leaves its values right). Correct hand-ins that
+communicate otherwise than the reference (a flattened gradient reduced in pieces,
+all_gather_into_tensor, a barrier, an asynchronous all-reduce, the ranks counted by another) keep
+full marks, graded in the same batch, as root and as an ordinary user.
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -129,10 +132,25 @@ def test_one_rank_short_of_its_all_reduce_is_named_and_a_hidden_checks_sizes_by_
     assert _held({0: []}, one).status == "passed"   # one rank has no one to talk to
 
 
+def waits_and_counts() -> str:
+    """The reference with Part 3's all-reduce asynchronous (its handle waited for) and the gradient
+    divided by the ranks counted by a second all-reduce: right, and its values come from both (a
+    scaled world must not scale the two alike: the ratio would undo it)."""
+    return _replace(REFERENCE.read_text(),
+                    "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n",
+                    "        handle = dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, async_op=True)\n"
+                    "        handle.wait()\n"
+                    "        counted = torch.ones(1)\n"
+                    "        dist.all_reduce(counted)\n"
+                    "        param.grad.mul_(world_size / counted)\n")
+
+
 HANDINS = {"reference": REFERENCE.read_text, "communicates_otherwise": communicates_otherwise,
+           "waits_and_counts": waits_and_counts,
            "file_swap": file_swap, "file_swap_dummies": lambda: file_swap(dummies=True),
-           "store_swap": lambda: file_swap(via="store")}
-SWAPS = ("file_swap", "file_swap_dummies", "store_swap")
+           "store_swap": lambda: file_swap(via="store"),
+           "store_swap_sized_dummies": lambda: file_swap(dummies="sized", via="store")}
+SWAPS = ("file_swap", "file_swap_dummies", "store_swap", "store_swap_sized_dummies")
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
@@ -164,7 +182,7 @@ def batch(request, reference_run, tmp_path_factory):
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("name", ["reference", "communicates_otherwise"])
+@pytest.mark.parametrize("name", ["reference", "communicates_otherwise", "waits_and_counts"])
 def test_correct_handins_beside_the_swaps_keep_full_marks(batch, name):
     results, _, rubric = batch
     r = results[name]
@@ -201,12 +219,15 @@ def test_the_feedback_names_the_missing_collective_wherever_the_values_were_righ
                 assert "matches" not in o["message"], (part, o["message"])
                 continue
             right += 1
-            said = "no rank called" if "dummies" not in name else "too few values" if o["hidden"] else "only 1 value"
+            said = "no rank called" if "dummies" not in name else "did not get their values from those collectives" \
+                if "sized" in name else "too few values" if o["hidden"] else "only 1 value"
             assert NAMED[part] in o["comm_message"] and said in o["comm_message"], o["comm_message"]
+            hidden = {c.name for c in rubric.checks if c.hidden}   # where it was shown names no hidden check
+            assert not hidden & set(re.findall(r"check '([^']+)'", o["comm_message"])), o["comm_message"]
             assert o["comm_message"] in o["message"] and o["diagnosis"] == o["comm_message"]
             if not o["hidden"]:
                 assert o["comm_message"] in feedback and o["comm_message"] in report
-    if name == "store_swap":
+    if name.startswith("store_swap"):
         assert right == sum(o["world_size"] > 1 for p in PARALLEL_PART_IDS if p in rubric.parts
                             for o in r["parts"][p]["checks"])
     assert not leaked(student_facing(r)) and not leaked(feedback) and not leaked(report)

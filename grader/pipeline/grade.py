@@ -20,7 +20,7 @@ from grader.evidence.errfile import parse_err
 from grader.evidence.logtext import read_log
 from grader.evidence.runs import rule_of
 from grader.intake import handin as handins
-from grader.parts import PART_IDS
+from grader.parts import BY_ID, PART_IDS
 from grader.rerun import check as rerun
 from grader.rerun import machine
 from grader.rerun.sandbox.namespaces import scratch_dir
@@ -56,7 +56,8 @@ def _utils_notes(student_utils: Path) -> list:
             f"```diff\n{shown}\n```"]
 
 
-def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None, clock=None) -> dict:
+def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None, clock=None,
+                matter=None) -> dict:
     """Re-run `parts` (those of the rubric the check runs) at `check` and judge them. A failure is
     run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at).
     The second run decides where the first said nothing about the code: the machinery failed, or
@@ -64,7 +65,8 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     again on the rubric's own clock. A part past its clock with the CPU it wanted hung: it is not
     run again. `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them).
     `clock`: each part's wall clock here, in seconds (a batch's, grader.limits.part_clock), else
-    the rubric's timeouts.part."""
+    the rubric's timeouts.part. `matter`: whether each parallel part's collectives made its values,
+    by (part, kind), as the hand-in's earlier checks showed it (_collectives_matter); None: not asked."""
     parts = [p for p in parts if p in rubric.parts_at(check)]
     measured = clock is not None and clock < rubric.timeouts.part   # else the rubric's own clock
     clocked = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock)) \
@@ -92,7 +94,27 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
         judged[p] = second
     for p, second in _run_again(executor, code, check, clocked, scratch, again, verdict).items():
         judged[p].flaky = second.status == Status.PASSED
+    if matter is not None and check.world_size > 1:
+        _collectives_matter(executor, code, check, clocked, scratch, judged, verdict, matter, say)
     return judged
+
+
+def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, verdict, matter: dict, say) -> None:
+    """Each parallel part that passed at `check` (of several ranks) the first time at its kind runs
+    once more, in a world that changes what its collectives return (grader.verdict.comm): values
+    still right there did not come from them, and the part fails here and at every later check of
+    several ranks of that kind. `matter`: (part, kind) -> "" where its collectives were shown to
+    make its values, else where they were shown not to."""
+    passed = [p for p, o in judged.items() if o.status == Status.PASSED and BY_ID[p].moves]
+    for p in (p for p in passed if matter.get((p, check.kind))):
+        comm.independent(judged[p], p, check, say, shown_at=matter[p, check.kind])
+    unknown = [p for p in passed if (p, check.kind) not in matter]
+    runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=True) if unknown else {}
+    for p in unknown:
+        right = verdict(p, runs[p]).status == Status.PASSED
+        matter[p, check.kind] = _hung_at(check) if right else ""
+        if right:
+            comm.independent(judged[p], p, check, say)
 
 
 def _run_again(executor, code, check, rubric, scratch, parts: list, verdict) -> dict:
@@ -168,6 +190,7 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
     outcomes = {p: [] for p in rubric.part_ids}
     passed = {p: [] for p in rubric.part_ids}
     hung = {}   # (part, check kind) -> the check at which it hung
+    matter = {}   # (part, check kind) -> whether its collectives made its values (judge_check)
     for check in rubric.checks:
         if time.monotonic() > deadline:
             for p in rubric.parts_at(check):
@@ -178,7 +201,7 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
                                                f"past its clock there), so it is not run again at later checks"))
         runnable = [p for p in rubric.parts_at(check) if (p, check.kind) not in hung]
         judged = judge_check(executor, code, check, rubric, work, parts=runnable, passed=passed,
-                             clock=(clocks or {}).get(check.name)) if runnable else {}
+                             clock=(clocks or {}).get(check.name), matter=matter) if runnable else {}
         for p, outcome in judged.items():
             outcomes[p].append(outcome)
             if outcome.status == Status.PASSED:

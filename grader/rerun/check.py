@@ -170,8 +170,10 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
     return PartRun(part=part, status=status, ranks=ranks, detail=detail, output=words.output(output))
 
 
-def _world_job(code: dict, work: Path, check, rubric, parts: list) -> WorldJob:
+def _world_job(code: dict, work: Path, check, rubric, parts: list, scaled: bool = False) -> WorldJob:
     config = {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight", "world_size")}
+    if scaled:   # the ranks change what each moving collective returns (grader.rerun.rank.hooks)
+        config["scaled"] = True
     return WorldJob(work_dir=str(work), code=code, store=str(work / "store"),
                     world_size=check.world_size, parts=list(parts), check=config,
                     pg_timeout=rubric.timeouts.process_group, limits=asdict(rubric.limits),
@@ -199,9 +201,10 @@ def _unstarted_parts(parts: list, report: WorldReport, words: Words) -> dict:
             for part in parts}
 
 
-def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS) -> dict:
+def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS, scaled: bool = False) -> dict:
     """Run `parts` of `code` (prepare_code's) at `check`; return part id -> PartRun, for every part
-    that runs at the check's kind (a part of other kinds only is not run: it has no data there)."""
+    that runs at the check's kind (a part of other kinds only is not run: it has no data there).
+    `scaled`: in worlds whose ranks change what each moving collective returns (grader.rerun.rank.hooks)."""
     remaining = [p for p in parts if check.kind in BY_ID[p].kinds]
     runs = {}
     words = Words(code, check.hidden)
@@ -209,7 +212,7 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
     while remaining:
         work = Path(scratch_dir("world-", scratch))
         try:
-            report = executor.run_world(_world_job(code, work, check, rubric, remaining))
+            report = executor.run_world(_world_job(code, work, check, rubric, remaining, scaled))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         for part in report.completed:

@@ -20,10 +20,21 @@ all-reduce of the activations in place of its reduce-scatter gives the right val
 Totals, never exact counts: a barrier, a broadcast of the initial weight or a gradient reduced in
 several pieces pass. A one-rank check needs no collective (it has no one to talk to).
 
-The calls are the rank's own word (grader.rerun.rank.hooks records them inside the rank's process, where
-the hand-in's code also runs): they can fail a part that skipped its collectives, or called them on
-tensors too small to carry the data, but a hand-in that forges the recorder can make them say
-anything. Nothing here passes a part whose values are wrong.
+Calls of the right sizes are not yet the exchange: ranks that swap their data some other way (the
+process group's store, a socket) can call them on zeros for show. So the values must also come from
+them. Once a part passed a check of several ranks of a kind (a step, a layer's backward), it runs
+there once more in a world whose ranks change what each of its moving collectives returns, each
+result multiplied by a factor of 1.25 to 2 as it returns (grader.rerun.rank.hooks: SCALES). Values
+that the collectives carried come out wrong there; values that still come out right did not come
+from them (`independent`), and the part fails at that check and every later check of several ranks
+of that kind. A scaled world that fails in any other way (a crash, a timeout) shows nothing against
+the part. The test runs once a kind per hand-in (docs/grading.md).
+
+The calls are the rank's own word (grader.rerun.rank.hooks records and scales them inside the rank's
+process, where the hand-in's code also runs): they can fail a part that skipped its collectives,
+called them on tensors too small to carry the data or only for show, but a hand-in that forges the
+recorder, or tells a scaled world from another, can make them say anything. Nothing here passes a
+part whose values are wrong.
 """
 
 import math
@@ -153,5 +164,23 @@ def hold(outcome, run, part_id: str, check, say: Say = None):
     text = explain(part_id, check, short, len(run.ranks), say)
     outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
     outcome.diagnosis, outcome.failing_ranks = text, sorted({r for ranks in short.values() for r in ranks})
+    outcome.message = f"{outcome.message}, but {text}"
+    return outcome
+
+
+def independent(outcome, part_id: str, check, say: Say = None, shown_at: str = ""):
+    """`outcome` (a CheckOutcome whose values were right) failed: at a world whose collectives'
+    results were scaled, the part's values came out right all the same. `shown_at`: where that was
+    shown, when not at `check` itself (a later check of the same kind fails for it too)."""
+    say = say or Say(check)
+    part = BY_ID[part_id]
+    verbs = sorted({SAID[m.collective][1] for m in part.moves if m.kind == check.kind})
+    name = part.title.split(':')[0].split(' (')[0]
+    where = f" at {shown_at}" if shown_at else ""
+    text = (f"{name}'s values came out right{where} even when what its {' and '.join(v + 's' for v in verbs)} "
+            f"returned was changed (each result multiplied by 1.25 to 2): its ranks did not get their values "
+            f"from those collectives (right values without the part's collectives earn nothing)")
+    outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
+    outcome.diagnosis, outcome.failing_ranks = text, list(range(check.world_size))
     outcome.message = f"{outcome.message}, but {text}"
     return outcome

@@ -7,7 +7,16 @@ its collectives with the values they move. What tells apart a step that skips it
 (the whole batch computed on every rank, an all-reduce of zeros) is first the data: in a parallel
 part each rank holds real values only in its own share (grader.rerun.wire.secret), so only an exchange
 gives the right weight. The rank's code could patch this spy anyway: its record can fail a part,
-never pass one."""
+never pass one.
+
+At a world asked to (`scaled`), the spy also changes what each of a part's moving collectives
+(an all-reduce, an all-gather, a reduce-scatter) returns: once the call is done, its output is
+multiplied by SCALES[k] for the part's k-th such call (the same on every rank, so the ranks still
+agree). A part whose ranks exchange their data through these calls then comes out wrong; one whose
+ranks swap it some other way and call them for show comes out right anyway, and
+grader.verdict.comm fails it. The factors differ from call to call so that no ratio of two
+collectives' results (a gradient summed, divided by a count summed) undoes them. An asynchronous
+call (async_op=True) is waited for at once, then scaled: the handle it returns is done."""
 
 import contextlib
 import json
@@ -87,6 +96,31 @@ def disarm_cuda_calls(spy=None) -> None:
     torch.cuda.current_device = lambda: 0
 
 
+# What a scaled world multiplies the k-th moving collective's output by (k modulo their number).
+SCALES = (1.5, 1.25, 1.75, 2.0)
+SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
+          "reduce_scatter_tensor", "_reduce_scatter_base")
+OUTPUT_NAMES = ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list")   # the first argument's names
+
+
+def _scale(value, factor: float) -> None:
+    """Multiply every floating-point tensor of `value` (a tensor, or a list of them) in place, by
+    its data: no version counter moves, so a tensor autograd saved is still its to use."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex():
+            value.data.mul_(factor)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _scale(item, factor)
+
+
+def _output(args: tuple, kwargs: dict):
+    """What a moving collective writes its result into: its first argument, by position or by name."""
+    if args:
+        return args[0]
+    return next((kwargs[name] for name in OUTPUT_NAMES if name in kwargs), None)
+
+
 def _numel(value) -> int:
     if isinstance(value, torch.Tensor):
         return value.numel()
@@ -107,6 +141,8 @@ class CommRecorder:
         self.progress = progress
         self.part = ""
         self.inside = False
+        self.scaled = False    # a scaled world's (see the module docstring)
+        self.moved = 0         # the part's moving collectives so far
 
     def install(self) -> None:
         import torch.distributed.distributed_c10d as c10d
@@ -132,7 +168,14 @@ class CommRecorder:
                 self._note_progress(self.calls[-1])
             self.inside = True
             try:
-                return original(*args, **kwargs)
+                if not (self.scaled and self.calls is not None and name in SCALED):
+                    return original(*args, **kwargs)
+                work = original(*args, **kwargs)
+                if work is not None:   # async_op=True: its result is there once it is done
+                    work.wait()
+                _scale(_output(args, kwargs), SCALES[self.moved % len(SCALES)])
+                self.moved += 1
+                return work
             finally:
                 self.inside = False
         recorded.__name__ = name
@@ -154,8 +197,9 @@ class CommRecorder:
             self.devices.append(index)
 
     @contextlib.contextmanager
-    def recording(self, calls: list, devices: list = None, part: str = ""):
+    def recording(self, calls: list, devices: list = None, part: str = "", scaled: bool = False):
         self.calls, self.devices, self.part = calls, devices, part
+        self.scaled, self.moved = scaled, 0
         if self.progress:
             try:
                 open(self.progress, "w").close()   # the file holds the current part's calls only
@@ -165,3 +209,4 @@ class CommRecorder:
             yield calls
         finally:
             self.calls = self.devices = None
+            self.scaled = False

@@ -155,7 +155,7 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
     started = time.monotonic()
     result = protocol.Result(part=part_id, status=RankStatus.OK)
     try:
-        with CudaOnCpu(comm), comm.recording(calls, devices, part_id):
+        with CudaOnCpu(comm), comm.recording(calls, devices, part_id, scaled=bool(check.get("scaled"))):
             tensors = run(module, call, check, view.data)
         # Its answer first (the weight, or the output of a layer run alone), refused past what the
         # part may return, then the rest.

@@ -1,0 +1,90 @@
+"""A parallel part's values must come from its collectives (grader.verdict.comm: `independent`).
+
+The first time a parallel part passes a check of several ranks of a kind, it runs there once more
+in a world whose ranks multiply what each of its moving collectives returns (grader.rerun.rank
+.hooks: SCALES). Here, in real gloo worlds of one warm executor at a 2-rank step check and its
+backward twin: the reference's parallel parts come out wrong in the scaled world (and so pass),
+Parts 1 and 2, which call no collective, come out right there; ranks that swap their data through
+the process group's store and call the collectives on zeros of the right sizes for show come out
+right in it, and fail, at that check and at the next of its kind without another scaled world.
+"""
+
+import dataclasses
+
+import pytest
+
+from grader.parts import BY_ID
+from grader.pipeline.grade import judge_check
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
+from grader.results import Status
+from grader.rubric import load_rubric
+from grader.verdict.judging import judging
+from grader.verdict.say import Say
+from tests.corpus import REFERENCE, fast_rubric
+from tests.hostile import file_swap
+
+PARTS = ["baseline", "grad_accumulation", "data_parallel", "tensor_parallel"]
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("scaled")
+    rubric = load_rubric(fast_rubric(tmp))
+    step = dataclasses.replace(next(c for c in rubric.checks if c.name == "default"), world_size=2)
+    backward = dataclasses.replace(next(c for c in rubric.checks if c.name == "default-backward"), world_size=2)
+    executor = WarmExecutor("best", rubric.limits)
+    executor.start()
+    yield executor, rubric, step, backward, tmp
+    executor.close()
+
+
+def _code(tmp, name: str, text: str) -> dict:
+    path = tmp / f"{name}.py"
+    path.write_text(text)
+    return prepare_code(path)
+
+
+def test_a_scaled_world_leaves_the_references_parallel_parts_wrong_and_the_others_right(worlds):
+    executor, rubric, step, _, tmp = worlds
+    runs = run_check(executor, _code(tmp, "reference", REFERENCE.read_text()), step, rubric, tmp, PARTS, scaled=True)
+    say = Say(step)
+    for part, run in runs.items():
+        assert run.status == Status.PASSED, (part, run.detail)   # it ran to the end on every rank...
+        way = judging(part, step.kind)
+        judged = way.judge(run, way.expected(step, rubric.learning_rate, run.data, part), part, step,
+                           rubric.tolerance, say, ())
+        # ...with values that came through its collectives wherever it calls any
+        assert (judged.status == Status.PASSED) == (not BY_ID[part].moves), (part, judged.message)
+
+
+def test_the_reference_passes_and_its_collectives_are_shown_to_make_its_values(worlds):
+    executor, rubric, step, backward, tmp = worlds
+    code, matter = _code(tmp, "reference", REFERENCE.read_text()), {}
+    for check in (step, backward):
+        judged = judge_check(executor, code, check, rubric, tmp, PARTS, matter=matter)
+        assert {p: o.status for p, o in judged.items()} == {p: Status.PASSED for p in judged}, \
+            {p: o.message for p, o in judged.items()}
+    assert matter == {("data_parallel", "step"): "", ("tensor_parallel", "step"): "", ("tensor_parallel", "backward"): ""}
+
+
+def test_collectives_for_show_beside_a_swap_fail_where_shown_and_at_the_next_check_of_the_kind(worlds):
+    executor, rubric, step, backward, tmp = worlds
+    code, matter = _code(tmp, "swap", file_swap(dummies="sized", via="store")), {}
+    first = judge_check(executor, code, step, rubric, tmp, PARTS, matter=matter)
+    worlds_before = executor.worlds
+    again = judge_check(executor, code, dataclasses.replace(step, name="again", seed=7), rubric, tmp, PARTS,
+                        matter=matter)
+    assert executor.worlds == worlds_before + 1, "a kind already shown ran another scaled world"
+    for judged, where in ((first, ""), (again, " at check 'default'")):
+        assert judged["baseline"].status == Status.PASSED and judged["grad_accumulation"].status == Status.PASSED
+        for part, collective in (("data_parallel", "all-reduces"), ("tensor_parallel", "all-gathers")):
+            outcome = judged[part]
+            assert outcome.status == Status.FAILED and not outcome.comm_ok, outcome.message
+            assert f"values came out right{where} even when what its {collective}" in outcome.comm_message, \
+                outcome.comm_message
+            assert outcome.comm_message in outcome.message
+    layer = judge_check(executor, code, backward, rubric, tmp, PARTS, matter=matter)["tensor_parallel"]
+    assert layer.status == Status.FAILED and "all-gathers and all-reduces returned" in layer.comm_message, layer.message
+    assert matter == {("data_parallel", "step"): "check 'default'", ("tensor_parallel", "step"): "check 'default'",
+                      ("tensor_parallel", "backward"): "check 'default-backward'"}
