@@ -112,7 +112,7 @@ def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, ve
     runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=True) if unknown else {}
     for p in unknown:
         right = verdict(p, runs[p]).status == Status.PASSED
-        matter[p, check.kind] = _hung_at(check) if right else ""
+        matter[p, check.kind] = _named(check) if right else ""
         if right:
             comm.independent(judged[p], p, check, say)
 
@@ -172,8 +172,9 @@ def _not_run(check, message: str) -> CheckOutcome:
                         message=message)
 
 
-def _hung_at(check) -> str:
-    """Where a part hung, as a later check's outcome says it: a hidden check's name is not said."""
+def _named(check) -> str:
+    """A check as a later check's outcome names it (where a part hung, or was shown not to need its
+    collectives): a hidden check's name is not said."""
     return "an earlier hidden check" if check.hidden else f"check '{check.name}'"
 
 
@@ -197,7 +198,7 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
                 outcomes[p].append(_not_run(check, f"not run: the hand-in's {rubric.timeouts.handin:g} s were used up"))
             continue
         for p in (p for p in rubric.parts_at(check) if (p, check.kind) in hung):
-            outcomes[p].append(_not_run(check, f"not run: this part hung at {_hung_at(hung[p, check.kind])} (it ran "
+            outcomes[p].append(_not_run(check, f"not run: this part hung at {_named(hung[p, check.kind])} (it ran "
                                                f"past its clock there), so it is not run again at later checks"))
         runnable = [p for p in rubric.parts_at(check) if (p, check.kind) not in hung]
         judged = judge_check(executor, code, check, rubric, work, parts=runnable, passed=passed,
