@@ -8,7 +8,8 @@ result written before pages were).
 Why a part lost points, in one line (`part_reason`), from its first failing check (a public one
 when there is one: it says its numbers):
 - a crash: the exception line and the line of assignment4.py it was raised from;
-- a hang (timeout): the re-run's message, which names the ranks and the collective they waited in;
+- a hang (timeout): the re-run's message, which names the ranks and the collective they waited in
+  first (the words the row already says, "timed out", the part's name, left out);
 - a wrong weight: the diagnosis (what the difference looks like), else the message;
 - right weights at every check: the communication that was wrong, else what the log lacked.
 
@@ -24,6 +25,7 @@ from grader.parts import BY_ID
 
 LINE = 240   # characters of one reason: a row stays one line of a wide table
 OWN_FRAME = re.compile(r'File "assignment4\.py", line (\d+)')
+TIMED_OUT = re.compile(r"^timed out: (\w+ did not finish: )?")   # grader.verdict.compare's and grader.rerun.check's words
 
 
 def readable(points, digits: int = 2) -> str:
@@ -56,6 +58,8 @@ def part_reason(part: dict) -> str:
         at = f" (assignment4.py line {frames[-1]})" if frames else ""
         return _line(f"crashed at {where}: {first.get('error') or first.get('message', '')}{at}")
     said = first.get("diagnosis") if status == "failed" and first.get("diagnosis") else first.get("message", "")
+    if status == "timeout":   # the row says timeout and names the part: the line keeps the cause
+        said = TIMED_OUT.sub("", said)
     return _line(f"{status} at {where}: {said}")
 
 

@@ -141,8 +141,9 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
         status, detail = Status.OOM, words.stopped(reason, abort.detail or memory.verdict(memory_mb))
     elif reason == StopReason.TIMEOUT and not crashed:   # with one, the others likely waited for it
         status = Status.TIMEOUT
-        detail = f"{part} did not finish: {detail}" + (f"; {hang}" if hang else
-                                                       " (a hang, or a rank waiting for a collective the others skipped)")
+        # who waited for whom first: a line that keeps only its head (the staff report's) keeps the cause
+        detail = f"{part} did not finish: {hang}; {detail}" if hang else \
+            f"{part} did not finish: {detail} (a hang, or a rank waiting for a collective the others skipped)"
     elif crashed:
         status = Status.CRASHED
         first = crashed[0]
