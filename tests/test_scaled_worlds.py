@@ -88,3 +88,45 @@ def test_collectives_for_show_beside_a_swap_fail_where_shown_and_at_the_next_che
     assert layer.status == Status.FAILED and "all-gathers and all-reduces returned" in layer.comm_message, layer.message
     assert matter == {("data_parallel", "step"): "check 'default'", ("tensor_parallel", "step"): "check 'default'",
                       ("tensor_parallel", "backward"): "check 'default-backward'"}
+
+
+# The reference with its Part 3 all-reducing through the process group's own method and its Part 4
+# gathering the updated weight through the functional collectives (DTensor's): the same exchange.
+BY_OTHER_WAYS = (
+    ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)",
+     "        dist.group.WORLD.allreduce([param.grad]).wait()"),
+    ("    dist.all_gather(weight_shards, local_updated_weight)",
+     "    import torch.distributed._functional_collectives as funcol\n"
+     "    whole = funcol.all_gather_tensor(local_updated_weight.contiguous(), 0, dist.group.WORLD)\n"
+     "    for k, shard in enumerate(whole.chunk(len(weight_shards))):\n"
+     "        weight_shards[k].copy_(shard)"),
+)
+
+
+def test_collectives_reached_through_a_groups_methods_or_the_functional_ops_are_recorded_and_scaled(worlds):
+    """What the spy records of a group method's or a functional op's call is what it records of the
+    function's (the collective's name, its values, its reduce op), and the scaled world changes
+    what they return: the parts pass, their collectives shown to make their values."""
+    executor, rubric, step, _, tmp = worlds
+    text = REFERENCE.read_text()
+    for old, new in BY_OTHER_WAYS:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    recorded = {}
+    for name, source in (("reference", REFERENCE.read_text()), ("other-ways", text)):
+        runs = run_check(executor, _code(tmp, name, source), step, rubric, tmp, ["data_parallel", "tensor_parallel"])
+        recorded[name] = {part: [[(c["op"], c["numel"], c["reduce_op"]) for c in rank.comm] for rank in run.ranks.values()]
+                          for part, run in runs.items()}
+    reduces = {name: [[c[:2] for c in rank] for rank in found["data_parallel"]] for name, found in recorded.items()}
+    assert reduces["other-ways"] == reduces["reference"]   # the group's method was given no op: a sum, as the function's default
+    assert {c[2] for rank in recorded["other-ways"]["data_parallel"] for c in rank} == {None}
+    gathers = {name: [[c for c in rank if c[0].startswith("all_gather")] for rank in found["tensor_parallel"]]
+               for name, found in recorded.items()}
+    assert [[c[1:] for c in rank] for rank in gathers["other-ways"]] == [[c[1:] for c in rank] for rank in gathers["reference"]]
+    # the layer's own gather in its forward, then the updated weight's through the functional op
+    assert all([c[0] for c in rank] == ["all_gather", "all_gather_into_tensor"] for rank in gathers["other-ways"]), gathers
+    matter = {}
+    judged = judge_check(executor, _code(tmp, "other-ways", text), step, rubric, tmp, PARTS, matter=matter)
+    assert {p: o.status for p, o in judged.items()} == {p: Status.PASSED for p in judged}, \
+        {p: o.message for p, o in judged.items()}
+    assert matter == {("data_parallel", "step"): "", ("tensor_parallel", "step"): ""}

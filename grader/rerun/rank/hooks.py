@@ -1,5 +1,6 @@
 """What a rank's torch is wrapped in while hand-in code runs: GPUs that land on the CPU, and a spy
-on every collective a part calls.
+on every collective a part calls, by torch.distributed's functions, a process group's own methods
+or the functional collectives' ops (recorded under the function's name, once a call).
 
 The spy's record names a hang (which collective each rank waited in, written before each call so
 that it survives the kill), and grader.verdict.comm fails a parallel part whose ranks did not call
@@ -100,7 +101,27 @@ def disarm_cuda_calls(spy=None) -> None:
 SCALES = (1.5, 1.25, 1.75, 2.0)
 SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
           "reduce_scatter_tensor", "_reduce_scatter_base")
-OUTPUT_NAMES = ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list")   # the first argument's names
+OUTPUT_NAMES = ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list",   # the first argument's names
+                "tensors", "output_tensors", "outputTensor")
+
+# Where a rank reaches the same collectives other than through torch.distributed's functions, each
+# call is recorded (and scaled) under the function's name: a process group's, or its backend's, own
+# methods (dist.group.WORLD.allreduce([t]); the functions call them in turn, and a call is recorded
+# once, by whichever the rank called), and the functional collectives' ops
+# (torch.distributed._functional_collectives, which DTensor uses), which return what they computed.
+FUNCTION, METHOD, OP = "function", "method", "op"   # how a wrapped collective is reached
+GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
+                 "allgather_coalesced": "all_gather", "_allgather_base": "all_gather_into_tensor",
+                 "allgather_into_tensor_coalesced": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter",
+                 "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+                 "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
+                 "gather": "gather", "scatter": "scatter", "send": "send", "recv": "recv", "recv_anysource": "recv",
+                 "barrier": "barrier"}
+FUNCTIONAL_OPS = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
+                  "all_reduce_coalesced_": "all_reduce", "all_gather_into_tensor": "all_gather_into_tensor",
+                  "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+                  "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+                  "all_to_all_single": "all_to_all_single", "broadcast": "broadcast", "broadcast_": "broadcast"}
 
 
 def _scale(value, factor: float) -> None:
@@ -129,6 +150,36 @@ def _numel(value) -> int:
     return 0
 
 
+def _functional_numel(name: str, args: tuple) -> int:
+    """A functional collective's values as its function's call is recorded (input and output alike,
+    as all_gather_into_tensor(out, shard)): an op is handed its inputs and the group's size only."""
+    given = _numel(args[0]) if args else 0
+    size = next((a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)), 1)
+    if name == "all_gather_into_tensor":
+        return given + given * size
+    if name == "reduce_scatter_tensor":
+        return given + given // max(1, size)
+    return 2 * given if name == "all_to_all_single" else given
+
+
+def _reduce_op(name: str, entry: str, given: tuple, kwargs: dict):
+    """The reduce op an all-reduce was called with, by how it was reached; None where none was given."""
+    if name != "all_reduce":
+        return None
+    if entry == METHOD:   # (tensors, options) or (tensors, op): the options carry their reduceOp
+        return next((v for v in list(given[1:]) + list(kwargs.values())
+                     if hasattr(v, "reduceOp") or isinstance(v, (dist.ReduceOp, dist.ReduceOp.RedOpType))), None)
+    return kwargs.get("op", kwargs.get("reduceOp", given[1] if len(given) > 1 else None))
+
+
+def _reduce_name(op):
+    """SUM, AVG, MAX...: of a ReduceOp's type, a ReduceOp object (PREMUL_SUM's), a group's options or
+    a functional collective's string."""
+    op = getattr(op, "reduceOp", op)
+    op = getattr(op, "op", op)
+    return None if op is None else str(op).rsplit(".", 1)[-1].upper()
+
+
 class CommRecorder:
     """Records each torch.distributed collective called while a part runs: (op, elements, reduce op),
     and the GPU indices the part asked for. Each call is also written, before it is made, as a line
@@ -146,6 +197,7 @@ class CommRecorder:
 
     def install(self) -> None:
         import torch.distributed.distributed_c10d as c10d
+        from torch._C._distributed_c10d import Backend, ProcessGroup
         for name in COLLECTIVES:
             original = getattr(c10d, name, None)
             if original is None:
@@ -154,33 +206,55 @@ class CommRecorder:
             for module in (dist, c10d):
                 if getattr(module, name, None) is original:
                     setattr(module, name, wrapper)
+        for group_class in (ProcessGroup, Backend):
+            for method, name in GROUP_METHODS.items():
+                if method in group_class.__dict__:   # its own, not inherited: each wrapped once
+                    setattr(group_class, method, self._wrap(name, group_class.__dict__[method], METHOD))
+        for space in ("_c10d_functional", "_c10d_functional_autograd"):
+            for op, name in FUNCTIONAL_OPS.items():
+                try:
+                    original = getattr(getattr(torch.ops, space), op)
+                except (AttributeError, RuntimeError):
+                    continue   # not in this torch
+                setattr(getattr(torch.ops, space), op, self._wrap(name, original, OP))
 
-    def _wrap(self, name, original):
+    def _wrap(self, name, original, entry=FUNCTION):
         def recorded(*args, **kwargs):
             if self.inside:
                 # torch hands a collective to the active TorchFunctionMode (CudaOnCpu), which calls
-                # the module's function, this wrapper, again: one call, recorded once.
+                # the module's function, this wrapper, again, and the function calls its group's
+                # method: one call, recorded once.
                 return original(*args, **kwargs)
+            given = args[1:] if entry == METHOD else args   # a method's first is its process group
             if self.calls is not None and len(self.calls) < 1000:
-                op = kwargs.get("op", args[1] if name == "all_reduce" and len(args) > 1 else None)
-                self.calls.append({"op": name, "numel": _numel(list(args) + list(kwargs.values())),
-                                   "reduce_op": str(op).rsplit(".", 1)[-1] if op is not None else None})
+                numel = _functional_numel(name, given) if entry == OP else _numel(list(given) + list(kwargs.values()))
+                self.calls.append({"op": name, "numel": numel,
+                                   "reduce_op": _reduce_name(_reduce_op(name, entry, given, kwargs))})
                 self._note_progress(self.calls[-1])
             self.inside = True
             try:
-                if not (self.scaled and self.calls is not None and name in SCALED):
-                    return original(*args, **kwargs)
-                work = original(*args, **kwargs)
-                if work is not None:   # async_op=True: its result is there once it is done
-                    work.wait()
-                _scale(_output(args, kwargs), SCALES[self.moved % len(SCALES)])
-                self.moved += 1
-                return work
+                result = original(*args, **kwargs)
+                if self.scaled and self.calls is not None and name in SCALED:
+                    self._scale_result(entry, result, given, kwargs)
+                return result
             finally:
                 self.inside = False
         recorded.__name__ = name
         recorded.__wrapped__ = original
         return recorded
+
+    def _scale_result(self, entry: str, result, given: tuple, kwargs: dict) -> None:
+        """Multiply what a moving collective returned by the part's next factor, once it is done."""
+        if entry == OP:   # what the op returns, its collective perhaps still running
+            for tensor in result if isinstance(result, (list, tuple)) else [result]:
+                torch.ops._c10d_functional.wait_tensor(tensor)
+            output = result
+        else:
+            if result is not None:   # a Work (async_op=True, and every group method's): done once waited for
+                result.wait()
+            output = _output(given, kwargs)
+        _scale(output, SCALES[self.moved % len(SCALES)])
+        self.moved += 1
 
     def _note_progress(self, call: dict) -> None:
         if not self.progress:
