@@ -247,6 +247,24 @@ OUTLIVE_WORLD = (
 )
 ATTACKS["outlive_the_world"] = Attack(OUTLIVE_WORLD.replace("{hold_mb}", "200"), ("passed", "oom", "crashed", "timeout"))
 
+# In place of the files its world's leader reads after the parts (its output, its record of its
+# collectives), a rank puts a FIFO (a reader waits for a writer that never comes) or, on odd ranks, a
+# link to /dev/zero (a read that never ends). Under the sandbox the world's folder is not the rank's
+# to change; without it (`--sandbox off`) it is, and the leader must read neither.
+FILES_REPLACED = (
+    "import os\n"
+    "rank = int(os.environ.get('RANK', '0'))\n"
+    "out, calls = f'rank{{rank}}.out', f'rank{{rank}}.calls'\n"
+    "for path in (out, calls):\n"
+    "    try:\n        os.unlink(path)\n    except OSError:\n        pass\n"
+    "try:\n"
+    "    os.mkfifo(calls)\n"
+    "    os.mkfifo(out) if rank % 2 == 0 else os.symlink('/dev/zero', out)\n"
+    "except OSError:\n"
+    "    pass\n"
+)
+ATTACKS["files_replaced"] = Attack(FILES_REPLACED)
+
 
 TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
 

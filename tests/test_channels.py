@@ -127,6 +127,28 @@ def test_without_the_sandbox_a_world_ends_whole(config, tmp_path_factory):
     assert "removed with it" in isolation["scratch"], isolation
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("config", CONFIG_PARAMS)
+def test_files_a_rank_puts_in_place_of_its_own_hold_up_nothing(config, tmp_path_factory):
+    """`--sandbox off`, and the sandbox: a rank puts a FIFO, or a link to /dev/zero, where its
+    world's leader reads its output and its record of its collectives (tests/hostile.py:
+    FILES_REPLACED). The leader reads neither (it would wait, or read, for ever: the world then
+    reads as the grader's failure), and the part passes."""
+    ta = None
+    if config != "root":
+        missing = tas.available()
+        if missing:
+            skip_unless_required("A4_REQUIRE_TA_CONFIGS", f"no TA configuration here: {missing}")
+        ta = tas.ta_setup(config)
+    try:
+        runs = [run for mode in ("off", "auto") for run in
+                grade_in_order(config, tmp_path_factory, [_code("files_replaced")], mode=mode, ta=ta)]
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+    assert [run["status"] for run in runs] == ["passed", "passed"], [run["detail"] for run in runs]
+
+
 # Root's own Python: one world that leaves a daemon and then sleeps, on an executor without the
 # sandbox; its cgroup folders are printed first. The test kills this process with SIGKILL mid-world.
 KILLED_MID_WORLD = """\

@@ -7,26 +7,53 @@ collectives.
 import os
 import select
 import signal
+import stat
 import time
 
 OUTPUT_HEAD, OUTPUT_TAIL = 4096, 8192
 PROGRESS_TAIL = 65536
 
 
+def left_file(path: str, flags: int = os.O_RDONLY):
+    """A descriptor of the file a rank left at `path`, opened with `flags`, where it is a regular
+    file; None where it is not (or is gone). Where ranks have no view of their own (`--sandbox off`),
+    a hand-in can put a FIFO, a link or a device in its files' place: none is waited on, followed or
+    read, and the leader never hangs on what a rank left."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _read_ends(path: str, head: int, tail: int) -> bytes:
+    """The first `head` and the last `tail` bytes of the file a rank left at `path` (b"" where
+    there is none), what lies between (if any, after a head) named by its size."""
+    fd = left_file(path)
+    if fd is None:
+        return b""
+    with open(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        text = f.read(head)
+        if size > head + tail:
+            f.seek(size - tail)
+            text += b"\n[... %d bytes left out ...]\n" % (size - head - tail) if head else b""
+        return text + f.read(tail)
+
+
 def output(work_dir: str, world_size: int) -> dict:
     """Head and tail of what each rank wrote to stdout/stderr."""
     out = {}
     for rank in range(world_size):
-        path = os.path.join(work_dir, f"rank{rank}.out")
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(OUTPUT_HEAD)
-                if size > OUTPUT_HEAD + OUTPUT_TAIL:
-                    f.seek(size - OUTPUT_TAIL)
-                    head += b"\n[... %d bytes left out ...]\n" % (size - OUTPUT_HEAD - OUTPUT_TAIL)
-                head += f.read()
-            out[rank] = head.decode("utf-8", "replace")
+            out[rank] = _read_ends(os.path.join(work_dir, f"rank{rank}.out"), OUTPUT_HEAD, OUTPUT_TAIL).decode(
+                "utf-8", "replace")
         except OSError:
             out[rank] = ""
     return out
@@ -38,10 +65,8 @@ def progress(work_dir: str, world_size: int) -> dict:
     out = {}
     for rank in range(world_size):
         try:
-            with open(os.path.join(work_dir, f"rank{rank}.calls"), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(max(0, size - PROGRESS_TAIL))
-                out[rank] = f.read(PROGRESS_TAIL).decode("utf-8", "replace")
+            out[rank] = _read_ends(os.path.join(work_dir, f"rank{rank}.calls"), 0, PROGRESS_TAIL).decode(
+                "utf-8", "replace")
         except OSError:
             pass
     return out

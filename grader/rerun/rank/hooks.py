@@ -21,6 +21,7 @@ call (async_op=True) is waited for at once, then scaled: the handle it returns i
 
 import contextlib
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -259,11 +260,22 @@ class CommRecorder:
     def _note_progress(self, call: dict) -> None:
         if not self.progress:
             return
+        self._write_progress(json.dumps({"part": self.part, "n": len(self.calls), **call}) + "\n", os.O_APPEND)
+
+    def _write_progress(self, line: str, mode: int) -> None:
+        """Append `line` (os.O_APPEND) or start the file anew (os.O_TRUNC). Never waits: a FIFO the
+        hand-in put in the file's place (it can where a rank has no view of its own) is passed by."""
         try:
-            with open(self.progress, "a") as f:
-                f.write(json.dumps({"part": self.part, "n": len(self.calls), **call}) + "\n")
+            fd = os.open(self.progress, os.O_WRONLY | os.O_CREAT | mode | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o600)
         except OSError:
-            pass   # the record only ever describes a hang; the part goes on without it
+            return   # the record only ever describes a hang; the part goes on without it
+        try:
+            os.write(fd, line.encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def asked_for(self, device) -> None:
         index = cuda_index(device)
@@ -275,10 +287,7 @@ class CommRecorder:
         self.calls, self.devices, self.part = calls, devices, part
         self.scaled, self.moved = scaled, 0
         if self.progress:
-            try:
-                open(self.progress, "w").close()   # the file holds the current part's calls only
-            except OSError:
-                pass
+            self._write_progress("", os.O_TRUNC)   # the file holds the current part's calls only
         try:
             yield calls
         finally:
