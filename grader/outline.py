@@ -38,7 +38,7 @@ for kind, want in ((resource.RLIMIT_AS, int(sys.argv[1]) << 20), (resource.RLIMI
     hard = resource.getrlimit(kind)[1]
     want = want if hard == resource.RLIM_INFINITY else min(want, hard)
     resource.setrlimit(kind, (want, hard))
-tree = ast.parse(sys.stdin.buffer.read().decode("utf-8", "replace"))
+tree = ast.parse(sys.stdin.buffer.read().decode("utf-8-sig", "replace"))   # a BOM, as Python itself reads a file
 found = {}
 for node in ast.walk(tree):
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -91,7 +91,7 @@ def tree(text: str):
 
     def parse():
         try:
-            parsed.append(ast.parse(text))
+            parsed.append(ast.parse(text[1:] if text.startswith("\ufeff") else text))   # a BOM, as Python reads a file
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass
 

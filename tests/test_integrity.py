@@ -235,6 +235,17 @@ def test_in_a_class_from_the_handout_a_copy_of_handout_code_is_not_listed_and_a_
     assert copy.share_a == copy.share_b == 1.0 and copy.strong
 
 
+def test_code_saved_with_a_bom_and_windows_line_ends_is_read_as_python_reads_it():
+    """An editor's byte-order mark and CRLF line ends change nothing Python runs: the code's tree,
+    its definitions' lines (a hidden check's frames) and its own code's fingerprints are the same."""
+    from grader import outline
+    base = codes.Base.from_files()
+    text = fill(STYLES["terse"])
+    saved = "\ufeff" + text.replace("\n", "\r\n")
+    assert outline.tree(saved) is not None and outline.spans(saved) == outline.spans(text)
+    assert codes.own_code(saved, base).fingerprints == codes.own_code(text, base).fingerprints != set()
+
+
 def test_code_that_does_not_parse_is_still_read_line_by_line():
     base = codes.Base.from_files()
     own = codes.own_code(mutate("does_not_parse"), base)
