@@ -23,13 +23,25 @@ from grader.rerun.rank import worker
 from grader.rerun.sandbox import environment
 
 
-def fork_gloo_floor(repeats: int = 20, world_size: int = 4, work=None) -> float:
+def busy_seconds():
+    """The machine's CPU time so far, every process's, user and system (/proc/stat), in seconds;
+    None where there is no /proc/stat. What a world costs the machine, whichever process paid it."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # all but idle and iowait
+
+
+def fork_gloo_floor(repeats: int = 20, world_size: int = 4, work=None, cpu: dict = None) -> float:
     """Median seconds to fork `world_size` ranks from a warm process, join gloo, all-reduce once
     (or call `work`), exit. The process is warmed as the zygote is, its memory in huge pages too
-    (grader.rerun.sandbox.environment.fold_into_huge_pages): the floor forks no slower than a world."""
+    (grader.rerun.sandbox.environment.fold_into_huge_pages): the floor forks no slower than a world.
+    `cpu`, where given, gets "per_world": the machine's CPU seconds (busy_seconds) a world."""
     worker.warm_up()
     environment.fold_into_huge_pages()
-    times = []
+    times, busy = [], busy_seconds()
     for _ in range(repeats):
         store = tempfile.mkdtemp(prefix="a4-floor-")
         started = time.perf_counter()
@@ -52,6 +64,8 @@ def fork_gloo_floor(repeats: int = 20, world_size: int = 4, work=None) -> float:
         if any(codes):   # a floor whose ranks did not do the work would measure less than it
             raise RuntimeError(f"a rank of the floor's world failed (exit codes {codes})")
         shutil.rmtree(store, ignore_errors=True)
+    if cpu is not None and busy is not None:
+        cpu["per_world"] = (busy_seconds() - busy) / repeats
     return statistics.median(times)
 
 

@@ -51,8 +51,10 @@ LAYERS = (
 )
 
 
-def timelines(mode: str, worlds: int, rubric) -> list:
-    """The timelines of `worlds` worlds of the reference at the default check, by an executor of `mode`."""
+def timelines(mode: str, worlds: int, rubric, cpu: dict = None) -> list:
+    """The timelines of `worlds` worlds of the reference at the default check, by an executor of `mode`;
+    `cpu`, where given, gets "per_world": the machine's CPU seconds a counted world (_floor.busy_seconds)."""
+    from benchmarks._floor import busy_seconds
     executor = WarmExecutor(mode, rubric.limits)
     executor.start()
     code = prepare_code(REFERENCE)
@@ -63,7 +65,11 @@ def timelines(mode: str, worlds: int, rubric) -> list:
     def run_world(job):
         report = real(job)
         seen.append(dict(report.timeline))
+        if len(seen) == WARM_UP:
+            busy.append(busy_seconds())
         return report
+
+    busy = []
 
     executor.run_world = run_world
     try:
@@ -71,6 +77,8 @@ def timelines(mode: str, worlds: int, rubric) -> list:
             run_check(executor, code, rubric.default_check, rubric, scratch, rubric.parts_at(rubric.default_check))
     finally:
         executor.close()
+    if cpu is not None and busy and busy[0] is not None:
+        cpu["per_world"] = (busy_seconds() - busy[0]) / worlds
     return [t for t in seen[WARM_UP:] if all(k in t for k in ("forked", "ready", "done", "ended", "round_trip"))]
 
 
@@ -124,21 +132,26 @@ def main() -> int:
     parts = rubric.parts_at(check)
 
     def both_floors() -> dict:
+        cpu = {}
         return {"floor": fork_gloo_floor(repeats=args.worlds, world_size=check.world_size),
-                "work": fork_gloo_floor(repeats=args.worlds, world_size=check.world_size, work=reference_parts(parts))}
+                "work": fork_gloo_floor(repeats=args.worlds, world_size=check.world_size, work=reference_parts(parts),
+                                        cpu=cpu),
+                "work_cpu": cpu.get("per_world")}
 
     if args.json:   # the run as an ordinary user (as_a_user), or with another torch (with_python)
-        rows = timelines("auto", args.worlds, rubric)
-        print(json.dumps({"timelines": rows, **both_floors()}))
+        cpu = {}
+        rows = timelines("auto", args.worlds, rubric, cpu)
+        print(json.dumps({"timelines": rows, "cpu": cpu.get("per_world"), **both_floors()}))
         return 0
     print(f"a world of the reference at the default check ({check.world_size} ranks, parts "
           f"{', '.join(rubric.parts_at(check))}), as {'root' if os.geteuid() == 0 else 'an ordinary user'}, "
           f"median of {args.worlds} worlds each, in ms; load average before: {os.getloadavg()[0]:.1f}")
-    columns = {}
+    columns, cpus = {}, {}
     for mode, name in (("auto", "sandbox"), ("off", "--sandbox off")):
-        started = time.monotonic()
+        started, cpu = time.monotonic(), {}
         try:
-            columns[name] = timelines(mode, args.worlds, rubric)
+            columns[name] = timelines(mode, args.worlds, rubric, cpu)
+            cpus[name] = cpu.get("per_world")
         except SandboxUnavailable as e:
             print(f"{name}: cannot run here ({e})")
             continue
@@ -148,7 +161,7 @@ def main() -> int:
         for name, measured in (("user, sandbox", as_a_user(args.worlds)),
                                ("CUDA, sandbox", with_python(args.cuda_python, args.worlds))):
             if measured:
-                columns[name], floors[name] = measured["timelines"], measured
+                columns[name], floors[name], cpus[name] = measured["timelines"], measured, measured.get("cpu")
     print(f"{'layer':8s} " + " ".join(f"{name:>14s}" for name in columns) + "  what")
     for layer, what, of in LAYERS:
         cells = [f"{1000 * statistics.median(of(t) for t in rows):14.1f}" for rows in columns.values()]
@@ -157,12 +170,21 @@ def main() -> int:
           f"  fork {check.world_size} ranks from a warm process, join gloo, one all-reduce, exit")
     print(f"{'work':8s} " + " ".join(f"{1000 * floors[name]['work']:14.1f}" for name in columns) +
           f"  the same, each rank calling the reference's {len(parts)} part functions instead: the world's work, bare")
+    def ms(value) -> str:
+        return f"{1000 * value:14.1f}" if value is not None else f"{'-':>14s}"
+
+    print(f"{'cpu':8s} " + " ".join(ms(cpus.get(name)) for name in columns) +
+          "  the machine's CPU a world, every process's, user and system (/proc/stat over the counted worlds)")
+    print(f"{'cpu work':8s} " + " ".join(ms(floors[name].get("work_cpu")) for name in columns) +
+          "  the same of the world's work done bare")
     for name, rows in columns.items():
         world = statistics.median(t["round_trip"] for t in rows)
         setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
         print(f"{name}: a world of {len(parts)} parts is {world / floors[name]['floor']:.2f}x its floor's one "
               f"all-reduce, {world / floors[name]['work']:.2f}x the same parts done bare; the layers around the "
-              f"ranks' own work (set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms")
+              f"ranks' own work (set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms" +
+              (f"; its CPU {cpus[name] / floors[name]['work_cpu']:.2f}x the bare work's"
+               if cpus.get(name) and floors[name].get("work_cpu") else ""))
     return 0
 
 
