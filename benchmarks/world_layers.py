@@ -117,6 +117,33 @@ def with_python(python: str, worlds: int) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+def print_table(columns: dict, floors: dict, cpus: dict, world_size: int, parts: int) -> None:
+    """The layers of each column's worlds (medians, ms), its floors, its CPU a world and its ratios."""
+    def ms(value) -> str:
+        return f"{1000 * value:14.1f}" if value is not None else f"{'-':>14s}"
+
+    print(f"{'layer':8s} " + " ".join(f"{name:>14s}" for name in columns) + "  what")
+    for layer, what, of in LAYERS:
+        cells = [f"{1000 * statistics.median(of(t) for t in rows):14.1f}" for rows in columns.values()]
+        print(f"{layer:8s} " + " ".join(cells) + f"  {what}")
+    print(f"{'floor':8s} " + " ".join(f"{1000 * floors[name]['floor']:14.1f}" for name in columns) +
+          f"  fork {world_size} ranks from a warm process, join gloo, one all-reduce, exit")
+    print(f"{'work':8s} " + " ".join(f"{1000 * floors[name]['work']:14.1f}" for name in columns) +
+          f"  the same, each rank calling the reference's {parts} part functions instead: the world's work, bare")
+    print(f"{'cpu':8s} " + " ".join(ms(cpus.get(name)) for name in columns) +
+          "  the machine's CPU a world, every process's, user and system (/proc/stat over the counted worlds)")
+    print(f"{'cpu work':8s} " + " ".join(ms(floors[name].get("work_cpu")) for name in columns) +
+          "  the same of the world's work done bare")
+    for name, rows in columns.items():
+        world = statistics.median(t["round_trip"] for t in rows)
+        setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
+        print(f"{name}: a world of {parts} parts is {world / floors[name]['floor']:.2f}x its floor's one "
+              f"all-reduce, {world / floors[name]['work']:.2f}x the same parts done bare; the layers around the "
+              f"ranks' own work (set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms" +
+              (f"; its CPU {cpus[name] / floors[name]['work_cpu']:.2f}x the bare work's"
+               if cpus.get(name) and floors[name].get("work_cpu") else ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, default=40)
@@ -162,29 +189,7 @@ def main() -> int:
                                ("CUDA, sandbox", with_python(args.cuda_python, args.worlds))):
             if measured:
                 columns[name], floors[name], cpus[name] = measured["timelines"], measured, measured.get("cpu")
-    print(f"{'layer':8s} " + " ".join(f"{name:>14s}" for name in columns) + "  what")
-    for layer, what, of in LAYERS:
-        cells = [f"{1000 * statistics.median(of(t) for t in rows):14.1f}" for rows in columns.values()]
-        print(f"{layer:8s} " + " ".join(cells) + f"  {what}")
-    print(f"{'floor':8s} " + " ".join(f"{1000 * floors[name]['floor']:14.1f}" for name in columns) +
-          f"  fork {check.world_size} ranks from a warm process, join gloo, one all-reduce, exit")
-    print(f"{'work':8s} " + " ".join(f"{1000 * floors[name]['work']:14.1f}" for name in columns) +
-          f"  the same, each rank calling the reference's {len(parts)} part functions instead: the world's work, bare")
-    def ms(value) -> str:
-        return f"{1000 * value:14.1f}" if value is not None else f"{'-':>14s}"
-
-    print(f"{'cpu':8s} " + " ".join(ms(cpus.get(name)) for name in columns) +
-          "  the machine's CPU a world, every process's, user and system (/proc/stat over the counted worlds)")
-    print(f"{'cpu work':8s} " + " ".join(ms(floors[name].get("work_cpu")) for name in columns) +
-          "  the same of the world's work done bare")
-    for name, rows in columns.items():
-        world = statistics.median(t["round_trip"] for t in rows)
-        setup = statistics.median(LAYERS[0][2](t) + LAYERS[4][2](t) for t in rows)
-        print(f"{name}: a world of {len(parts)} parts is {world / floors[name]['floor']:.2f}x its floor's one "
-              f"all-reduce, {world / floors[name]['work']:.2f}x the same parts done bare; the layers around the "
-              f"ranks' own work (set-up and rest) are {1000 * setup:.1f} ms of its {1000 * world:.1f} ms" +
-              (f"; its CPU {cpus[name] / floors[name]['work_cpu']:.2f}x the bare work's"
-               if cpus.get(name) and floors[name].get("work_cpu") else ""))
+    print_table(columns, floors, cpus, check.world_size, len(parts))
     return 0
 
 

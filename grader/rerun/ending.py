@@ -7,32 +7,15 @@ collectives.
 import os
 import select
 import signal
-import stat
 import time
+
+from grader.rerun.sandbox.scratch import left_file
 
 OUTPUT_HEAD, OUTPUT_TAIL = 4096, 8192
 PROGRESS_TAIL = 65536
 
 
-def left_file(path: str, flags: int = os.O_RDONLY):
-    """A descriptor of the file a rank left at `path`, opened with `flags`, where it is a regular
-    file; None where it is not (or is gone). Where ranks have no view of their own (`--sandbox off`),
-    a hand-in can put a FIFO, a link or a device in its files' place: none is waited on, followed or
-    read, and the leader never hangs on what a rank left."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
-
-
-def _read_ends(path: str, head: int, tail: int) -> bytes:
+def read_ends(path: str, head: int, tail: int) -> bytes:
     """The first `head` and the last `tail` bytes of the file a rank left at `path` (b"" where
     there is none), what lies between (if any, after a head) named by its size."""
     fd = left_file(path)
@@ -52,7 +35,7 @@ def output(work_dir: str, world_size: int) -> dict:
     out = {}
     for rank in range(world_size):
         try:
-            out[rank] = _read_ends(os.path.join(work_dir, f"rank{rank}.out"), OUTPUT_HEAD, OUTPUT_TAIL).decode(
+            out[rank] = read_ends(os.path.join(work_dir, f"rank{rank}.out"), OUTPUT_HEAD, OUTPUT_TAIL).decode(
                 "utf-8", "replace")
         except OSError:
             out[rank] = ""
@@ -65,7 +48,7 @@ def progress(work_dir: str, world_size: int) -> dict:
     out = {}
     for rank in range(world_size):
         try:
-            out[rank] = _read_ends(os.path.join(work_dir, f"rank{rank}.calls"), 0, PROGRESS_TAIL).decode(
+            out[rank] = read_ends(os.path.join(work_dir, f"rank{rank}.calls"), 0, PROGRESS_TAIL).decode(
                 "utf-8", "replace")
         except OSError:
             pass

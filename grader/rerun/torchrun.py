@@ -66,9 +66,8 @@ class TorchrunExecutor(Counted):
         # A FIFO opened without blocking reads nothing, and no end of file, until its rank opens it.
         fds = {r: os.open(path, os.O_RDONLY | os.O_NONBLOCK) for r, path in enumerate(fifos)}
 
-        def output():
-            with open(log_path, "rb") as f:
-                return {0: f.read()[-ending.OUTPUT_TAIL:].decode("utf-8", "replace")}
+        def output():   # the tail only: what the ranks wrote is capped (limits.file_mb), never read whole
+            return {0: ending.read_ends(log_path, 0, ending.OUTPUT_TAIL).decode("utf-8", "replace")}
         return supervise.supervise(job, fds, orders, [proc.pid], proc.pid, supervise.draw_secrets(job, self.key),
                                    collect_output=output, launcher_exited=lambda: proc.poll() is not None)
 

@@ -40,10 +40,10 @@ import threading
 import time
 
 from grader.limits import SOCKETS_SHARE
-from grader.rerun.ending import left_file
 from grader.rerun.sandbox import cgroup, sockets
 from grader.rerun.sandbox import outside as outside_module
 from grader.rerun.sandbox.pss import HAS_PROC, Estimate, data_size, descendants, nspid, resident_set, tree
+from grader.rerun.sandbox.scratch import left_file
 
 POLL_S = 0.02
 MAX_PAUSE = 0.2    # the longest between two polls, however much one costs

@@ -15,6 +15,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import sys
 
 from grader.limits import TMP_FILES_PER_MB
@@ -204,6 +205,24 @@ def read_only(folder: str) -> None:
     user they run as, can neither write into it nor undo that (they hold no capability)."""
     _mount(folder, folder, None, MS_BIND)
     _mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def left_file(path: str, flags: int = os.O_RDONLY):
+    """A descriptor of the file a rank left at `path`, opened with `flags`, where it is a regular
+    file; None where it is not (or is gone). Where ranks have no view of their own (`--sandbox off`),
+    a hand-in can put a FIFO, a link or a device in its files' place: none is waited on, followed or
+    read, and the leader never hangs on what a rank left."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def clean_between_worlds() -> bool:
