@@ -328,3 +328,14 @@ def test_grading_runs_the_public_checks_students_check_runs_and_both_say_the_sam
     assert row.rerun == Status.CRASHED and f"check '{failing['check']}'" in row.message
     assert failing["message"] in row.message
     assert "All public re-run checks passed" not in (student_dir(out, "shape_bug") / "feedback.md").read_text()
+
+
+def test_the_spy_names_a_reduce_op_however_it_was_given():
+    """By dist's constant, a ReduceOp object (as PREMUL_SUM's is), a group's options, or a
+    functional collective's string: one name each (grader.rerun.rank.hooks)."""
+    import torch.distributed as dist
+    from grader.rerun.rank.hooks import _reduce_name
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.MAX
+    given = (dist.ReduceOp.SUM, dist.ReduceOp(dist.ReduceOp.AVG), options, "sum", None)
+    assert [_reduce_name(op) for op in given] == ["SUM", "AVG", "MAX", "SUM", None]

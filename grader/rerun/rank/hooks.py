@@ -164,13 +164,14 @@ def _functional_numel(name: str, args: tuple) -> int:
 
 
 def _reduce_op(name: str, entry: str, given: tuple, kwargs: dict):
-    """The reduce op an all-reduce was called with, by how it was reached; None where none was given."""
-    if name != "all_reduce":
-        return None
+    """The reduce op a collective was called with, by how it was reached (by position, an
+    all-reduce's only); None where none was given."""
     if entry == METHOD:   # (tensors, options) or (tensors, op): the options carry their reduceOp
         return next((v for v in list(given[1:]) + list(kwargs.values())
                      if hasattr(v, "reduceOp") or isinstance(v, (dist.ReduceOp, dist.ReduceOp.RedOpType))), None)
-    return kwargs.get("op", kwargs.get("reduceOp", given[1] if len(given) > 1 else None))
+    if "op" in kwargs or "reduceOp" in kwargs:
+        return kwargs.get("op", kwargs.get("reduceOp"))
+    return given[1] if name == "all_reduce" and len(given) > 1 else None
 
 
 def _reduce_name(op):
