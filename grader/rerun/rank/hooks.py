@@ -98,6 +98,24 @@ def disarm_cuda_calls(spy=None) -> None:
     torch.cuda.current_device = lambda: 0
 
 
+def keep_the_world() -> None:
+    """The world's process group, set up before any hand-in code ran, stays the hand-in's to use:
+    init_process_group once it is up does nothing (code that sets up its own group where a script
+    would, the handout's init_distributed, in a part or at load, runs on), and destroying it (a
+    script's last line, in a part) leaves it up for the parts after. Another group it made is its own."""
+    import torch.distributed.distributed_c10d as c10d
+    init, destroy = c10d.init_process_group, c10d.destroy_process_group
+
+    def init_process_group(*args, **kwargs):
+        return None if dist.is_initialized() else init(*args, **kwargs)
+
+    def destroy_process_group(group=None):
+        return None if group is None or group is dist.group.WORLD else destroy(group)
+
+    for module in (dist, c10d):
+        module.init_process_group, module.destroy_process_group = init_process_group, destroy_process_group
+
+
 # What a scaled world multiplies the k-th moving collective's output by (k modulo their number).
 SCALES = (1.5, 1.25, 1.75, 2.0)
 SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",

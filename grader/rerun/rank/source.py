@@ -12,27 +12,48 @@ import marshal
 import sys
 import types
 
+from grader.parts import BY_ID
 
-def _calls_local_function(node, local_names) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in local_names
-               for n in ast.walk(node))
+PART_FUNCTIONS = {part.function for part in BY_ID.values()}   # what a part runs: never at load
+
+
+def _called(node, by_name_only: bool = False) -> set:
+    """The names `node` calls: f(...) and anything.f(...) (`by_name_only`: f(...) alone)."""
+    kinds = ast.Name if by_name_only else (ast.Name, ast.Attribute)
+    return {c.func.id if isinstance(c.func, ast.Name) else c.func.attr
+            for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, kinds)}
+
+
+def _reaching(own: dict, names: set) -> set:
+    """The module's own functions and classes (`own`: name -> definition) that call one of `names`,
+    themselves or through others of its own."""
+    calls = {name: _called(node) for name, node in own.items()}
+    reached = {name for name, called in calls.items() if called & names}
+    while True:
+        more = {name for name, called in calls.items() if name not in reached and called & reached}
+        if not more:
+            return reached
+        reached |= more
 
 
 def script_statements_removed(tree: ast.Module) -> list:
     """Drop the top-level statements that would run the script; return the line numbers dropped.
 
     Kept: imports, function and class definitions, the docstring, and assignments that call no
-    function of the module itself (so `rank, local_rank, world_size = init_distributed()` and
-    `local_batch_size = global_batch_size // world_size` stay; `w = single_step()` goes).
+    function of the module itself (so `rank, local_rank, world_size = init_distributed()` from utils
+    and `local_batch_size = global_batch_size // world_size` stay; `w = single_step()` goes), or
+    only functions of its own that set up the process group (they call `init_process_group`) and run
+    no part: the handout's `init_distributed`, written into assignment4.py, runs as it would from
+    utils.py (the world's group is already up: grader.rerun.rank.hooks.keep_the_world).
     """
-    local_names = {n.name for n in tree.body
-                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    own = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    setting_up = _reaching(own, {"init_process_group"}) - _reaching(own, PART_FUNCTIONS)
     kept, dropped = [], []
     for i, node in enumerate(tree.body):
         keep = isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
                                  ast.AsyncFunctionDef, ast.ClassDef))
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            keep = not _calls_local_function(node, local_names)
+            keep = _called(node, by_name_only=True) & set(own) <= setting_up
         if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             keep = True
         if isinstance(node, ast.Try):

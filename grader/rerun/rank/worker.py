@@ -17,7 +17,9 @@ Hand-ins written to the handout word for word must run unchanged on a CPU-only m
 - top-level script code (initialising, calling the parts, printing) is not executed; imports,
   definitions and plain assignments are (grader.rerun.rank.source);
 - "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (grader.rerun.rank.hooks); the
-  GPU index asked for is reported, for the multi-node check's LOCAL_WORLD_SIZE.
+  GPU index asked for is reported, for the multi-node check's LOCAL_WORLD_SIZE;
+- the world's process group, joined before any hand-in code runs, is the one code that sets up or
+  tears down its own gets (grader.rerun.rank.hooks.keep_the_world).
 """
 
 import datetime
@@ -35,7 +37,7 @@ from grader.parts import BY_ID, OWN_SIZES, kind_of
 from grader.rerun.wire import bounds, protocol, secret
 from grader.rerun.sandbox import environment
 from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, run_module
-from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls
+from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls, keep_the_world
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus
 
 def warm_up() -> None:
@@ -293,6 +295,7 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
         comm = CommRecorder(progress=os.path.join(job.work_dir, f"rank{rank}.calls"))
         comm.install()
         disarm_cuda_calls(comm)
+        keep_the_world()
         prepared = prepared or prepare(job)
         served = {"data": None}   # the part's data create_batch hands out (secret.serve_batches)
         secret.serve_batches(served)
