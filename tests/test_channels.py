@@ -19,9 +19,8 @@ import pytest
 
 from tests import tas
 from tests.corpus import REFERENCE, ROOT
-from tests.conftest import skip_unless_required
 from tests.hostile import OUTLIVE, build
-from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip, leftover_processes
+from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip, leftover_processes, ta_for
 
 pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
 
@@ -106,12 +105,7 @@ def test_without_the_sandbox_a_world_ends_whole(config, tmp_path_factory):
     its world may start, and files and a read-only folder in /tmp, /var/tmp and /dev/shm. When its
     world ends nothing of it is left, and the reference graded next on the same executor passes (not
     infra_error for want of tasks, not out of memory)."""
-    ta = None
-    if config != "root":
-        missing = tas.available()
-        if missing:
-            skip_unless_required("A4_REQUIRE_TA_CONFIGS", f"no TA configuration here: {missing}")
-        ta = tas.ta_setup(config)
+    ta = ta_for(config)
     before = _left_behind()
     try:
         runs = grade_in_order(config, tmp_path_factory, [_code("outlive_the_world"), REFERENCE.read_text()],
@@ -134,12 +128,7 @@ def test_files_a_rank_puts_in_place_of_its_own_hold_up_nothing(config, tmp_path_
     world's leader reads its output and its record of its collectives (tests/hostile.py:
     FILES_REPLACED). The leader reads neither (it would wait, or read, for ever: the world then
     reads as the grader's failure), and the part passes."""
-    ta = None
-    if config != "root":
-        missing = tas.available()
-        if missing:
-            skip_unless_required("A4_REQUIRE_TA_CONFIGS", f"no TA configuration here: {missing}")
-        ta = tas.ta_setup(config)
+    ta = _ta_or_skip(config)
     try:
         runs = [run for mode in ("off", "auto") for run in
                 grade_in_order(config, tmp_path_factory, [_code("files_replaced")], mode=mode, ta=ta)]

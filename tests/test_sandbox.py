@@ -118,6 +118,11 @@ def _ta_or_skip(config):
             pytest.fail(f"user namespaces work here, yet the grader refuses to run hand-ins: {why}")
         skip_unless_required("A4_REQUIRE_TA_CONFIGS",
                              f"no user namespaces on this machine; the grader refuses to run hand-ins: {why}")
+    return ta_for(config)
+
+
+def ta_for(config):
+    """The TA of `config` (None for root), made for the test; skipped where none can be made here."""
     if config == "root":
         return None
     missing = tas.available()
