@@ -203,3 +203,20 @@ def test_no_rank_loads_the_handins_code_before_every_rank_joined_gloo():
         for fds in pipes.values():
             for fd in fds:
                 os.close(fd)
+
+
+def test_a_supervisor_the_kernel_killed_for_its_worlds_memory_reports_out_of_memory():
+    """The init of a world's PID namespace killed (SIGKILL) while its cgroup counted an out-of-memory
+    kill (the ranks' memory, mid-teardown, not yet given back) ends the world out of memory, with
+    the verdict every layer gives; killed otherwise, the world is lost (its parts crashed)."""
+    from grader.rerun.sandbox import memory
+    from grader.rerun.world import killed_report
+    job = WorldJob(work_dir="/tmp/world", code={}, store="/tmp/world/store", world_size=2,
+                   parts=["baseline", "grad_accumulation"], check={}, pg_timeout=1.0, limits={"memory_mb": 800})
+    report = killed_report(job, "the world's supervisor", -signal.SIGKILL, out_of_memory=True)
+    assert report.abort.reason == protocol.StopReason.OUT_OF_MEMORY and report.abort.part is None
+    assert report.abort.detail == memory.verdict(800) and set(report.results) == {"baseline", "grad_accumulation"}
+    for code, kills in ((-signal.SIGKILL, False), (1, True)):
+        lost = killed_report(job, "the world's supervisor", code, out_of_memory=kills)
+        assert lost.abort.reason == protocol.StopReason.RANK_DIED, (code, kills)
+        assert lost.abort.detail == f"the world's supervisor ended with {code}"

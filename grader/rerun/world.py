@@ -176,9 +176,10 @@ def write_code(job: WorldJob, code_dir: str) -> str:
     return code_dir
 
 
-def _as_init(job: WorldJob):
+def _as_init(job: WorldJob, cgroups: list):
     """Fork the first process of the world's new PID namespace (its init: when it ends, all of the
     world ends). In the parent, wait for it: return the report if it failed, else exit."""
+    kills = cgroup.oom_kills(cgroups) if cgroups else 0
     pid = os.fork()
     if pid == 0:
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -186,7 +187,17 @@ def _as_init(job: WorldJob):
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code == 0:
         os._exit(0)
-    return lost_report(job, f"the world's supervisor ended with {code}")
+    return killed_report(job, "the world's supervisor", code, bool(cgroups) and cgroup.oom_kills(cgroups) > kills)
+
+
+def killed_report(job, who: str, code: int, out_of_memory: bool) -> WorldReport:
+    """The report of a world whose supervisor (`who`) ended with `code` before it reported: out of
+    memory where the kernel killed it for the world's cgroup (`out_of_memory`: an out-of-memory kill
+    counted there; its ranks' memory, mid-teardown, was not yet given back), else lost. Which part
+    was running is not known: every part not reported is charged, as the cause says."""
+    if code == -signal.SIGKILL and out_of_memory:
+        return protocol.stopped(job, StopReason.OUT_OF_MEMORY, memory.verdict(Limits(**job.limits).memory_mb))
+    return lost_report(job, f"{who} ended with {code}")
 
 
 def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups=None) -> None:
@@ -207,7 +218,7 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups
             scratch.own_mounts(isolation.passable, [job.work_dir])
         if isolation.per_world:   # first: the code goes into the world's own new /tmp
             namespaces.unshare_world(isolation, limits.tmp_mb)
-            report = _as_init(job)
+            report = _as_init(job, cgroups)
         if report is None:
             os.makedirs(job.work_dir, exist_ok=True)
             job = dataclasses.replace(job, code_dir=write_code(job, os.path.join(job.work_dir, "code")))
