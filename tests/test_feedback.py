@@ -332,10 +332,10 @@ def test_grading_runs_the_public_checks_students_check_runs_and_both_say_the_sam
 
 def test_the_spy_names_a_reduce_op_however_it_was_given():
     """By dist's constant, a ReduceOp object (as PREMUL_SUM's is), a group's options, or a
-    functional collective's string: one name each (grader.rerun.rank.hooks)."""
+    functional collective's string: one name each (grader.rerun.rank.collectives)."""
     import torch.distributed as dist
-    from grader.rerun.rank.hooks import _reduce_name
+    from grader.rerun.rank.collectives import reduce_name
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.MAX
     given = (dist.ReduceOp.SUM, dist.ReduceOp(dist.ReduceOp.AVG), options, "sum", None)
-    assert [_reduce_name(op) for op in given] == ["SUM", "AVG", "MAX", "SUM", None]
+    assert [reduce_name(op) for op in given] == ["SUM", "AVG", "MAX", "SUM", None]

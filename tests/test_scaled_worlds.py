@@ -2,7 +2,7 @@
 
 The first time a parallel part passes a check of several ranks of a kind, it runs there once more
 in a world whose ranks multiply what each of its moving collectives returns (grader.rerun.rank
-.hooks: SCALES). Here, in real gloo worlds of one warm executor at a 2-rank step check and its
+.collectives: SCALES). Here, in real gloo worlds of one warm executor at a 2-rank step check and its
 backward twin: the reference's parallel parts come out wrong in the scaled world (and so pass),
 Parts 1 and 2, which call no collective, come out right there; ranks that swap their data through
 the process group's store and call the collectives on zeros of the right sizes for show come out
@@ -127,6 +127,57 @@ def test_collectives_reached_through_a_groups_methods_or_the_functional_ops_are_
     assert all([c[0] for c in rank] == ["all_gather", "all_gather_into_tensor"] for rank in gathers["other-ways"]), gathers
     matter = {}
     judged = judge_check(executor, _code(tmp, "other-ways", text), step, rubric, tmp, PARTS, matter=matter)
+    assert {p: o.status for p, o in judged.items()} == {p: Status.PASSED for p in judged}, \
+        {p: o.message for p, o in judged.items()}
+    assert matter == {("data_parallel", "step"): "", ("tensor_parallel", "step"): ""}
+
+
+# The reference with its Part 3 wrapped in DistributedDataParallel, whose reducer all-reduces the
+# gradient from C++, and its Part 4 gathering the updated weight through a functional op's overload:
+# collectives no Python wrapper sees, which the dispatcher hands the spy (grader.rerun.rank.collectives).
+FROM_CPP = (
+    ("    optimizer = optim.SGD(model.parameters(), lr=learning_rate)\n    loss_fn = nn.MSELoss(reduction=\"mean\")\n\n"
+     "    # Every rank creates the full batch",
+     "    model = nn.parallel.DistributedDataParallel(model)\n"
+     "    optimizer = optim.SGD(model.parameters(), lr=learning_rate)\n    loss_fn = nn.MSELoss(reduction=\"mean\")\n\n"
+     "    # Every rank creates the full batch"),
+    ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n", "        pass   # DDP has averaged it\n"),
+    ("        param.grad.div_(world_size)\n\n    # Every rank now has the same gradient, so every rank takes the same step.\n"
+     "    optimizer.step()\n    return model.W.detach()",
+     "    optimizer.step()\n    return model.module.W.detach()"),
+    ("    dist.all_gather(weight_shards, local_updated_weight)",
+     "    whole = torch.ops._c10d_functional.all_gather_into_tensor.default(\n"
+     "        local_updated_weight.contiguous(), world_size, dist.group.WORLD.group_name)\n"
+     "    whole = torch.ops._c10d_functional.wait_tensor.default(whole)\n"
+     "    for k, shard in enumerate(whole.chunk(len(weight_shards))):\n"
+     "        weight_shards[k].copy_(shard)"),
+)
+
+
+def test_collectives_called_from_cpp_are_recorded_and_scaled(worlds):
+    """DDP's reducer all-reduces the gradient bucket (its constructor broadcasts the parameters and
+    all-gathers their shapes) and a functional op's .default overload gathers the weight: each is
+    recorded as the function's call would be, and scaled, and the parts pass, their collectives
+    shown to make their values."""
+    executor, rubric, step, _, tmp = worlds
+    text = REFERENCE.read_text()
+    for old, new in FROM_CPP:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    recorded = {}
+    for name, source in (("reference", REFERENCE.read_text()), ("from-cpp", text)):
+        runs = run_check(executor, _code(tmp, name, source), step, rubric, tmp, ["data_parallel", "tensor_parallel"])
+        assert {p: r.status for p, r in runs.items()} == {p: Status.PASSED for p in runs}, {p: r.detail for p, r in runs.items()}
+        recorded[name] = {part: [[(c["op"], c["numel"], c["reduce_op"]) for c in rank.comm] for rank in run.ranks.values()]
+                          for part, run in runs.items()}
+    reduces = {name: [[c for c in rank if c[0] == "all_reduce"] for rank in found["data_parallel"]]
+               for name, found in recorded.items()}
+    assert reduces["from-cpp"] == reduces["reference"]   # one bucket: the weight's gradient, summed
+    assert all({c[0] for c in rank} == {"all_gather", "broadcast", "all_reduce"} for rank in recorded["from-cpp"]["data_parallel"])
+    gathers = [[c[0] for c in rank if c[0].startswith("all_gather")] for rank in recorded["from-cpp"]["tensor_parallel"]]
+    assert all(rank == ["all_gather", "all_gather_into_tensor"] for rank in gathers), gathers
+    matter = {}
+    judged = judge_check(executor, _code(tmp, "from-cpp", text), step, rubric, tmp, PARTS, matter=matter)
     assert {p: o.status for p, o in judged.items()} == {p: Status.PASSED for p in judged}, \
         {p: o.message for p, o in judged.items()}
     assert matter == {("data_parallel", "step"): "", ("tensor_parallel", "step"): ""}

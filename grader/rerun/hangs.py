@@ -8,7 +8,7 @@ At a hidden check no size, no rank number and no count past 3 is said.
 
 import json
 
-from grader.rerun.rank.hooks import COLLECTIVES
+from grader.rerun.rank.collectives import COLLECTIVES
 from grader.rerun.wire.hidden import Words
 from grader.rerun.wire.protocol import WorldReport
 

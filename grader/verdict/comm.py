@@ -24,7 +24,7 @@ Calls of the right sizes are not yet the exchange: ranks that swap their data so
 process group's store, a socket) can call them on zeros for show. So the values must also come from
 them. Once a part passed a check of several ranks of a kind (a step, a layer's backward), it runs
 there once more in a world whose ranks change what each of its moving collectives returns, each
-result multiplied by a factor of 1.25 to 2 as it returns (grader.rerun.rank.hooks: SCALES). Values
+result multiplied by a factor of 1.25 to 2 as it returns (grader.rerun.rank.collectives: SCALES). Values
 that the collectives carried come out wrong there; values that still come out right did not come
 from them (`independent`), and the part fails at that check and every later check of several ranks
 of that kind. A scaled world that fails in any other way (a crash, a timeout) shows nothing against

@@ -1,6 +1,8 @@
 """What a rank's torch is wrapped in while hand-in code runs: GPUs that land on the CPU, and a spy
-on every collective a part calls, by torch.distributed's functions, a process group's own methods
-or the functional collectives' ops (recorded under the function's name, once a call).
+on every collective a part calls, however it is reached: torch.distributed's functions, a process
+group's own methods, the functional collectives' ops, or C++ (DistributedDataParallel's reducer),
+through the dispatcher (grader.rerun.rank.collectives); each call recorded once, under the
+function's name.
 
 The spy's record names a hang (which collective each rank waited in, written before each call so
 that it survives the kill), and grader.verdict.comm fails a parallel part whose ranks did not call
@@ -25,13 +27,12 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Work
 from torch.overrides import TorchFunctionMode
 
-# The collectives a part may call; each call is recorded with its element count.
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single",
-               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single", "broadcast",
-               "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
-               "isend", "irecv", "barrier", "all_gather_object", "broadcast_object_list")
+from grader.rerun.rank import collectives
+from grader.rerun.rank.collectives import (COLLECTIVES, FUNCTION, FUNCTIONAL_OPS, GROUP_METHODS, METHOD, OP, SCALED, SCALES,
+                                           functional_numel, numel, output, reduce_name, reduce_op, scale)
 
 
 def _is_cuda(device) -> bool:
@@ -116,88 +117,17 @@ def keep_the_world() -> None:
         module.init_process_group, module.destroy_process_group = init_process_group, destroy_process_group
 
 
-# What a scaled world multiplies the k-th moving collective's output by (k modulo their number).
-SCALES = (1.5, 1.25, 1.75, 2.0)
-SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
-          "reduce_scatter_tensor", "_reduce_scatter_base")
-OUTPUT_NAMES = ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list",   # the first argument's names
-                "tensors", "output_tensors", "outputTensor")
+class _Packet:
+    """An op's packet, its call recorded (`recorded`), everything else (its overloads) the op's own."""
 
-# Where a rank reaches the same collectives other than through torch.distributed's functions, each
-# call is recorded (and scaled) under the function's name: a process group's, or its backend's, own
-# methods (dist.group.WORLD.allreduce([t]); the functions call them in turn, and a call is recorded
-# once, by whichever the rank called), and the functional collectives' ops
-# (torch.distributed._functional_collectives, which DTensor uses), which return what they computed.
-FUNCTION, METHOD, OP = "function", "method", "op"   # how a wrapped collective is reached
-GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
-                 "allgather_coalesced": "all_gather", "_allgather_base": "all_gather_into_tensor",
-                 "allgather_into_tensor_coalesced": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter",
-                 "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
-                 "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
-                 "gather": "gather", "scatter": "scatter", "send": "send", "recv": "recv", "recv_anysource": "recv",
-                 "barrier": "barrier"}
-FUNCTIONAL_OPS = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
-                  "all_reduce_coalesced_": "all_reduce", "all_gather_into_tensor": "all_gather_into_tensor",
-                  "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
-                  "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
-                  "all_to_all_single": "all_to_all_single", "broadcast": "broadcast", "broadcast_": "broadcast"}
+    def __init__(self, recorded, packet):
+        self._recorded, self._packet = recorded, packet
 
+    def __call__(self, *args, **kwargs):
+        return self._recorded(*args, **kwargs)
 
-def _scale(value, factor: float) -> None:
-    """Multiply every floating-point tensor of `value` (a tensor, or a list of them) in place, by
-    its data: no version counter moves, so a tensor autograd saved is still its to use."""
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() or value.is_complex():
-            value.data.mul_(factor)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _scale(item, factor)
-
-
-def _output(args: tuple, kwargs: dict):
-    """What a moving collective writes its result into: its first argument, by position or by name."""
-    if args:
-        return args[0]
-    return next((kwargs[name] for name in OUTPUT_NAMES if name in kwargs), None)
-
-
-def _numel(value) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel()
-    if isinstance(value, (list, tuple)):
-        return sum(_numel(v) for v in value)
-    return 0
-
-
-def _functional_numel(name: str, args: tuple) -> int:
-    """A functional collective's values as its function's call is recorded (input and output alike,
-    as all_gather_into_tensor(out, shard)): an op is handed its inputs and the group's size only."""
-    given = _numel(args[0]) if args else 0
-    size = next((a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)), 1)
-    if name == "all_gather_into_tensor":
-        return given + given * size
-    if name == "reduce_scatter_tensor":
-        return given + given // max(1, size)
-    return 2 * given if name == "all_to_all_single" else given
-
-
-def _reduce_op(name: str, entry: str, given: tuple, kwargs: dict):
-    """The reduce op a collective was called with, by how it was reached (by position, an
-    all-reduce's only); None where none was given."""
-    if entry == METHOD:   # (tensors, options) or (tensors, op): the options carry their reduceOp
-        return next((v for v in list(given[1:]) + list(kwargs.values())
-                     if hasattr(v, "reduceOp") or isinstance(v, (dist.ReduceOp, dist.ReduceOp.RedOpType))), None)
-    if "op" in kwargs or "reduceOp" in kwargs:
-        return kwargs.get("op", kwargs.get("reduceOp"))
-    return given[1] if name == "all_reduce" and len(given) > 1 else None
-
-
-def _reduce_name(op):
-    """SUM, AVG, MAX...: of a ReduceOp's type, a ReduceOp object (PREMUL_SUM's), a group's options or
-    a functional collective's string."""
-    op = getattr(op, "reduceOp", op)
-    op = getattr(op, "op", op)
-    return None if op is None else str(op).rsplit(".", 1)[-1].upper()
+    def __getattr__(self, name):
+        return getattr(self._packet, name)
 
 
 class CommRecorder:
@@ -230,50 +160,64 @@ class CommRecorder:
             for method, name in GROUP_METHODS.items():
                 if method in group_class.__dict__:   # its own, not inherited: each wrapped once
                     setattr(group_class, method, self._wrap(name, group_class.__dict__[method], METHOD))
-        for space in ("_c10d_functional", "_c10d_functional_autograd"):
-            for op, name in FUNCTIONAL_OPS.items():
-                try:
-                    original = getattr(getattr(torch.ops, space), op)
-                except (AttributeError, RuntimeError):
-                    continue   # not in this torch
-                setattr(getattr(torch.ops, space), op, self._wrap(name, original, OP))
+        # The functional ops are the dispatcher's (collectives.route); their autograd twins have autograd
+        # kernels of their own there, and are wrapped here, their overloads (.default) still theirs.
+        space = getattr(torch.ops, "_c10d_functional_autograd")
+        for op, name in FUNCTIONAL_OPS.items():
+            try:
+                original = getattr(space, op)
+            except (AttributeError, RuntimeError):
+                continue   # not in this torch
+            setattr(space, op, _Packet(self._wrap(name, original, OP), original))
+        collectives.route()   # where the process ranks are forked from has not (the torchrun path)
+        collectives.RECORDER = self
 
     def _wrap(self, name, original, entry=FUNCTION):
         def recorded(*args, **kwargs):
-            if self.inside:
-                # torch hands a collective to the active TorchFunctionMode (CudaOnCpu), which calls
-                # the module's function, this wrapper, again, and the function calls its group's
-                # method: one call, recorded once.
-                return original(*args, **kwargs)
-            given = args[1:] if entry == METHOD else args   # a method's first is its process group
-            if self.calls is not None and len(self.calls) < 1000:
-                numel = _functional_numel(name, given) if entry == OP else _numel(list(given) + list(kwargs.values()))
-                self.calls.append({"op": name, "numel": numel,
-                                   "reduce_op": _reduce_name(_reduce_op(name, entry, given, kwargs))})
-                self._note_progress(self.calls[-1])
-            self.inside = True
-            try:
-                result = original(*args, **kwargs)
-                if self.scaled and self.calls is not None and name in SCALED:
-                    self._scale_result(entry, result, given, kwargs)
-                return result
-            finally:
-                self.inside = False
+            return self.call(name, entry, original, args, kwargs)
         recorded.__name__ = name
         recorded.__wrapped__ = original
         return recorded
+
+    def call(self, name: str, entry: str, original, args: tuple, kwargs: dict):
+        """Make one collective's call `original(*args, **kwargs)`, reached as `entry`: recorded as
+        `name` while a part runs, its result scaled in a scaled world."""
+        if self.inside or self.calls is None:
+            # torch hands a collective to the active TorchFunctionMode (CudaOnCpu), which calls
+            # the module's function, its wrapper, again; the function calls its group's method, the
+            # method the dispatcher's op (grader.rerun.rank.collectives.route): one call, recorded once.
+            return original(*args, **kwargs)
+        given = args[1:] if entry == METHOD else args   # a method's first is its process group
+        if len(self.calls) < 1000:
+            values = functional_numel(name, given) if entry == OP else numel(list(given) + list(kwargs.values()))
+            self.calls.append({"op": name, "numel": values,
+                               "reduce_op": reduce_name(reduce_op(name, entry, given, kwargs))})
+            self._note_progress(self.calls[-1])
+        self.inside = True
+        try:
+            result = original(*args, **kwargs)
+            if self.scaled and name in SCALED:
+                self._scale_result(entry, result, given, kwargs)
+            return result
+        finally:
+            self.inside = False
 
     def _scale_result(self, entry: str, result, given: tuple, kwargs: dict) -> None:
         """Multiply what a moving collective returned by the part's next factor, once it is done."""
         if entry == OP:   # what the op returns, its collective perhaps still running
             for tensor in result if isinstance(result, (list, tuple)) else [result]:
                 torch.ops._c10d_functional.wait_tensor(tensor)
-            output = result
+            written = result
         else:
-            if result is not None:   # a Work (async_op=True, and every group method's): done once waited for
-                result.wait()
-            output = _output(given, kwargs)
-        _scale(output, SCALES[self.moved % len(SCALES)])
+            # A Work (async_op=True, every group method's, every c10d op's, there boxed): done once
+            # waited for.
+            for work in result if isinstance(result, tuple) else [result]:
+                if isinstance(work, torch.ScriptObject):
+                    work = Work.unbox(work)
+                if hasattr(work, "wait"):
+                    work.wait()
+            written = output(given, kwargs)
+        scale(written, SCALES[self.moved % len(SCALES)])
         self.moved += 1
 
     def _note_progress(self, call: dict) -> None:

@@ -37,13 +37,15 @@ from grader.parts import BY_ID, OWN_SIZES, kind_of
 from grader.rerun.wire import bounds, protocol, secret
 from grader.rerun.sandbox import environment
 from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, run_module
+from grader.rerun.rank import collectives
 from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls, keep_the_world
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus
 
 def warm_up() -> None:
     """Take one tiny SGD step, so that the first step's lazy imports (hundreds of modules) are paid
-    once in the process ranks are forked from, not again in every rank. Single-threaded: a
-    process that forks must not have started a thread pool."""
+    once in the process ranks are forked from, not again in every rank, and route the dispatcher's
+    collectives through the spy there too (collectives.route). Single-threaded: a process that
+    forks must not have started a thread pool."""
     import torch.nn as nn
     import torch.optim as optim
     torch.set_num_threads(1)
@@ -54,6 +56,7 @@ def warm_up() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    collectives.route()
 
 
 def prepare(job: protocol.WorldJob) -> dict:

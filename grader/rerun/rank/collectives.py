@@ -1,0 +1,153 @@
+"""Every way a rank reaches a collective, and what each call's arguments say: its values, its reduce
+op, where its result lands. The spy (grader.rerun.rank.hooks.CommRecorder) records and scales each
+call by these.
+
+A rank reaches a collective by torch.distributed's functions, by a process group's (or its
+backend's) own methods (dist.group.WORLD.allreduce([t]); the functions call them in turn), by the
+functional collectives' ops (torch.distributed._functional_collectives, which DTensor uses, return
+what they computed), or from C++, where no Python wrapper sees it: DistributedDataParallel's reducer
+all-reduces its gradient buckets there (and broadcasts the parameters, all-gathers their shapes),
+as a C++ extension may, and an op's overload (torch.ops._c10d_functional.all_reduce.default) is not
+its packet. Every one of them ends in one of the dispatcher's ops: c10d's (allreduce_ and its kin,
+which a process group's C++ methods call) or the functional collectives'. So besides the Python
+wrappers, `route` registers a kernel of the spy's for each such op at AutogradCPU, the key the
+dispatcher takes before the CPU's: it hands the call to the rank's recorder (`RECORDER`; a call a
+Python wrapper already holds is passed straight on, one call recorded once) and the op goes on below
+autograd, to gloo. The kernels are registered once, in the process ranks are forked from; until a
+rank sets its recorder they only pass calls on. A call made from C++ under torch.inference_mode()
+(which leaves the autograd keys out) is not seen: unrecorded and unscaled, it can fail a part, never
+pass one. The functional collectives' autograd ops keep autograd kernels of their own: their Python
+wrappers alone see them.
+"""
+
+import torch
+import torch.distributed as dist
+
+# The collectives a part may call; each call is recorded with its element count.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single",
+               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single", "broadcast",
+               "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
+               "isend", "irecv", "barrier", "all_gather_object", "broadcast_object_list")
+
+# What a scaled world multiplies the k-th moving collective's output by (k modulo their number).
+SCALES = (1.5, 1.25, 1.75, 2.0)
+SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
+          "reduce_scatter_tensor", "_reduce_scatter_base")
+OUTPUT_NAMES = ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list",   # the first argument's names
+                "tensors", "output_tensors", "outputTensor")
+
+# How a call is reached; whichever way, it is recorded (and scaled) under the function's name.
+FUNCTION, METHOD, OP, DISPATCHED = "function", "method", "op", "dispatched"
+GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
+                 "allgather_coalesced": "all_gather", "_allgather_base": "all_gather_into_tensor",
+                 "allgather_into_tensor_coalesced": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter",
+                 "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+                 "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
+                 "gather": "gather", "scatter": "scatter", "send": "send", "recv": "recv", "recv_anysource": "recv",
+                 "barrier": "barrier"}
+FUNCTIONAL_OPS = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
+                  "all_reduce_coalesced_": "all_reduce", "all_gather_into_tensor": "all_gather_into_tensor",
+                  "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+                  "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+                  "all_to_all_single": "all_to_all_single", "broadcast": "broadcast", "broadcast_": "broadcast"}
+C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "allgather_": "all_gather",
+            "allgather_coalesced_": "all_gather", "_allgather_base_": "all_gather_into_tensor",
+            "allgather_into_tensor_coalesced_": "all_gather_into_tensor", "reduce_scatter_": "reduce_scatter",
+            "_reduce_scatter_base_": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor",
+            "broadcast_": "broadcast", "reduce_": "reduce", "alltoall_": "all_to_all", "alltoall_base_": "all_to_all_single",
+            "gather_": "gather", "scatter_": "scatter", "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+            "barrier": "barrier", "monitored_barrier_": "barrier"}
+
+RECORDER = None     # the rank's CommRecorder, once it installs itself: the dispatcher's kernels hand it every call
+_LIBRARIES = []     # the kernels' registrations, kept for the process's life
+
+
+def route() -> None:
+    """Register the spy's kernel for every c10d and functional collective op, at AutogradCPU (once
+    a process: call it in the process ranks are forked from)."""
+    if _LIBRARIES:
+        return
+    for space, ops, entry in (("c10d", C10D_OPS, DISPATCHED), ("_c10d_functional", FUNCTIONAL_OPS, OP)):
+        library = torch.library.Library(space, "IMPL")
+        for op, name in ops.items():
+            try:
+                overload = getattr(getattr(torch.ops, space), op).default
+            except (AttributeError, RuntimeError):
+                continue   # not in this torch
+            library.impl(op, _kernel(name, entry, overload), "AutogradCPU")
+        _LIBRARIES.append(library)
+
+
+def _kernel(name: str, entry: str, overload):
+    def below(*args, **kwargs):   # the op itself: gloo's kernel, autograd (which it has none of) left out
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload(*args, **kwargs)
+
+    def kernel(*args, **kwargs):
+        recorder = RECORDER
+        if recorder is None:
+            return below(*args, **kwargs)
+        return recorder.call(name, entry, below, args, kwargs)
+    return kernel
+
+
+def scale(value, factor: float) -> None:
+    """Multiply every floating-point tensor of `value` (a tensor, or a list of them) in place, by
+    its data: no version counter moves, so a tensor autograd saved is still its to use."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex():
+            value.data.mul_(factor)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            scale(item, factor)
+
+
+def output(args: tuple, kwargs: dict):
+    """What a moving collective writes its result into: its first argument, by position or by name."""
+    if args:
+        return args[0]
+    return next((kwargs[name] for name in OUTPUT_NAMES if name in kwargs), None)
+
+
+def numel(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if isinstance(value, (list, tuple)):
+        return sum(numel(v) for v in value)
+    return 0
+
+
+def functional_numel(name: str, args: tuple) -> int:
+    """A functional collective's values as its function's call is recorded (input and output alike,
+    as all_gather_into_tensor(out, shard)): an op is handed its inputs and the group's size only."""
+    given = numel(args[0]) if args else 0
+    size = next((a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)), 1)
+    if name == "all_gather_into_tensor":
+        return given + given * size
+    if name == "reduce_scatter_tensor":
+        return given + given // max(1, size)
+    return 2 * given if name == "all_to_all_single" else given
+
+
+def reduce_op(name: str, entry: str, given: tuple, kwargs: dict):
+    """The reduce op a collective was called with, by how it was reached (by position, an
+    all-reduce's only); None where none was given."""
+    if entry == DISPATCHED:   # a c10d op's, boxed
+        return next((v for v in given if isinstance(v, torch.ScriptObject) and v._type().name() == "ReduceOp"), None)
+    if entry == METHOD:   # (tensors, options) or (tensors, op): the options carry their reduceOp
+        return next((v for v in list(given[1:]) + list(kwargs.values())
+                     if hasattr(v, "reduceOp") or isinstance(v, (dist.ReduceOp, dist.ReduceOp.RedOpType))), None)
+    if "op" in kwargs or "reduceOp" in kwargs:
+        return kwargs.get("op", kwargs.get("reduceOp"))
+    return given[1] if name == "all_reduce" and len(given) > 1 else None
+
+
+def reduce_name(op):
+    """SUM, AVG, MAX...: of a ReduceOp's type, a ReduceOp object (PREMUL_SUM's), a group's options or
+    a functional collective's string, a c10d op's boxed ReduceOp."""
+    if isinstance(op, torch.ScriptObject):
+        return next((name for name, value in dist.ReduceOp.RedOpType.__members__.items() if int(value) == op.op()),
+                    str(op.op()))
+    op = getattr(op, "reduceOp", op)
+    op = getattr(op, "op", op)
+    return None if op is None else str(op).rsplit(".", 1)[-1].upper()
