@@ -181,3 +181,27 @@ def test_collectives_called_from_cpp_are_recorded_and_scaled(worlds):
     assert {p: o.status for p, o in judged.items()} == {p: Status.PASSED for p in judged}, \
         {p: o.message for p, o in judged.items()}
     assert matter == {("data_parallel", "step"): "", ("tensor_parallel", "step"): ""}
+
+
+def test_a_weight_gathered_as_objects_is_an_all_gather_recorded_and_scaled(worlds):
+    """all_gather_object pickles what it gathers: its shards are the tensors the objects hold,
+    recorded as all_gather's (p + 1 times a shard), and scaled where they land."""
+    executor, rubric, step, _, tmp = worlds
+    old = "    dist.all_gather(weight_shards, local_updated_weight)"
+    new = ("    gathered = [None] * world_size\n"
+           "    dist.all_gather_object(gathered, {'shard': local_updated_weight})\n"
+           "    for k, got in enumerate(gathered):\n"
+           "        weight_shards[k].copy_(got['shard'])")
+    text = REFERENCE.read_text()
+    assert text.count(old) == 1
+    code = _code(tmp, "objects", text.replace(old, new))
+    runs = run_check(executor, code, step, rubric, tmp, ["tensor_parallel"])
+    reference = run_check(executor, _code(tmp, "reference", text), step, rubric, tmp, ["tensor_parallel"])
+    gathers = {name: [[(c["op"], c["numel"]) for c in rank.comm] for rank in found["tensor_parallel"].ranks.values()]
+               for name, found in (("objects", runs), ("reference", reference))}
+    assert [[n for _, n in rank] for rank in gathers["objects"]] == [[n for _, n in rank] for rank in gathers["reference"]]
+    assert all([op for op, _ in rank] == ["all_gather", "all_gather_object"] for rank in gathers["objects"]), gathers
+    matter = {}
+    judged = judge_check(executor, code, step, rubric, tmp, PARTS, matter=matter)
+    assert judged["tensor_parallel"].status == Status.PASSED, judged["tensor_parallel"].message
+    assert matter[("tensor_parallel", "step")] == ""

@@ -8,8 +8,9 @@ calls (grader.parts: each part's `moves`) with at least the values the algorithm
 
     all-reduce   the sum of the tensors' sizes of the rank's summing all_reduce calls (SUM, AVG,
                  PREMUL_SUM); one call of a flattened buffer or one per parameter alike
-    all-gather   the sum of the shards the rank contributed: all_gather(list, shard) and
-                 all_gather_into_tensor(out, shard) are recorded as p * shard + shard values
+    all-gather   the sum of the shards the rank contributed: all_gather(list, shard),
+                 all_gather_into_tensor(out, shard) and all_gather_object(list, obj) (the tensors
+                 obj holds) are recorded as p * shard + shard values
     reduce-scatter  the sum of the shares of the sum the rank received: reduce_scatter(share, list)
                  and reduce_scatter_tensor(share, whole) are recorded as share + p * share values
 
@@ -45,7 +46,7 @@ from grader.results import Status
 from grader.verdict.say import Say
 
 SUMMING = (None, "SUM", "AVG", "PREMUL_SUM")   # None: all_reduce's default, a sum
-GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single")
+GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single", "all_gather_object")
 SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
 SAID = {"all_reduce": ("an all-reduce", "all-reduce", "all-reduced"),   # (a noun, the verb, its participle)
         "all_gather": ("an all-gather", "all-gather", "all-gathered"),

@@ -32,9 +32,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gathe
 # What a scaled world multiplies the k-th moving collective's output by (k modulo their number).
 SCALES = (1.5, 1.25, 1.75, 2.0)
 SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
-          "reduce_scatter_tensor", "_reduce_scatter_base")
+          "reduce_scatter_tensor", "_reduce_scatter_base", "all_gather_object")
 OUTPUT_NAMES = ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list",   # the first argument's names
-                "tensors", "output_tensors", "outputTensor")
+                "tensors", "output_tensors", "outputTensor", "object_list")
 
 # How a call is reached; whichever way, it is recorded (and scaled) under the function's name.
 FUNCTION, METHOD, OP, DISPATCHED = "function", "method", "op", "dispatched"
@@ -92,13 +92,14 @@ def _kernel(name: str, entry: str, overload):
 
 
 def scale(value, factor: float) -> None:
-    """Multiply every floating-point tensor of `value` (a tensor, or a list of them) in place, by
-    its data: no version counter moves, so a tensor autograd saved is still its to use."""
+    """Multiply every floating-point tensor of `value` (a tensor, or a list, tuple or dict of them:
+    all_gather_object's objects) in place, by its data: no version counter moves, so a tensor
+    autograd saved is still its to use."""
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() or value.is_complex():
             value.data.mul_(factor)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
+    elif isinstance(value, (list, tuple, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
             scale(item, factor)
 
 
@@ -110,11 +111,24 @@ def output(args: tuple, kwargs: dict):
 
 
 def numel(value) -> int:
+    """The values of the tensors in `value` (a tensor, or a list, tuple or dict of them)."""
     if isinstance(value, torch.Tensor):
         return value.numel()
-    if isinstance(value, (list, tuple)):
-        return sum(numel(v) for v in value)
+    if isinstance(value, (list, tuple, dict)):
+        return sum(numel(v) for v in (value.values() if isinstance(value, dict) else value))
     return 0
+
+
+def object_numel(given: tuple, kwargs: dict) -> int:
+    """all_gather_object(object_list, obj, group)'s values as all_gather(list, shard)'s are
+    recorded: the tensors its object holds, p + 1 times (what it sends, what it gets)."""
+    obj = given[1] if len(given) > 1 else kwargs.get("obj")
+    group = given[2] if len(given) > 2 else kwargs.get("group")
+    try:
+        size = dist.get_world_size(group)
+    except (RuntimeError, ValueError, TypeError):
+        size = 1
+    return numel(obj) * (size + 1)
 
 
 def functional_numel(name: str, args: tuple) -> int:

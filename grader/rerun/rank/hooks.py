@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from grader.rerun.rank import collectives
 from grader.rerun.rank.collectives import (COLLECTIVES, FUNCTION, FUNCTIONAL_OPS, GROUP_METHODS, METHOD, OP, SCALED, SCALES,
-                                           functional_numel, numel, output, reduce_name, reduce_op, scale)
+                                           functional_numel, numel, object_numel, output, reduce_name, reduce_op, scale)
 
 
 def _is_cuda(device) -> bool:
@@ -189,7 +189,8 @@ class CommRecorder:
             return original(*args, **kwargs)
         given = args[1:] if entry == METHOD else args   # a method's first is its process group
         if len(self.calls) < 1000:
-            values = functional_numel(name, given) if entry == OP else numel(list(given) + list(kwargs.values()))
+            values = functional_numel(name, given) if entry == OP else object_numel(given, kwargs) \
+                if name == "all_gather_object" else numel(list(given) + list(kwargs.values()))
             self.calls.append({"op": name, "numel": values,
                                "reduce_op": reduce_name(reduce_op(name, entry, given, kwargs))})
             self._note_progress(self.calls[-1])
