@@ -1,4 +1,5 @@
-"""Hand-ins that set up (and tear down) the process group themselves, as a script run by torchrun does.
+"""Hand-ins shaped as the scripts they are: the process group set up (and torn down) by the code itself,
+the script's set-up at its top level, as torchrun runs it.
 
 A world's ranks join gloo before any hand-in code runs (grader.rerun.rank.worker), so such code must
 find the group up and keep it: the handout's `init_distributed`, written into assignment4.py rather
@@ -6,7 +7,9 @@ than utils.py and called at the top of the script, runs at load (grader.rerun.ra
 assignment that only sets up the group), and `init_process_group` / `destroy_process_group` called
 inside a part leave the world's group as it is (grader.rerun.rank.hooks.keep_the_world). Each of
 these passed on a cluster, and crashed every part here before ("trying to initialize the default
-process group twice", or `world_size` not defined at load).
+process group twice", or `world_size` not defined at load). So did a script's other set-up at its
+top: a wrapper of its own around init_distributed, a config object of a class of its own, a device
+chosen in an `if`, arguments read with argparse (a rank's command line is the script's alone).
 """
 
 import ast
@@ -46,6 +49,65 @@ STEP_END = "    optimizer.step()\n    return model.W.detach()\n"
 OWN_GROUP = "    dist.init_process_group(backend='gloo')\n"
 
 
+# A script's set-up, each line of which a hand-in on a cluster had at its top level.
+SCRIPT_SETUP = '''
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainConfig:
+    lr: float = learning_rate
+
+
+def setup():
+    return init_distributed()
+
+
+class Runner:
+    def run_all(self):
+        return single_step()
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=1)
+args = parser.parse_args()
+cfg = TrainConfig()
+rank, local_rank, world_size = setup()
+if torch.cuda.is_available():
+    DEVICE = torch.device("cuda", local_rank)
+    print("on", DEVICE)
+else:
+    DEVICE = torch.device("cpu")
+try:
+    import numpy
+except ImportError:
+    numpy = None
+    print("no numpy")
+runner = Runner()
+both = runner.run_all()
+dist.broadcast(both, src=0)
+torch.manual_seed(0)
+if __name__ == "__main__":
+    print(single_step())
+'''
+
+
+def script_setup() -> str:
+    """The reference with SCRIPT_SETUP at its top (the handout's init_distributed from utils), its
+    Part 1 stepping at cfg.lr and its Part 4 gathering onto DEVICE."""
+    text = REFERENCE.read_text()
+    assert "\nfrom utils import" in text and text.count("lr=learning_rate") >= 1
+    text = text.replace("\nfrom utils import", "\nfrom utils import init_distributed\nfrom utils import", 1)
+    top = text.index("\ndef ", text.index("\nfrom utils import"))
+    text = text[:top] + SCRIPT_SETUP + text[top:]
+    first = text.index("lr=learning_rate")
+    text = text[:first] + "lr=cfg.lr" + text[first + len("lr=learning_rate"):]
+    gather = "    dist.all_gather(weight_shards, local_updated_weight)"
+    assert text.count(gather) == 1
+    return text.replace(gather, gather + "\n    weight_shards = [w.to(DEVICE) for w in weight_shards]")
+
+
 def own_init_at_load() -> str:
     text = REFERENCE.read_text()
     assert "\nimport os\n" in text, "the reference no longer imports os"
@@ -77,6 +139,19 @@ def test_an_assignment_that_only_sets_up_the_group_is_kept_and_one_that_runs_a_p
     assert len(tree.body) == len(kept_before) - len(dropped)
 
 
+def test_a_scripts_setup_is_kept_and_what_runs_a_part_or_prints_is_not():
+    tree = ast.parse(script_setup())
+    lines = script_setup().splitlines()
+    said = {lines[line - 1].strip() for line in script_statements_removed(tree)}
+    assert said == {'print("on", DEVICE)', 'print("no numpy")', "both = runner.run_all()", 'if __name__ == "__main__":',
+                    "dist.broadcast(both, src=0)"}   # what a part made, left out with it
+    kept = ast.unparse(tree)
+    for line in ("torch.manual_seed(0)", "parser.add_argument('--steps', type=int, default=1)", "args = parser.parse_args()", "runner = Runner()",
+                 "cfg = TrainConfig()", "rank, local_rank, world_size = setup()",
+                 "DEVICE = torch.device('cpu')", "numpy = None"):
+        assert line in kept, line
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("own-setup")
@@ -89,7 +164,8 @@ def world(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name, text", [("own-init-at-load", own_init_at_load()),
-                                        ("own-group-in-each-part", own_group_in_each_part())])
+                                        ("own-group-in-each-part", own_group_in_each_part()),
+                                        ("script-setup", script_setup())])
 def test_code_that_sets_up_its_own_group_passes_every_part(world, name, text):
     executor, rubric, check, tmp = world
     path = tmp / f"{name}.py"

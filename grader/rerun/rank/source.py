@@ -1,8 +1,8 @@
 """How a rank loads the hand-in's code: from source only, without the script's own statements.
 
 Hand-ins written to the handout word for word must run unchanged: top-level script code
-(initialising, calling the parts, printing) is not executed; imports, definitions and plain
-assignments are (`script_statements_removed`). Every module comes from its source alone
+(calling the parts, printing) is not executed; imports, definitions, assignments that run no part
+and the `if` and `try` blocks that hold them are (`script_statements_removed`). Every module comes from its source alone
 (`compile_source`, `compile_assignment`): no bytecode cache is read, so none a hand-in planted can load.
 """
 
@@ -24,10 +24,9 @@ def _called(node, by_name_only: bool = False) -> set:
             for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, kinds)}
 
 
-def _reaching(own: dict, names: set) -> set:
-    """The module's own functions and classes (`own`: name -> definition) that call one of `names`,
-    themselves or through others of its own."""
-    calls = {name: _called(node) for name, node in own.items()}
+def _reaching(calls: dict, names: set) -> set:
+    """The names of `calls` (name -> the names its code calls: the module's own functions, classes and
+    methods) that call one of `names`, themselves or through others of its own."""
     reached = {name for name, called in calls.items() if called & names}
     while True:
         more = {name for name, called in calls.items() if name not in reached and called & reached}
@@ -36,32 +35,111 @@ def _reaching(own: dict, names: set) -> set:
         reached |= more
 
 
+CONSTRUCTING = ("__init__", "__new__", "__post_init__", "__call__")   # what making (or calling) an instance runs
+
+
+def _own_calls(tree: ast.Module) -> dict:
+    """name -> what it calls, for the module's own functions, its classes (what making an instance
+    runs: the class body but its methods, and CONSTRUCTING) and their methods, by name."""
+    calls = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            calls[node.name] = _called(node)
+        elif isinstance(node, ast.ClassDef):
+            methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            for method in methods:
+                calls[method.name] = calls.get(method.name, set()) | _called(method)
+            made = [n for n in node.body if n not in methods or n.name in CONSTRUCTING]
+            calls[node.name] = set().union(*(_called(n) for n in made)) | set(CONSTRUCTING)
+    return calls
+
+
+DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+SCRIPT_CALLS = {"print", "pprint", "exit", "quit", "_exit", "abort"}   # a statement of these is the script's
+
+
+def _callee(call: ast.Call) -> str:
+    """f of f(...) or anything.f(...)."""
+    return call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
+
+
+def _runs_the_script(test: ast.expr) -> bool:
+    """Whether an `if`'s test is the script's guard (`__name__ == "__main__"`, however written)."""
+    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
+
+
+def _names(node, context) -> set:
+    """The names `node` reads (ast.Load) or binds (ast.Store)."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, context)}
+
+
+class _Script:
+    """What a module's top level keeps (see script_statements_removed): `running`, the names that
+    run a part; `tainted`, the names a statement left out binds (what reads them is left out too:
+    a part's result, compared or broadcast after it ran); `dropped`, the lines left out."""
+
+    def __init__(self, running: set):
+        self.running, self.tainted, self.dropped = running, set(), []
+
+    def filtered(self, body: list, first: bool = False) -> list:
+        kept = []
+        for i, node in enumerate(body):
+            docstring = first and i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            if docstring or isinstance(node, DEFINITIONS) or self._keeps(node):
+                kept.append(node)
+            else:
+                self.dropped.append(node.lineno)
+                self.tainted |= _names(node, ast.Store)
+        return kept
+
+    def _keeps(self, node) -> bool:
+        """Whether `node` stays (an `if`'s or a `try`'s statements filtered in place)."""
+        if _names(node.test if isinstance(node, ast.If) else node, ast.Load) & self.tainted and \
+                not isinstance(node, ast.Try):
+            return False
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            return not _called(node) & self.running
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            return not _called(node) & self.running and _callee(node.value) not in SCRIPT_CALLS
+        if isinstance(node, ast.If) and not _runs_the_script(node.test) and not _called(node.test) & self.running:
+            lines = len(self.dropped)
+            node.body, node.orelse = self.filtered(node.body), self.filtered(node.orelse)
+            if not (node.body or node.orelse):
+                del self.dropped[lines:]   # the whole `if` is said left out, by its own line
+                return False
+            node.body = node.body or [ast.copy_location(ast.Pass(), node)]
+            return True
+        if isinstance(node, ast.Try):
+            lines = len(self.dropped)
+            node.body, node.orelse = self.filtered(node.body), self.filtered(node.orelse)
+            node.finalbody = self.filtered(node.finalbody)
+            for handler in node.handlers:
+                handler.body = self.filtered(handler.body) or [ast.copy_location(ast.Pass(), handler)]
+            if not node.body:
+                del self.dropped[lines:]
+                return False
+            return True
+        return False
+
+
 def script_statements_removed(tree: ast.Module) -> list:
     """Drop the top-level statements that would run the script; return the line numbers dropped.
 
-    Kept: imports, function and class definitions, the docstring, and assignments that call no
-    function of the module itself (so `rank, local_rank, world_size = init_distributed()` from utils
-    and `local_batch_size = global_batch_size // world_size` stay; `w = single_step()` goes), or
-    only functions of its own that set up the process group (they call `init_process_group`) and run
-    no part: the handout's `init_distributed`, written into assignment4.py, runs as it would from
-    utils.py (the world's group is already up: grader.rerun.rank.hooks.keep_the_world).
+    Kept: imports, function and class definitions, the docstring; assignments and calls that run no
+    part (they call no part function, nor a function, class or method of the module's own that
+    does, by name or as an attribute), but a print or an exit: `rank, local_rank, world_size =
+    init_distributed()`, the same through a wrapper of the module's own (the world's group is
+    already up: grader.rerun.rank.hooks.keep_the_world), `cfg = TrainConfig()`,
+    `parser.add_argument(...)` and `args = parser.parse_args()` stay, `w = single_step()`,
+    `main()` and `print(w)` go; and an `if` (but the script's `__name__` guard) or a `try` with what
+    it holds filtered alike: `if torch.cuda.is_available(): DEVICE = ...` stays. Dropped: every
+    other statement (loops, `with` blocks, the guard), and every one that reads a name a statement
+    dropped binds (`compare_tensors(w, expected)` and `dist.broadcast(w, src=0)` after `w =
+    single_step()`, as the handout's script has them).
     """
-    own = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    setting_up = _reaching(own, {"init_process_group"}) - _reaching(own, PART_FUNCTIONS)
-    kept, dropped = [], []
-    for i, node in enumerate(tree.body):
-        keep = isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
-                                 ast.AsyncFunctionDef, ast.ClassDef))
-        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            keep = _called(node, by_name_only=True) & set(own) <= setting_up
-        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            keep = True
-        if isinstance(node, ast.Try):
-            inner = node.body + [s for h in node.handlers for s in h.body]
-            keep = all(isinstance(s, (ast.Import, ast.ImportFrom, ast.Pass, ast.Assign)) for s in inner)
-        (kept if keep else dropped).append(node)
-    tree.body = kept
-    return [node.lineno for node in dropped]
+    script = _Script(PART_FUNCTIONS | _reaching(_own_calls(tree), PART_FUNCTIONS))
+    tree.body = script.filtered(tree.body, first=True)
+    return sorted(script.dropped)
 
 
 def compile_assignment(path: str) -> tuple:

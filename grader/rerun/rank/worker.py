@@ -14,8 +14,10 @@ tensors, which only the part's work makes right.
 Tracebacks keep the hand-in's own frames only (assignment4.py and utils.py, by file name).
 
 Hand-ins written to the handout word for word must run unchanged on a CPU-only machine:
-- top-level script code (initialising, calling the parts, printing) is not executed; imports,
-  definitions and plain assignments are (grader.rerun.rank.source);
+- the script's set-up runs and its script does not: top-level statements that call a part, print,
+  exit or loop, or read what those bind, are left out; imports, definitions, and the assignments,
+  calls, `if`s and `try`s of the set-up are run (grader.rerun.rank.source), under the script's
+  name alone as its command line;
 - "cuda" devices, `.cuda()` and `torch.cuda.set_device` land on the CPU (grader.rerun.rank.hooks); the
   GPU index asked for is reported, for the multi-node check's LOCAL_WORLD_SIZE;
 - the world's process group, joined before any hand-in code runs, is the one code that sets up or
@@ -228,6 +230,7 @@ def _load(job: protocol.WorldJob, prepared: dict, report):
     """Run the hand-in's code (Loading, then Ready or LoadFailed); its module, or None."""
     if job.code_dir not in sys.path:
         sys.path.insert(0, job.code_dir)   # as a script's own folder is, for the hand-in's imports
+    sys.argv = [prepared["path"]]   # as torchrun runs it, with no argument: argparse's defaults hold
     report(protocol.Loading())
     try:
         if prepared["error"]:
