@@ -422,3 +422,24 @@ def test_the_protocol_decoder_refuses_an_unknown_key_a_wrong_type_and_a_bool_for
                           ({"devices": [0, "1"]}, "result.devices[1]: expected a whole number")]:
         with pytest.raises(protocol.ProtocolError, match=re.escape(words)):
             protocol.decode(message | change)
+
+
+def test_a_layer_holding_its_weight_as_nn_linear_does_has_its_gradient_taken_transposed():
+    """FullColumnParallelLinear built on nn.Linear(input_dim, output_dim / p) holds its weight
+    [output_dim / p, input_dim]: its gradient is X^T G_r transposed, the same values. Another
+    rank's columns, transposed or not, are still named."""
+    from types import SimpleNamespace
+    from grader.verdict.backward import ExpectedLayer, _weight_problem
+    torch.manual_seed(0)
+    e = ExpectedLayer(x=torch.randn(6, 5, dtype=torch.float64), w=torch.randn(5, 8, dtype=torch.float64),
+                      g=torch.randn(6, 8, dtype=torch.float64))
+    shares = e.shares(4)
+    say = Say(CHECK)
+    for rank in range(4):
+        right = e.x.T @ shares[rank][1]
+        assert _weight_problem(SimpleNamespace(extra={"weight_grad": right}), rank, e, 4, TOL, say) == ""
+        assert _weight_problem(SimpleNamespace(extra={"weight_grad": right.T.contiguous()}), rank, e, 4, TOL, say) == ""
+    others = (e.x.T @ shares[2][1]).T.contiguous()
+    assert "that of rank 2's columns" in _weight_problem(SimpleNamespace(extra={"weight_grad": others}), 1, e, 4, TOL, say)
+    wrong = torch.zeros(2, 5, dtype=torch.float64)
+    assert "differs from X^T G_r" in _weight_problem(SimpleNamespace(extra={"weight_grad": wrong}), 1, e, 4, TOL, say)

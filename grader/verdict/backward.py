@@ -9,7 +9,8 @@ W = [W_0 | ... | W_{p-1}] and G = [G_0 | ... | G_{p-1}]:
     input_grad   G @ W^T = sum_r G_r @ W_r^T [B, input_dim]: f (BroadcastParallel) all-reduces the
                                              ranks' shares in backward
     weight_grad  X^T @ G_r                   [input_dim, output_dim / p]: the gather's backward hands
-                                             rank r its own columns of G
+                                             rank r its own columns of G (or its transpose: a layer
+                                             that holds its weight as nn.Linear does)
 
 computed here in float64 from the part's data (grader.rerun.wire.secret): X, and the real W0, of which
 rank r's layer was handed only its own columns (the others were its own noise). So the output is
@@ -64,11 +65,17 @@ def _output_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> st
     return ""
 
 
+def _as_weight(got, want, tol) -> bool:
+    """A weight's gradient `got` is `want` [input_dim, output_dim / p], or its transpose: a layer
+    that holds its weight as nn.Linear does, [output_dim / p, input_dim], computes the same."""
+    return close(got, want, tol) or (got.dim() == 2 and close(got.T, want, tol))
+
+
 def _weight_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> str:
     weight_grad, shares = r.extra.get("weight_grad"), e.shares(p)
-    if weight_grad is None or close(weight_grad, e.x.T @ shares[rank][1], tol):
+    if weight_grad is None or _as_weight(weight_grad, e.x.T @ shares[rank][1], tol):
         return ""
-    other = next((k for k, (_, g_k) in enumerate(shares) if close(weight_grad, e.x.T @ g_k, tol)), None)
+    other = next((k for k, (_, g_k) in enumerate(shares) if _as_weight(weight_grad, e.x.T @ g_k, tol)), None)
     if other is not None:
         whose = f"rank {other}'s" if not say.hidden else "the first rank's" if other == 0 else "another rank's"
         return (f"the weight gradient on {say.rank(rank, 'a rank')} is that of {whose} columns: the gather's "
