@@ -188,6 +188,27 @@ def test_a_step_on_data_a_rank_does_not_own_is_a_wrong_weight_with_its_diagnosis
                  TOL).status == Status.PASSED
 
 
+def test_one_ranks_batch_broadcast_and_rows_taken_strided_are_named(served):
+    """Code that ran right on a cluster, its batch made on one rank and broadcast (or its slices
+    scattered), or its rows split rank::world_size: a re-run's ranks each own only their slice's
+    rows (their columns' targets in Part 4), and the feedback says why the weight is wrong."""
+    import torch
+    from grader.parts.tensor_parallel import column_step
+    dp, tp = served["data_parallel"], served["tensor_parallel"]
+    for k in (0, 2):
+        broadcast = dp.mean_step(lambda r: slice(6 * r, 6 * r + 6), 4, batch_of=lambda r: k)
+        outcome = judge(PartRun("data_parallel", Status.PASSED, ranks_with(broadcast)), dp, "data_parallel", CHECK, TOL)
+        assert outcome.status == Status.FAILED and f"every rank took its slice of rank {k}'s batch" in outcome.message
+        hidden = judge(PartRun("data_parallel", Status.PASSED, ranks_with(broadcast)), dp, "data_parallel", HIDDEN, TOL)
+        assert "rank 2" not in hidden.message and "broadcast" in hidden.message
+        stepped = torch.cat([column_step(tp, r, r, r, r, 2, batch=k) for r in range(4)], dim=1)
+        outcome = judge(PartRun("tensor_parallel", Status.PASSED, ranks_with(stepped)), tp, "tensor_parallel", CHECK, TOL)
+        assert outcome.status == Status.FAILED and f"every rank stepped on rank {k}'s batch" in outcome.message
+    strided = dp.mean_step(lambda r: slice(r, None, 4), 4)
+    outcome = judge(PartRun("data_parallel", Status.PASSED, ranks_with(strided)), dp, "data_parallel", CHECK, TOL)
+    assert outcome.status == Status.FAILED and "every world_size-th row" in outcome.message
+
+
 def test_no_collective_a_rank_reports_decides_a_verdict(exp):
     """Right weights pass whatever the rank says it called; wrong ones fail whatever it says."""
     for comm in ((), [{"op": "all_reduce", "numel": 56}]):

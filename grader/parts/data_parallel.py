@@ -7,6 +7,7 @@ weight. Its usual mistakes, each told by the weight it makes on the data every r
     the gradients summed, not averaged (or averaged twice): a factor of world_size
     a number written where world_size belongs: right only where they agree (`fixed`)
     every rank on one rank's slice; the slice of LOCAL_RANK on several nodes; no all-reduce;
+    one rank's batch broadcast or scattered; rows taken strided (rank::world_size);
     the whole batch on every rank; dist.reduce where all_reduce belongs (`run_mistake`)
 """
 
@@ -36,12 +37,32 @@ def _slices(got, exp, check, rank, tol, say, weights, passed, rows):
                     f"of different nodes took the same rows; pick the slice with the global rank "
                     f"(dist.get_rank(), RANK), not the local one")
     same = weights is not None and len(weights) > 1 and all(close(w, got, tol) for w in weights.values())
+    moved = _moved_batch(got, exp, ws, tol, say, rows) if same else None
+    if moved:
+        return moved
     for k in range(ws) if same else ():
         if close(got, exp.mean_step(lambda r: rows[k], ws), tol):
             whose = "the first rank's" if k == 0 else "the last rank's" if k == ws - 1 else "one rank's"
             whose = whose if say.hidden else f"rank {k}'s"
             return (f"on every rank the update is the gradient of {whose} slice of the batch alone: the ranks "
                     f"took the same rows (each rank's slice starts at rank * local_batch_size)")
+    return None
+
+
+def _moved_batch(got, exp, ws, tol, say, rows):
+    """Slices of one rank's batch, broadcast or scattered from it, or rows taken strided (the weight
+    every rank ended with alike: rank k's alone on its whole batch is the first's, on rank k)."""
+    for k in range(ws):
+        if close(got, exp.mean_step(lambda r: rows[r], ws, batch_of=lambda r: k), tol):
+            whose = f"rank {k}'s" if not say.hidden else "the first rank's" if k == 0 else "one rank's"
+            return (f"every rank took its slice of {whose} batch (the batch broadcast, or its slices scattered, "
+                    f"from that rank): a re-run hands each rank its own rows through create_batch, and another "
+                    f"rank's batch does not hold them; create the batch on every rank with the same seed, as "
+                    f"the skeleton does, and keep your own slice")
+    if close(got, exp.mean_step(lambda r: slice(r, None, ws), ws), tol):
+        return ("the ranks took every world_size-th row (rank, rank + world_size, ...): the batch is split in "
+                "contiguous slices, rows [rank * local_batch_size, (rank + 1) * local_batch_size), and a "
+                "re-run hands each rank real rows in its own slice only")
     return None
 
 

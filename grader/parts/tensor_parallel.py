@@ -44,10 +44,11 @@ def factors(check, say) -> list:
                         f"output before the loss)")]
 
 
-def column_step(exp, rank: int, holds: int, output: int, targets: int, cols: int):
+def column_step(exp, rank: int, holds: int, output: int, targets: int, cols: int, batch=None):
     """The shard rank `rank` updates when it starts from W0's columns block `holds` and its gradient
-    is that of X W0_output against block `targets` of the targets as rank `rank` was handed them."""
-    x, y = exp.data(rank)
+    is that of X W0_output against block `targets` of the targets as rank `rank` (or rank `batch`,
+    whose batch it was broadcast) was handed them."""
+    x, y = exp.data(rank if batch is None else batch)
     b, o = x.shape[0], y.shape[1]
     w = exp.w0[:, holds * cols:(holds + 1) * cols]
     out = x @ exp.w0[:, output * cols:(output + 1) * cols]
@@ -108,6 +109,14 @@ def mistakes(got, exp, check, rank, tol, say, weights, passed):
             whose = f"rank {k}'s" if not say.hidden else "the first rank's" if k == 0 else "one rank's"
             return (f"every rank's shard took the step of {whose} columns: the gather's backward "
                     f"(GatherParallel) must hand each rank its own columns of the output's gradient")
+    # Every rank alike (rank k alone on its own batch ends as this, on rank k only)
+    same = weights is not None and len(weights) > 1 and all(close(w, got, tol) for w in weights.values())
+    for k in range(p) if same else ():
+        if close(got, torch.cat([column_step(exp, r, r, r, r, cols, batch=k) for r in range(p)], dim=1), tol):
+            whose = f"rank {k}'s" if not say.hidden else "the first rank's" if k == 0 else "one rank's"
+            return (f"every rank stepped on {whose} batch (broadcast from that rank): a re-run hands each rank "
+                    f"the targets of its own columns through create_batch, and another rank's batch does not "
+                    f"hold them; create the batch on every rank with the same seed, as the skeleton does")
     if close(got, exp.step(rank=rank), tol):
         return (f"on {say.rank(rank, 'a rank')} only its own columns are right: each rank took the whole step "
                 f"alone, and a rank's data holds the targets of its own columns only; the other columns must "

@@ -58,10 +58,12 @@ class Expected:
         """W0 - scale * lr * (gradient of the mean loss over `rows` of rank `rank`'s batch)."""
         return self.w0 - scale * self.lr * self.gradient(rows, rank)
 
-    def mean_step(self, rows_of, world_size: int) -> torch.Tensor:
-        """The data-parallel step when rank r takes rows_of(r) of the batch it was handed and the
-        gradients are averaged over the ranks."""
-        return self.w0 - self.lr * sum(self.gradient(rows_of(r), r) for r in range(world_size)) / world_size
+    def mean_step(self, rows_of, world_size: int, batch_of=None) -> torch.Tensor:
+        """The data-parallel step when rank r takes rows_of(r) of the batch it was handed (or of the
+        batch rank batch_of(r) was handed: one rank's, broadcast) and the gradients are averaged
+        over the ranks."""
+        whose = batch_of or (lambda r: r)
+        return self.w0 - self.lr * sum(self.gradient(rows_of(r), whose(r)) for r in range(world_size)) / world_size
 
 
 def expected(check, lr: float, data=None, part: str = None) -> Expected:
