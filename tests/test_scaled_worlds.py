@@ -205,3 +205,19 @@ def test_a_weight_gathered_as_objects_is_an_all_gather_recorded_and_scaled(world
     judged = judge_check(executor, code, step, rubric, tmp, PARTS, matter=matter)
     assert judged["tensor_parallel"].status == Status.PASSED, judged["tensor_parallel"].message
     assert matter[("tensor_parallel", "step")] == ""
+
+
+def test_a_gather_into_a_stacked_tensor_runs_on_gloo_as_on_nccl(worlds):
+    """all_gather_into_tensor into [world_size, *shard] (torch's documented form, which NCCL takes and
+    gloo refuses: "invalid tensor size") gathers here too, recorded and scaled as the flat form."""
+    executor, rubric, step, _, tmp = worlds
+    old = "    dist.all_gather(weight_shards, local_updated_weight)"
+    new = ("    stacked = torch.empty(world_size, *local_updated_weight.shape)\n"
+           "    dist.all_gather_into_tensor(stacked, local_updated_weight.contiguous())\n"
+           "    weight_shards = list(stacked.unbind(0))")
+    text = REFERENCE.read_text()
+    assert text.count(old) == 1
+    matter = {}
+    judged = judge_check(executor, _code(tmp, "stacked", text.replace(old, new)), step, rubric, tmp, PARTS, matter=matter)
+    assert judged["tensor_parallel"].status == Status.PASSED, judged["tensor_parallel"].message
+    assert matter[("tensor_parallel", "step")] == ""

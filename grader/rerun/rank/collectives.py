@@ -74,12 +74,32 @@ def route() -> None:
                 overload = getattr(getattr(torch.ops, space), op).default
             except (AttributeError, RuntimeError):
                 continue   # not in this torch
-            library.impl(op, _kernel(name, entry, overload), "AutogradCPU")
+            library.impl(op, _kernel(name, entry, overload, op), "AutogradCPU")
         _LIBRARIES.append(library)
 
 
-def _kernel(name: str, entry: str, overload):
+# NCCL takes all_gather_into_tensor's output, and reduce_scatter_tensor's input, stacked ([p, *shard],
+# as torch's documentation shows them) or flat ([p * shard[0], ...]); gloo refuses the stacked form
+# ("invalid tensor size"). Code that ran on the cluster's GPUs runs here: the same memory, viewed flat.
+STACKED = {"_allgather_base_": 0, "_reduce_scatter_base_": 1}   # c10d op -> which argument is the whole
+
+
+def flat_for_gloo(op: str, args: tuple) -> tuple:
+    """`args` of a c10d op in STACKED, the whole and the shard viewed flat where the whole is the
+    shards stacked; else as they are."""
+    if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
+        return args
+    whole, shard = args[STACKED[op]], args[1 - STACKED[op]]
+    if whole.dim() == shard.dim() + 1 and whole.shape[1:] == shard.shape and whole.is_contiguous() \
+            and shard.is_contiguous():
+        return (args[0].view(-1), args[1].view(-1)) + tuple(args[2:])
+    return args
+
+
+def _kernel(name: str, entry: str, overload, op: str):
     def below(*args, **kwargs):   # the op itself: gloo's kernel, autograd (which it has none of) left out
+        if op in STACKED:
+            args = flat_for_gloo(op, args)
         with torch._C._AutoDispatchBelowAutograd():
             return overload(*args, **kwargs)
 
