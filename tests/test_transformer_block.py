@@ -99,6 +99,20 @@ def test_each_step_mistake_computes_something_else_than_the_step():
                                   right), mistake
 
 
+def test_gathered_logits_are_told_from_a_g_written_as_a_reduce_scatter_and_an_all_gather():
+    """A rank that all-gathered its logits' columns gathered them; one whose g is a ring's all-reduce
+    (each reduce-scatter then all-gather of the block's activations) gathered no logits, however
+    many activations it moved."""
+    from types import SimpleNamespace
+    check = Check(world_size=4, **STEP_CHECK)
+    share = check.global_batch_size * check.seq_len * check.vocab_size // 4
+    logits = [{"op": "all_gather", "numel": 5 * share}]
+    ring = [{"op": op, "numel": 5 * 4 * share} for _ in range(3) for op in ("reduce_scatter_tensor", "all_gather_into_tensor")]
+    assert transformer_step._gathered(SimpleNamespace(comm=logits), check)
+    assert transformer_step._gathered(SimpleNamespace(comm=ring + logits), check)
+    assert not transformer_step._gathered(SimpleNamespace(comm=ring), check)
+
+
 def test_the_qkv_shards_hold_each_ranks_heads():
     """Rank r's QKV gradient is the single device's W_q, W_k and W_v columns of its heads, side by side."""
     layer = transformer.seeded(Check(world_size=2, **CHECK))

@@ -123,9 +123,12 @@ def _flat(params: list) -> torch.Tensor:
 
 
 def _gathered(r, check) -> bool:
-    """Rank `r` all-gathered at least its own columns of the logits, [B S, V / p]."""
+    """Rank `r` all-gathered at least its own columns of the logits, [B S, V / p], beyond what it
+    reduce-scattered (a g written as a reduce-scatter and an all-gather, a ring's all-reduce,
+    gathers what it scattered: no logits)."""
     share = check.global_batch_size * check.seq_len * check.vocab_size // check.world_size
-    return moved(r.comm, "all_gather", check.world_size)[1] >= share
+    p = check.world_size
+    return moved(r.comm, "all_gather", p)[1] - moved(r.comm, "reduce_scatter", p)[1] >= share
 
 
 def _named(r, rank: int, m: Model, p: int, tol, cache: dict) -> str:
