@@ -84,6 +84,23 @@ def test_the_graders_block_step_is_the_references(world_size):
         assert torch.allclose(w1, want[0], atol=1e-6) and torch.allclose(w2, want[1], atol=1e-6)
 
 
+def test_a_block_holding_its_shards_as_nn_linear_does_has_their_gradients_taken_transposed():
+    """fc1 and fc2 built on nn.Linear hold [hidden_dim / p, input_dim] and [input_dim, hidden_dim / p]:
+    their gradients are the shards' transposed, the same values; wrong values are still named."""
+    from types import SimpleNamespace
+    from grader.rubric import Tolerance
+    from grader.verdict.say import Say
+    check = Check(world_size=4, seed=3, global_batch_size=8, input_dim=6, hidden_dim=12)
+    block = megatron.seeded(check, 0.5)
+    for rank in range(4):
+        want = megatron.backward(block, 4, rank)
+        extra = dict(want, w1_grad=want["w1_grad"].T.contiguous(), w2_grad=want["w2_grad"].T.contiguous())
+        got = SimpleNamespace(weight=want["output"], extra=extra)
+        assert megatron._backward_problem(got, rank, block, 4, Tolerance(), Say(check)) == ""
+        extra["w1_grad"] = extra["w1_grad"] * 2
+        assert "the gradient of W1's shard" in megatron._backward_problem(got, rank, block, 4, Tolerance(), Say(check))
+
+
 def test_each_mistake_computes_something_else_than_the_block():
     check = Check(world_size=4, seed=3, global_batch_size=8, input_dim=6, hidden_dim=12)
     block, right = megatron.seeded(check, 0.5), None

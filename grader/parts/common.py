@@ -113,6 +113,12 @@ def close(a, b, tol) -> bool:
     return a.shape == b.shape and bool(a.allclose(b, rtol=tol.rtol, atol=tol.atol))
 
 
+def as_weight(got, want, tol, same=close) -> bool:
+    """A parameter's gradient `got` is `want` as the skeleton holds the parameter ([in, out]), or its
+    transpose: a layer built on nn.Linear holds its weight [out, in], and computes the same."""
+    return same(got, want, tol) or (got.dim() == 2 and same(got.T, want, tol))
+
+
 def local_ranks(check) -> list:
     """Each rank's LOCAL_RANK in the check's layout of `nodes` nodes."""
     per_node = check.world_size // max(check.nodes, 1)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grader.parts.common import WEIGHT, close, output_gradient
+from grader.parts.common import WEIGHT, as_weight, close, output_gradient
 from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import collectives, unfinished
@@ -65,17 +65,11 @@ def _output_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> st
     return ""
 
 
-def _as_weight(got, want, tol) -> bool:
-    """A weight's gradient `got` is `want` [input_dim, output_dim / p], or its transpose: a layer
-    that holds its weight as nn.Linear does, [output_dim / p, input_dim], computes the same."""
-    return close(got, want, tol) or (got.dim() == 2 and close(got.T, want, tol))
-
-
 def _weight_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> str:
     weight_grad, shares = r.extra.get("weight_grad"), e.shares(p)
-    if weight_grad is None or _as_weight(weight_grad, e.x.T @ shares[rank][1], tol):
+    if weight_grad is None or as_weight(weight_grad, e.x.T @ shares[rank][1], tol):
         return ""
-    other = next((k for k, (_, g_k) in enumerate(shares) if _as_weight(weight_grad, e.x.T @ g_k, tol)), None)
+    other = next((k for k, (_, g_k) in enumerate(shares) if as_weight(weight_grad, e.x.T @ g_k, tol)), None)
     if other is not None:
         whose = f"rank {other}'s" if not say.hidden else "the first rank's" if other == 0 else "another rank's"
         return (f"the weight gradient on {say.rank(rank, 'a rank')} is that of {whose} columns: the gather's "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from grader.parts.common import close, output_gradient
+from grader.parts.common import as_weight, close, output_gradient
 from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import by_rank, collectives, unfinished, weight_digest
@@ -275,7 +275,7 @@ def _backward_problem(r, rank: int, b: Block, p: int, tol, say: Say) -> str:
         if got is None:
             return (f"the gradient of {what} did not come back: MegatronMLP's parameters must be its two "
                     f"shards, fc1's then fc2's")
-        if not close(got, want[name], tol):
+        if not as_weight(got, want[name], tol):
             return (f"the gradient of {what} on {say.rank(rank, 'a rank')} differs from the single-device "
                     f"block's share: check which {'columns' if name == 'w1_grad' else 'rows'} the rank holds")
     got = r.extra.get("input_grad")

@@ -26,6 +26,7 @@ import enum
 import torch
 import torch.nn.functional as F
 
+from grader.parts.common import as_weight
 from grader.results import CheckOutcome, Status
 from grader.verdict import transformer
 from grader.verdict.compare import by_rank, output_worst
@@ -138,7 +139,7 @@ def _problem(r, rank: int, want: dict, layer: Layer, p: int, tol, say: Say) -> s
     if any(r.extra.get(n) is None for n in grads):
         return ("the gradients of the block's parameters did not come back: SequenceParallelBlock's parameters "
                 "must be its ParallelTransformerBlock's, in that block's order")
-    wrong = [n for n in (*grads, "input_grad") if not close(r.extra[n], want[n], tol)]
+    wrong = [n for n in (*grads, "input_grad") if not as_weight(r.extra[n], want[n], tol, close)]
     if not wrong:
         return ""
     named = _named(r, rank, layer, p, tol, (*grads, "input_grad"))

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grader.parts.common import close as _same, output_gradient
+from grader.parts.common import as_weight, close as _same, output_gradient
 from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import by_rank, output_worst
@@ -226,7 +226,7 @@ def _problem(r, rank: int, want: dict, layer: Layer, p: int, tol, say: Say) -> s
         return ("the gradients of the block's parameters did not come back: ParallelTransformerBlock's parameters "
                 "must be, in this order, ln1's weight and bias, the attention's QKV shard and W_o's rows, ln2's "
                 "weight and bias, and the MLP's two shards")
-    wrong = [n for n in (*grads, "input_grad") if not close(r.extra[n], want[n], tol)]
+    wrong = [n for n in (*grads, "input_grad") if not as_weight(r.extra[n], want[n], tol, close)]
     if not wrong:
         return ""
     named = _named(r, rank, layer, p, tol, (*grads, "input_grad"))
