@@ -132,6 +132,26 @@ def test_one_rank_short_of_its_all_reduce_is_named_and_a_hidden_checks_sizes_by_
     assert _held({0: []}, one).status == "passed"   # one rank has no one to talk to
 
 
+def test_what_a_rank_moved_too_few_is_matched_to_the_moves_it_equals():
+    """Part 6's all-reduces short by as much as one of its per-token moves: the feedback names the
+    moves that many values make (both, where two are alike); short by an amount none makes, none."""
+    import math
+    from grader.parts import BY_ID
+    check = next(c for c in load_rubric().checks if c.name == "default-backward")
+    moves = [m for m in BY_ID["vocab_parallel"].moves if m.kind == check.kind and m.collective == "all_reduce"]
+    volumes = {m.what: math.prod(comm.size(check, n) for n in m.sizes) for m in moves}
+    whole = sum(volumes.values())
+    token = next(m.what for m in moves if "sum of exponentials" in m.what)
+    for left, named in ((volumes[token], True), (1, False)):
+        ranks = {r: RankRun(rank=r, status="ok", comm=[{"op": "all_reduce", "numel": whole - left, "reduce_op": "SUM"}])
+                 for r in range(4)}
+        said = comm.explain("vocab_parallel", check, comm.shortfalls("vocab_parallel", check, ranks), 4, Say(check))
+        assert f"every rank all-reduced only {whole - left} values in all" in said
+        assert ("what is missing is as much as " + token in said) == named, said
+        alike = [w for w, v in volumes.items() if v == volumes[token] and w != token]
+        assert all((", or as " + w in said) == named for w in alike), said
+
+
 def waits_and_counts() -> str:
     """The reference with Part 3's all-reduce asynchronous (its handle waited for) and the gradient
     divided by the ranks counted by a second all-reduce: right, and its values come from both (a

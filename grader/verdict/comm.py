@@ -38,6 +38,7 @@ recorder, or tells a scaled world from another, can make them say anything. Noth
 part whose values are wrong.
 """
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -129,9 +130,21 @@ def _clause(part, check, short: dict, total: int, say: Say) -> str:
         said = f"{say.ranks(alike, total)} {done} too few values"
     else:
         said = f"{say.ranks(alike, total)} {done} only {first.moved} value{'s' if first.moved != 1 else ''} in all"
-    what = [f"{m.what} ({_volume(m, check, say)})" for m in part.moves
-            if m.kind == check.kind and m.collective == first.collective]
-    return f"{said}: {part.title.split(':')[0].split(' (')[0]} must {verb} {' and '.join(what)} across the ranks"
+    moves = [m for m in part.moves if m.kind == check.kind and m.collective == first.collective]
+    what = [f"{m.what} ({_volume(m, check, say)})" for m in moves]
+    missing = _missing(moves, check, first.needed - first.moved) if first.calls else []
+    lacking = "; what is missing is as much as " + ", or as ".join(
+        " and ".join(m.what for m in subset) for subset in missing) + " moves" if missing else ""
+    return f"{said}: {part.title.split(':')[0].split(' (')[0]} must {verb} {' and '.join(what)} across the ranks{lacking}"
+
+
+def _missing(moves: list, check, short: int) -> list:
+    """The sets of `moves` (at most three, the smallest) whose values add up to exactly `short`
+    (what a rank moved too few): the moves its calls most likely left out; [] where none do."""
+    volumes = [math.prod(size(check, name) for name in m.sizes) for m in moves]
+    found = [subset for n in range(1, len(moves)) for subset in itertools.combinations(range(len(moves)), n)
+             if sum(volumes[i] for i in subset) == short]
+    return [[moves[i] for i in subset] for subset in found[:3]]
 
 
 def _beyond(part, check, over: Shortfall, ranks: str, say: Say) -> str:
@@ -150,7 +163,7 @@ def explain(part_id: str, check, short: dict, total: int, say: Say) -> str:
     """Every collective the ranks fell short of (`short`, shortfalls'), one clause each, and why it counts."""
     part = BY_ID[part_id]
     clauses = [_clause(part, check, ranks, total, say) for ranks in short.values()]
-    return "; ".join(clauses) + " (right values without the part's collectives earn nothing)"
+    return "; ".join(clauses) + " (the part's points come with its algorithm's collectives, not with right values alone)"
 
 
 def hold(outcome, run, part_id: str, check, say: Say = None):
