@@ -152,6 +152,22 @@ def test_what_a_rank_moved_too_few_is_matched_to_the_moves_it_equals():
         assert all((", or as " + w in said) == named for w in alike), said
 
 
+def test_a_broadcast_beside_wrong_values_is_said_where_each_rank_holds_its_own_shards():
+    """Part 5's ranks are each handed their own shards: a rank's copy broadcast to the others makes
+    their values wrong, and the feedback says so; Part 3's weight is every rank's alike (its own
+    diagnoses name a batch broadcast), and right values are never touched."""
+    check = next(c for c in load_rubric().checks if c.name == "default")
+    sent = [{"op": "broadcast", "numel": 4096, "reduce_op": None}]
+    run = type("PartRun", (), {"ranks": {r: RankRun(rank=r, status="ok", comm=sent) for r in range(4)}})()
+
+    def outcome(status):
+        return CheckOutcome(check=check.name, hidden=False, world_size=4, status=status, message="wrong weights")
+    for part, told in (("megatron_mlp", True), ("data_parallel", False)):
+        said = comm.handed_out(outcome(Status.FAILED), run, part, check, Say(check)).message
+        assert ("its ranks broadcast (or scattered) tensors in the part" in said) == told, (part, said)
+    assert comm.handed_out(outcome(Status.PASSED), run, "megatron_mlp", check, Say(check)).message == "wrong weights"
+
+
 def waits_and_counts() -> str:
     """The reference with Part 3's all-reduce asynchronous (its handle waited for) and the gradient
     divided by the ranks counted by a second all-reduce: right, and its values come from both (a

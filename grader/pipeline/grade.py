@@ -81,7 +81,7 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
         exp = way.expected(check, rubric.learning_rate, run.data, p) if run.status == Status.PASSED else None
         outcome = way.judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ()))
         # Right values count only with the part's collectives behind them (grader.verdict.comm).
-        return comm.hold(outcome, run, p, check, say)
+        return comm.handed_out(comm.hold(outcome, run, p, check, say), run, p, check, say)
 
     runs = rerun.run_check(executor, code, check, clocked, scratch, parts)
     judged = {p: verdict(p, runs[p]) for p in parts}

@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 
 from grader.parts import BY_ID
+from grader.parts.common import COLUMNS, ROWS, WHOLE
 from grader.results import Status
 from grader.verdict.say import Say
 
@@ -197,4 +198,23 @@ def independent(outcome, part_id: str, check, say: Say = None, shown_at: str = "
     outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
     outcome.diagnosis, outcome.failing_ranks = text, list(range(check.world_size))
     outcome.message = f"{outcome.message}, but {text}"
+    return outcome
+
+
+HANDED = ("broadcast", "scatter")   # one rank's tensors sent to the others
+
+
+def handed_out(outcome, run, part_id: str, check, say: Say):
+    """`outcome` (a CheckOutcome whose values are wrong), where a rank of `run` broadcast or scattered
+    in a part that hands each rank its own share of the initial weights (Parts 5 to 8: every layout
+    but Parts 3's and 4's steps, whose diagnoses name it), with why that gives wrong values."""
+    own = BY_ID[part_id].layouts.get(check.kind) not in (WHOLE, ROWS, COLUMNS)
+    if outcome.status != Status.FAILED or not outcome.comm_ok or check.world_size <= 1 or not own:
+        return outcome
+    sent = [c for r in run.ranks.values() for c in r.comm if c.get("op") in HANDED and c.get("numel", 0)]
+    if sent:
+        outcome.message += ("; its ranks broadcast (or scattered) tensors in the part: a re-run hands each rank its own "
+                            "shards of the weights and data, real only where they are the rank's own, so one rank's copy "
+                            "sent to the others gives them values that are not theirs; make them on every rank, as the "
+                            "skeleton does")
     return outcome
