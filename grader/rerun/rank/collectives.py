@@ -50,13 +50,10 @@ FUNCTIONAL_OPS = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_
                   "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
                   "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
                   "all_to_all_single": "all_to_all_single", "broadcast": "broadcast", "broadcast_": "broadcast"}
-C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "allgather_": "all_gather",
-            "allgather_coalesced_": "all_gather", "_allgather_base_": "all_gather_into_tensor",
-            "allgather_into_tensor_coalesced_": "all_gather_into_tensor", "reduce_scatter_": "reduce_scatter",
-            "_reduce_scatter_base_": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor",
-            "broadcast_": "broadcast", "reduce_": "reduce", "alltoall_": "all_to_all", "alltoall_base_": "all_to_all_single",
-            "gather_": "gather", "scatter_": "scatter", "send": "send", "recv_": "recv", "recv_any_source_": "recv",
-            "barrier": "barrier", "monitored_barrier_": "barrier"}
+# The dispatcher's op each group method calls: its name and an underscore (it works in place), but
+# send's and barrier's; recv_anysource's is spelled out.
+C10D_OPS = {("recv_any_source" if method == "recv_anysource" else method) + ("" if method in ("send", "barrier") else "_"): name
+            for method, name in GROUP_METHODS.items()} | {"monitored_barrier_": "barrier"}
 
 RECORDER = None     # the rank's CommRecorder, once it installs itself: the dispatcher's kernels hand it every call
 _LIBRARIES = []     # the kernels' registrations, kept for the process's life
