@@ -38,19 +38,25 @@ def _reaching(calls: dict, names: set) -> set:
 CONSTRUCTING = ("__init__", "__new__", "__post_init__", "__call__")   # what making (or calling) an instance runs
 
 
+def _used(node) -> set:
+    """Every name `node` reads, and every attribute: what it calls, and what it hands on to be called
+    (mp.spawn(worker), a thread's target)."""
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))}
+
+
 def _own_calls(tree: ast.Module) -> dict:
-    """name -> what it calls, for the module's own functions, its classes (what making an instance
-    runs: the class body but its methods, and CONSTRUCTING) and their methods, by name."""
+    """name -> what it uses (`_used`), for the module's own functions, its classes (what making an
+    instance runs: the class body but its methods, and CONSTRUCTING) and their methods, by name."""
     calls = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            calls[node.name] = _called(node)
+            calls[node.name] = _used(node)
         elif isinstance(node, ast.ClassDef):
             methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
             for method in methods:
-                calls[method.name] = calls.get(method.name, set()) | _called(method)
+                calls[method.name] = calls.get(method.name, set()) | _used(method)
             made = [n for n in node.body if n not in methods or n.name in CONSTRUCTING]
-            calls[node.name] = set().union(*(_called(n) for n in made)) | set(CONSTRUCTING)
+            calls[node.name] = set().union(*(_used(n) for n in made)) | set(CONSTRUCTING)
     return calls
 
 
