@@ -17,19 +17,18 @@ from grader.parts import BY_ID
 PART_FUNCTIONS = {part.function for part in BY_ID.values()}   # what a part runs: never at load
 
 
-def _called(node, by_name_only: bool = False) -> set:
-    """The names `node` calls: f(...) and anything.f(...) (`by_name_only`: f(...) alone)."""
-    kinds = ast.Name if by_name_only else (ast.Name, ast.Attribute)
+def _called(node) -> set:
+    """The names `node` calls: f(...) and anything.f(...)."""
     return {c.func.id if isinstance(c.func, ast.Name) else c.func.attr
-            for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, kinds)}
+            for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute))}
 
 
-def _reaching(calls: dict, names: set) -> set:
-    """The names of `calls` (name -> the names its code calls: the module's own functions, classes and
-    methods) that call one of `names`, themselves or through others of its own."""
-    reached = {name for name, called in calls.items() if called & names}
+def _reaching(uses: dict, names: set) -> set:
+    """The names of `uses` (name -> the names its code uses: the module's own functions, classes and
+    methods, `_own_uses`) that use one of `names`, themselves or through others of its own."""
+    reached = {name for name, used in uses.items() if used & names}
     while True:
-        more = {name for name, called in calls.items() if name not in reached and called & reached}
+        more = {name for name, used in uses.items() if name not in reached and used & reached}
         if not more:
             return reached
         reached |= more
@@ -44,20 +43,20 @@ def _used(node) -> set:
     return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))}
 
 
-def _own_calls(tree: ast.Module) -> dict:
+def _own_uses(tree: ast.Module) -> dict:
     """name -> what it uses (`_used`), for the module's own functions, its classes (what making an
     instance runs: the class body but its methods, and CONSTRUCTING) and their methods, by name."""
-    calls = {}
+    uses = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            calls[node.name] = _used(node)
+            uses[node.name] = _used(node)
         elif isinstance(node, ast.ClassDef):
             methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
             for method in methods:
-                calls[method.name] = calls.get(method.name, set()) | _used(method)
+                uses[method.name] = uses.get(method.name, set()) | _used(method)
             made = [n for n in node.body if n not in methods or n.name in CONSTRUCTING]
-            calls[node.name] = set().union(*(_used(n) for n in made)) | set(CONSTRUCTING)
-    return calls
+            uses[node.name] = set().union(*(_used(n) for n in made)) | set(CONSTRUCTING)
+    return uses
 
 
 DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -143,7 +142,7 @@ def script_statements_removed(tree: ast.Module) -> list:
     dropped binds (`compare_tensors(w, expected)` and `dist.broadcast(w, src=0)` after `w =
     single_step()`, as the handout's script has them).
     """
-    script = _Script(PART_FUNCTIONS | _reaching(_own_calls(tree), PART_FUNCTIONS))
+    script = _Script(PART_FUNCTIONS | _reaching(_own_uses(tree), PART_FUNCTIONS))
     tree.body = script.filtered(tree.body, first=True)
     return sorted(script.dropped)
 
