@@ -90,6 +90,38 @@ def test_the_graders_step_is_the_single_device_models_and_the_references(world_s
                                       transformer_step._flat(want[rank]["params"]), load_rubric().tolerance)
 
 
+def _step_as_nn_linear_holds_it(rank, world_size, config):
+    """What the grader's rank takes of the reference's step (transformer_block.stepped), of the
+    reference as it is and of one returning every weight transposed, as a block built on nn.Linear
+    holds it ([out, in]), then of that one with a wrong square weight (W_o's shard at one rank)."""
+    from grader.parts import transformer_block
+    module = load_module(REFERENCE)
+    for key in ("num_heads", "head_dim", "seq_len", "hidden_dim", "vocab_size"):
+        setattr(module, key, config[key])
+    data = model_data.model(derive(KEY, config, PART, world_size), config, rank)
+    step = module.transformer_single_step
+    taken = [transformer_block.stepped(module, None, config, data)["weight"].tolist()]
+    for scale in (1.0, 2.0):
+        def transposed(*args, scale=scale):
+            loss, params = step(*args)
+            params = [t.T.contiguous() if t.dim() == 2 else t for t in params]
+            params[4] = params[4] * scale   # the first block's W_o rows: [d / p, d], square at one rank
+            return loss, params
+        module.transformer_single_step = transposed
+        taken.append(transformer_block.stepped(module, None, config, data)["weight"].tolist())
+    return taken
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_step_returning_its_weights_as_nn_linear_holds_them_is_taken_transposed(world_size):
+    """A model built on nn.Linear returns its weights [out, in]: each is taken transposed, a square
+    one (W_o's shard at one rank) the way nearer the shard it was handed; wrong values stay wrong."""
+    for right, transposed, wrong in run_world(world_size, _step_as_nn_linear_holds_it, STEP_CHECK):
+        assert transposed == right and wrong != right
+    from grader.parts import transformer_block
+    assert transformer_block._as_shards([torch.zeros(3, 5)], [(3, 4)], [None]) is None   # neither way round
+
+
 def test_each_step_mistake_computes_something_else_than_the_step():
     check = Check(world_size=4, **STEP_CHECK)
     model = transformer_step.served(check, 0.5, derive(KEY, STEP_CHECK, PART, 4))

@@ -90,11 +90,47 @@ def stepped(module, call, check: dict, data) -> dict:
         raise TypeError(f"{STEP_FUNCTION} returned {type(value).__name__}, not (loss, the list of the rank's "
                         f"updated parameters)")
     loss, params = value
-    if [tuple(t.shape) for t in params] != step_shapes(check, p):
+    params = _as_shards(params, step_shapes(check, p), _given(data, check, p, dist.get_rank()))
+    if params is None:
         raise TypeError(f"{STEP_FUNCTION} returned parameters that are not the rank's shards: E's rows, each "
                         f"block's eight parameters, the final LayerNorm's weight and bias, the head's columns")
     return {"weight": torch.cat([t.detach().reshape(-1).double() for t in params]),
             "loss": loss.detach().reshape(-1).double()}
+
+
+def _given(data, check: dict, p: int, r: int) -> list:
+    """Rank r's shards of the weights it was handed, in the order of step_shapes (None for the
+    LayerNorms'): E's rows, each block's QKV columns of its heads [Q_r | K_r | V_r], W_o's rows,
+    W1's columns and W2's rows, the head's columns."""
+    import torch
+    d, share, vocab = width(check) // p, size(check, "hidden_dim") // p, size(check, "vocab_size") // p
+    given = [data.embedding[r * vocab:(r + 1) * vocab]]
+    for qkv, wo, w1, w2 in data.blocks:
+        heads = torch.cat([qkv[:, j * p * d + r * d:j * p * d + (r + 1) * d] for j in range(3)], dim=1)
+        given += [None, None, heads, wo[r * d:(r + 1) * d], None, None, w1[:, r * share:(r + 1) * share],
+                  w2[r * share:(r + 1) * share]]
+    return given + [None, None, data.head[:, r * vocab:(r + 1) * vocab]]
+
+
+def _as_shards(params: list, shapes: list, given: list):
+    """The returned parameters as the skeleton holds them, or None where they are not the rank's
+    shards. A layer built on nn.Linear holds its weight [out, in], the skeleton's transposed: such a
+    parameter is taken transposed. A square one's shape cannot tell: it is taken the way that lies
+    nearer the shard it was handed (one step moves a weight little; the values are judged after)."""
+    if len(params) != len(shapes):
+        return None
+    out = []
+    for t, shape, start in zip(params, shapes, given):
+        if tuple(t.shape) == shape and not (t.dim() == 2 and shape[0] == shape[1] and start is not None):
+            out.append(t)
+        elif t.dim() == 2 and tuple(t.shape) == shape[::-1] and shape[0] != shape[1]:
+            out.append(t.T)
+        elif t.dim() == 2 and tuple(t.shape) == shape:   # square
+            t = t.detach().float()
+            out.append(t.T if (t.T - start).norm() < (t - start).norm() else t)
+        else:
+            return None
+    return out
 
 
 def room(check: dict, kind: str) -> int:
