@@ -173,3 +173,25 @@ def test_code_that_sets_up_its_own_group_passes_every_part(world, name, text):
     runs = run_check(executor, prepare_code(path), check, rubric, tmp, PARTS)
     assert {p: r.status for p, r in runs.items()} == {p: Status.PASSED for p in PARTS}, \
         {p: (r.detail, [x.exception for x in r.ranks.values()]) for p, r in runs.items()}
+
+
+def test_a_part_reading_what_only_the_script_binds_is_told_the_line_left_out(world):
+    """Part 2 reads `W`, which only the script's own `W = single_step()` binds: the NameError the
+    rank raises points to that line, the one the grader leaves out (inside the `__name__` guard too)."""
+    executor, rubric, check, tmp = world
+    text = REFERENCE.read_text()
+    head = "def single_step_with_grad_accumulation("
+    assert text.count(head) == 1
+    start = text.index(":\n", text.index(head)) + 2
+    text = text[:start] + "    W.sum()\n" + text[start:]
+    for name, script in (("top", "W = single_step()\n"),
+                         ("guard", 'if __name__ == "__main__":\n    print("start")\n    W = single_step()\n')):
+        path = tmp / f"reads-{name}.py"
+        path.write_text(text + script)
+        line = len(text.splitlines()) + script.count("\n")
+        run = run_check(executor, prepare_code(path), check, rubric, tmp, ["grad_accumulation"])["grad_accumulation"]
+        assert run.status == Status.CRASHED
+        said = {r.exception for r in run.ranks.values()}
+        assert said == {f"NameError: name 'W' is not defined (assignment4.py binds W only at line {line}, in the "
+                        f"script's own statements, which the grader does not run: each part is called on its own, "
+                        f"after the file's imports, definitions and set-up)"}, said

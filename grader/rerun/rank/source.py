@@ -85,6 +85,7 @@ class _Script:
 
     def __init__(self, running: set):
         self.running, self.tainted, self.dropped = running, set(), []
+        self.binding = {}   # name -> the first line where a statement left out binds it
 
     def filtered(self, body: list, first: bool = False) -> list:
         kept = []
@@ -95,6 +96,9 @@ class _Script:
             else:
                 self.dropped.append(node.lineno)
                 self.tainted |= _names(node, ast.Store)
+                for n in ast.walk(node):
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                        self.binding.setdefault(n.id, n.lineno)
         return kept
 
     def _keeps(self, node) -> bool:
@@ -142,9 +146,26 @@ def script_statements_removed(tree: ast.Module) -> list:
     dropped binds (`compare_tensors(w, expected)` and `dist.broadcast(w, src=0)` after `w =
     single_step()`, as the handout's script has them).
     """
+    return sorted(_filter(tree).dropped)
+
+
+def _filter(tree: ast.Module) -> _Script:
+    """Leave out `tree`'s script statements (script_statements_removed); what was left out."""
     script = _Script(PART_FUNCTIONS | _reaching(_own_uses(tree), PART_FUNCTIONS))
     tree.body = script.filtered(tree.body, first=True)
-    return sorted(script.dropped)
+    return script
+
+
+def left_out_binding(path: str, name: str) -> int:
+    """The line of the file at `path` where a top-level statement left out (script_statements_removed)
+    binds `name`, or 0 where none does: what a NameError of a part that reads what the script's own
+    run binds (`W = single_step()` at the top level, read inside another part) points to. Read
+    again only when such an error happens, in the rank that raised it."""
+    try:
+        with open(path, "rb") as f:
+            return _filter(ast.parse(f.read(), filename=path)).binding.get(name, 0)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return 0
 
 
 def compile_assignment(path: str) -> tuple:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from grader.parts import BY_ID, OWN_SIZES, kind_of
 from grader.rerun.wire import bounds, protocol, secret
 from grader.rerun.sandbox import environment
-from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, run_module
+from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, left_out_binding, run_module
 from grader.rerun.rank import collectives
 from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls, keep_the_world
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus
@@ -129,6 +129,12 @@ def _error(exc: BaseException, code_dir: str = "") -> ErrorInfo:
     for f in frames:
         f.filename = os.path.basename(f.filename)
     only = traceback.format_exception_only(type(exc), exc)
+    line = left_out_binding(os.path.join(code_dir, OWN_FILES[0]), exc.name) \
+        if isinstance(exc, NameError) and isinstance(getattr(exc, "name", None), str) and code_dir else 0
+    if line:
+        only[-1] = only[-1].rstrip("\n") + (f" ({OWN_FILES[0]} binds {exc.name} only at line {line}, in the script's own "
+                                            f"statements, which the grader does not run: each part is called on its "
+                                            f"own, after the file's imports, definitions and set-up)\n")
     lines = ["Traceback (most recent call last):\n"] + traceback.format_list(frames) if frames else []
     text = "".join(lines + only)
     if code_dir:
