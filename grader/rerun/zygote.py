@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 
+from grader import typed
 from grader.rerun.wire import bounds, channel, protocol
 from grader.limits import Limits
 
@@ -99,6 +100,8 @@ def _boot() -> int:
     from grader.rerun.sandbox import environment, namespaces, scratch, sweep  # noqa: F401 - likewise
     environment.bound_zygote()   # before the first fork: every pool of every rank has one thread
     worker.warm_up()
+    for message in protocol.TYPES.values():   # what every leader and rank decodes: its types resolved once, here
+        typed.resolve(message)
     # Everything alive now is shared with every fork; frozen, no child's garbage collector walks
     # (and so copies) it.
     gc.collect()

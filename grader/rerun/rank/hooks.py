@@ -64,6 +64,10 @@ class CudaOnCpu(TorchFunctionMode):
         self.spy = spy
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        # Every torch call of the part comes here (about 300 a rank): the common one, no device
+        # asked for, goes straight on.
+        if func is not torch.Tensor.cuda and func is not torch.Tensor.to and not (kwargs and "device" in kwargs):
+            return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             if self.spy is not None:
@@ -117,6 +121,53 @@ def keep_the_world() -> None:
         module.init_process_group, module.destroy_process_group = init_process_group, destroy_process_group
 
 
+def _wrapped(name: str, original, entry: str = FUNCTION):
+    """`original`, each call handed to the rank's recorder (collectives.RECORDER) where there is one."""
+    def recorded(*args, **kwargs):
+        recorder = collectives.RECORDER
+        if recorder is None:
+            return original(*args, **kwargs)
+        return recorder.call(name, entry, original, args, kwargs)
+    recorded.__name__ = name
+    recorded.__wrapped__ = original
+    return recorded
+
+
+_WRAPPED = []   # whether this process's collectives are wrapped (once, in the zygote: every rank shares them)
+
+
+def wrap_collectives() -> None:
+    """Wrap every collective a part may call in Python (COLLECTIVES, the process groups' methods,
+    the functional collectives' autograd ops), once a process; until a rank installs its recorder
+    the wrappers only pass calls on."""
+    if _WRAPPED:
+        return
+    import torch.distributed.distributed_c10d as c10d
+    from torch._C._distributed_c10d import Backend, ProcessGroup
+    for name in COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        wrapper = _wrapped(name, original)
+        for module in (dist, c10d):
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapper)
+    for group_class in (ProcessGroup, Backend):
+        for method, name in GROUP_METHODS.items():
+            if method in group_class.__dict__:   # its own, not inherited: each wrapped once
+                setattr(group_class, method, _wrapped(name, group_class.__dict__[method], METHOD))
+    # The functional ops are the dispatcher's (collectives.route); their autograd twins have autograd
+    # kernels of their own there, and are wrapped here, their overloads (.default) still theirs.
+    space = getattr(torch.ops, "_c10d_functional_autograd")
+    for op, name in FUNCTIONAL_OPS.items():
+        try:
+            original = getattr(space, op)
+        except (AttributeError, RuntimeError):
+            continue   # not in this torch
+        setattr(space, op, _Packet(_wrapped(name, original, OP), original))
+    _WRAPPED.append(True)
+
+
 class _Packet:
     """An op's packet, its call recorded (`recorded`), everything else (its overloads) the op's own."""
 
@@ -146,38 +197,10 @@ class CommRecorder:
         self.moved = 0         # the part's moving collectives so far
 
     def install(self) -> None:
-        import torch.distributed.distributed_c10d as c10d
-        from torch._C._distributed_c10d import Backend, ProcessGroup
-        for name in COLLECTIVES:
-            original = getattr(c10d, name, None)
-            if original is None:
-                continue
-            wrapper = self._wrap(name, original)
-            for module in (dist, c10d):
-                if getattr(module, name, None) is original:
-                    setattr(module, name, wrapper)
-        for group_class in (ProcessGroup, Backend):
-            for method, name in GROUP_METHODS.items():
-                if method in group_class.__dict__:   # its own, not inherited: each wrapped once
-                    setattr(group_class, method, self._wrap(name, group_class.__dict__[method], METHOD))
-        # The functional ops are the dispatcher's (collectives.route); their autograd twins have autograd
-        # kernels of their own there, and are wrapped here, their overloads (.default) still theirs.
-        space = getattr(torch.ops, "_c10d_functional_autograd")
-        for op, name in FUNCTIONAL_OPS.items():
-            try:
-                original = getattr(space, op)
-            except (AttributeError, RuntimeError):
-                continue   # not in this torch
-            setattr(space, op, _Packet(self._wrap(name, original, OP), original))
-        collectives.route()   # where the process ranks are forked from has not (the torchrun path)
+        """This recorder is the rank's: every collective's wrapper and kernel hands it the call."""
+        wrap_collectives()   # done already where the process was forked from the zygote
+        collectives.route()
         collectives.RECORDER = self
-
-    def _wrap(self, name, original, entry=FUNCTION):
-        def recorded(*args, **kwargs):
-            return self.call(name, entry, original, args, kwargs)
-        recorded.__name__ = name
-        recorded.__wrapped__ = original
-        return recorded
 
     def call(self, name: str, entry: str, original, args: tuple, kwargs: dict):
         """Make one collective's call `original(*args, **kwargs)`, reached as `entry`: recorded as

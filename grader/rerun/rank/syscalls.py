@@ -54,6 +54,7 @@ its own (`note`), and each result's isolation says whether the calls are refused
 import ctypes
 import dataclasses
 import errno
+import functools
 import os
 import platform
 import socket
@@ -163,12 +164,18 @@ def program(refused: dict) -> bytes:
     return b"".join(packed)
 
 
+@functools.lru_cache(maxsize=None)
+def machine_program(machine: str) -> bytes:
+    """The filter for this machine's architecture: made once, in the zygote (`note`), for every rank."""
+    return program(REFUSED[machine])
+
+
 def refuse() -> None:
     """Install the filter in this process (after no_new_privs); OSError where it cannot be."""
     machine = platform.machine()
     if machine not in REFUSED:
         raise OSError(errno.ENOSYS, f"no filter for this architecture ({machine})")
-    code = program(REFUSED[machine])
+    code = machine_program(machine)
     buffer = ctypes.create_string_buffer(code, len(code))
     fprog = struct.pack("=HxxxxxxQ", len(code) // 8, ctypes.addressof(buffer))   # struct sock_fprog
     fprog_buffer = ctypes.create_string_buffer(fprog, len(fprog))
@@ -187,6 +194,8 @@ def note(isolation) -> None:
     the watchdog alone holds a world's memory."""
     why = namespaces.in_child(check) if namespaces.LINUX else "not Linux"
     isolation.refused = "" if why else CALLS
+    if not why:
+        machine_program(platform.machine())
     if why and isolation.watchdog and "memory" not in isolation.controllers:
         isolation.problems.append(f"a rank may make memory the watchdog cannot count once no process holds "
                                   f"it open ({CALLS} not refused: {why})")
