@@ -47,8 +47,8 @@ room (tests/test_layout.py holds the map to that):
                  rank/, what runs inside a rank: worker loads the code (source) and runs what the
                  part's record says at the check's kind (a step, a layer alone), wrapped in hooks
                  (its spy reads each call by collectives, every way a collective is reached, the
-                 dispatcher's ops too); syscalls refuses every rank the calls that make memory no
-                 Pss shows
+                 dispatcher's ops too), and errors says what the hand-in raised; syscalls refuses
+                 every rank the calls that make memory no Pss shows
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
                  hand-ins), download (whose each file of an LMS download is), listing (a folder's or
                  a zip's files, each read from disk only when used), handin (unpack safely, locate

@@ -279,12 +279,13 @@ def test_a_ranks_result_and_a_killed_ranks_progress_record_of_one_collective_are
     collective and are said so, as when rank 1 runs on into a later part with every optional part on."""
     import torch
     from grader.rerun.hangs import collective as _call, progress_calls as _progress_calls, hang_detail
+    from grader.rerun.rank.collectives import FUNCTION
     from grader.rerun.rank.hooks import CommRecorder
     from grader.rerun.wire.hidden import Words
     recorder = CommRecorder(progress=str(tmp_path / "progress"))
     calls = []
     with recorder.recording(calls, part="data_parallel"):
-        recorder._wrap("all_reduce", lambda *args, **kwargs: None)(torch.zeros(2048), torch.distributed.ReduceOp.SUM)
+        recorder.call("all_reduce", FUNCTION, lambda *args, **kwargs: None, (torch.zeros(2048), torch.distributed.ReduceOp.SUM), {})
     reported = [_call(c) for c in calls]
     left = _progress_calls((tmp_path / "progress").read_text(), "data_parallel")
     assert left == reported == [{"op": "all_reduce", "numel": 2048, "reduce_op": "SUM"}]

@@ -39,7 +39,8 @@ import torch.distributed as dist
 from grader.parts import BY_ID, OWN_SIZES, kind_of
 from grader.rerun.wire import bounds, protocol, secret
 from grader.rerun.sandbox import environment
-from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, left_out_binding, run_module
+from grader.rerun.rank.errors import collective_failed, said
+from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, run_module
 from grader.rerun.rank import collectives
 from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls, keep_the_world, wrap_collectives
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus
@@ -78,7 +79,7 @@ def prepare(job: protocol.WorldJob) -> dict:
         code, skipped = kept[:2] if kept else compile_assignment(path)
         return {"path": path, "code": code, "skipped": skipped, "utils": utils, "error": None}
     except BaseException as e:  # noqa: BLE001 - a syntax error is the hand-in's, reported by every rank
-        return {"path": path, "code": None, "skipped": [], "utils": utils, "error": _error(e, job.code_dir)}
+        return {"path": path, "code": None, "skipped": [], "utils": utils, "error": said(e, job.code_dir)}
 
 
 def _kept(job: protocol.WorldJob, path: str, utils_path: str):
@@ -129,37 +130,6 @@ def _kwargs_for(function, wanted: dict) -> dict:
     return {k: v for k, v in wanted.items() if k in params and params[k].kind != params[k].POSITIONAL_ONLY}
 
 
-OWN_FILES = ("assignment4.py", "utils.py")   # the hand-in's own frames: the only ones a traceback shows
-
-
-def _error(exc: BaseException, code_dir: str = "") -> ErrorInfo:
-    """The exception and a traceback of the frames in the hand-in's files, named by file name only."""
-    code_dir = code_dir or os.path.dirname(getattr(sys.modules.get("assignment4"), "__file__", "") or "")
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if os.path.basename(f.filename) in OWN_FILES and (not code_dir or os.path.dirname(f.filename) == code_dir)]
-    for f in frames:
-        f.filename = os.path.basename(f.filename)
-    only = traceback.format_exception_only(type(exc), exc)
-    line = left_out_binding(os.path.join(code_dir, OWN_FILES[0]), exc.name) \
-        if isinstance(exc, NameError) and isinstance(getattr(exc, "name", None), str) and code_dir else 0
-    if line:
-        only[-1] = only[-1].rstrip("\n") + (f" ({OWN_FILES[0]} binds {exc.name} only at line {line}, in the script's own "
-                                            f"statements, which the grader does not run: each part is called on its "
-                                            f"own, after the file's imports, definitions and set-up)\n")
-    lines = ["Traceback (most recent call last):\n"] + traceback.format_list(frames) if frames else []
-    text = "".join(lines + only)
-    if code_dir:
-        text = text.replace(code_dir + os.sep, "")
-    exception = only[-1].strip().replace(code_dir + os.sep, "") if code_dir else only[-1].strip()
-    return ErrorInfo(exception=exception[:2000], traceback=text[-6000:])
-
-
-def _is_dist_failure(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__} {exc}".lower()
-    return isinstance(exc, getattr(dist, "DistError", ())) or any(
-        s in text for s in ("gloo", "timed out", "connection closed", "connection reset"))
-
-
 def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret.Served) -> protocol.Result:
     """Call one part on this rank's `view` of its data (its batch is served through create_batch, a
     backward check's layer is handed `view.data`); return its Result (ok / not_implemented /
@@ -189,19 +159,19 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
     except bounds.TooLarge as e:   # the grader says so, in its own words (grader.rerun.check)
         result.status, result.weight, result.extra, result.oversize = RankStatus.CRASHED, None, {}, e.values
     except NotImplementedError as e:
-        result.status, result.error = RankStatus.NOT_IMPLEMENTED, _error(e)
+        result.status, result.error = RankStatus.NOT_IMPLEMENTED, said(e)
     except MemoryError as e:
-        result.status, result.error = RankStatus.OOM, _error(e)
+        result.status, result.error = RankStatus.OOM, said(e)
     except RuntimeError as e:
         out_of_memory = "can't allocate memory" in str(e) or "Cannot allocate memory" in str(e)
         result.status = RankStatus.OOM if out_of_memory else \
-            RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
-        result.error = _error(e)
+            RankStatus.DIST_ERROR if collective_failed(e) else RankStatus.CRASHED
+        result.error = said(e)
     except BaseException as e:  # noqa: BLE001 - a hand-in may raise anything, SystemExit included
         # ENOMEM: the world's cgroup refused a page (a file in memory, a socket buffer), as its kill would
         result.status = RankStatus.OOM if isinstance(e, OSError) and e.errno == errno.ENOMEM else \
-            RankStatus.DIST_ERROR if _is_dist_failure(e) else RankStatus.CRASHED
-        result.error = _error(e)
+            RankStatus.DIST_ERROR if collective_failed(e) else RankStatus.CRASHED
+        result.error = said(e)
     result.comm = calls[:bounds.COMM]
     result.devices = devices[:bounds.DEVICES]
     result.seconds = round(time.monotonic() - started, 4)
@@ -237,7 +207,7 @@ def _join(job: protocol.WorldJob, rank: int, report) -> bool:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=job.world_size,
                                 timeout=datetime.timedelta(seconds=job.pg_timeout))
     except Exception as e:  # noqa: BLE001 - nothing of the hand-in has run yet
-        report(protocol.InfraError(error=_error(e)))
+        report(protocol.InfraError(error=said(e)))
         return False
     report(protocol.Joined())
     return True
@@ -256,7 +226,7 @@ def _load(job: protocol.WorldJob, prepared: dict, report):
         with CudaOnCpu():
             module = run_module("assignment4", prepared["code"], prepared["path"])
     except BaseException as e:  # noqa: BLE001
-        report(protocol.LoadFailed(error=_error(e)))
+        report(protocol.LoadFailed(error=said(e)))
         return None
     report(protocol.Ready(skipped_lines=prepared["skipped"]))
     return module
@@ -269,7 +239,7 @@ def _run_order(module, order: protocol.Run, job: protocol.WorldJob, rank: int, c
     try:
         view = secret.rank_view(order, job.check, rank)
     except Exception as e:  # noqa: BLE001 - the data pipe is the hand-in's to break once it has run
-        result = protocol.Result(part=order.part, status=RankStatus.CRASHED, error=_error(e))
+        result = protocol.Result(part=order.part, status=RankStatus.CRASHED, error=said(e))
     else:
         configure(module, job.check, rank, job.world_size, view.seed)
         served["data"] = view
