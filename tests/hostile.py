@@ -606,8 +606,9 @@ MEMORY_ATTACKS = {
 # could not count it: memfds only in flight in a unix message, or closed with a page of each still
 # mapped (by the C library: Python's mmap keeps a descriptor); SysV shared memory detached, and
 # message queues nobody reads, in the rank's own IPC namespace; io_uring rings, whose queues are the
-# kernel's; inotify watches, and the inodes they pin; a tmpfs mounted in a namespace of the rank's
-# own; UDP-Lite sockets, which no dump the watchdog makes shows. And memfds held open, which it could.
+# kernel's; inotify watches, and the inodes they pin; record locks, each range a kernel object; a
+# tmpfs mounted in a namespace of the rank's own; UDP-Lite sockets, which no dump the watchdog makes
+# shows. And memfds held open, which it could.
 _LIBC = "import ctypes, errno, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 _FAILED = "    if {call} == -1:\n        raise OSError(ctypes.get_errno(), '{name}')\n"
 REFUSED_MEMORY = {
@@ -668,6 +669,9 @@ REFUSED_MEMORY = {
         "if watcher == -1:\n    raise OSError(ctypes.get_errno(), 'inotify_init1')\n"
         "for top in ('/usr/lib', '/usr/share'):\n    for root, dirs, files in os.walk(top):\n"
         "        for name in files + dirs:\n            libc.inotify_add_watch(watcher, os.path.join(root, name).encode(), 2)\n"),
+    "record_locks": (   # each locked byte range is about 200 bytes of the kernel's; apart, none merge
+        "import fcntl, tempfile\nlocked = tempfile.TemporaryFile()\nfor i in range({hog_mb} * 5000):\n"
+        "    fcntl.lockf(locked, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * i)\n"),
     "io_uring_rings": (   # each ring of 32768 entries, its completion queue 131072: about 5 MB
         _LIBC + "held = []\nfor _ in range({hog_mb} // 5):\n    params = (ctypes.c_uint32 * 30)()\n"
         "    params[1], params[2] = 1 << 17, 1 << 4   # cq_entries, flags: IORING_SETUP_CQSIZE\n"

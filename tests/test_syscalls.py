@@ -3,11 +3,13 @@ forked process that installs the filter as a rank does, after no_new_privs."""
 
 import ctypes
 import errno
+import fcntl
 import mmap
 import os
 import platform
 import socket
 import struct
+import tempfile
 import threading
 
 import pytest
@@ -45,6 +47,11 @@ def test_each_refused_call_fails_with_eperm_in_the_filtered_process_its_threads_
         assert refused(lambda: libc.shmget(0, 4096, 0o600))
         assert refused(lambda: libc.msgget(0, 0o600))
         assert refused(lambda: libc.syscall(ctypes.c_long(IO_URING_SETUP), 8, ctypes.create_string_buffer(120)))
+        with tempfile.TemporaryFile() as f:   # a record lock: every byte range one more kernel object
+            assert refused(lambda: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0))
+            assert refused(lambda: fcntl.lockf(f, fcntl.LOCK_SH, 1, 5))
+            lock = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 1, 0)   # struct flock, l_pid 0 as OFD locks want
+            assert refused(lambda: fcntl.fcntl(f, getattr(fcntl, "F_OFD_SETLK", 37), lock))
         seen = []
         thread = threading.Thread(target=lambda: seen.append(refused(lambda: os.memfd_create("a4"))))
         thread.start()
@@ -101,6 +108,12 @@ def test_what_a_rank_needs_still_works_under_the_filter(tmp_path):
         read, write = os.pipe()
         os.write(write, b"1")
         assert os.read(read, 1) == b"1"
+        with open(tmp_path / "store", "w+b") as f:   # torch's FileStore locks its file whole, with flock
+            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.flock(f, fcntl.LOCK_UN)
+            assert fcntl.fcntl(f, fcntl.F_GETFL) & os.O_RDWR
+            probe = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 1, 0)
+            assert struct.unpack("hhqqi", fcntl.fcntl(f, fcntl.F_GETLK, probe))[0] == fcntl.F_UNLCK   # asking is not locking
     assert in_filtered_child(body) == ""
 
 
@@ -144,9 +157,10 @@ def test_the_program_refuses_each_number_of_the_matching_architecture_and_allows
             run_filter(code, 2, 12)} == {ALLOW}
 
 
-def test_the_program_reads_the_arguments_of_namespace_and_socket_calls():
+def test_the_program_reads_the_arguments_of_namespace_socket_and_fcntl_calls():
     """unshare and clone are refused with any CLONE_NEW* flag, allowed without; a socket only of
-    the families and protocols the watchdog counts (the machine's own table)."""
+    the families and protocols the watchdog counts (the machine's own table); fcntl only where it
+    sets a record lock."""
     table = syscalls.REFUSED[platform.machine()]
     arch, calls = next(iter(table.items()))
     code = syscalls.program(table)
@@ -169,6 +183,11 @@ def test_the_program_reads_the_arguments_of_namespace_and_socket_calls():
         assert [run_filter(code, arch, number, a) for a in allowed] == [ALLOW] * len(allowed), number
         assert [run_filter(code, arch, number, a) for a in refused_sockets] == [DENY] * len(refused_sockets), number
     assert run_filter(code, arch, sock + 1000, refused_sockets[0]) == ALLOW   # another call: its arguments unread
+    f_getfl, f_setfl, f_getlk, f_setlk, f_setlkw, f_ofd_setlk = 3, 4, 5, 6, 7, 37
+    for number in calls.fcntl:
+        assert [run_filter(code, arch, number, (3, cmd)) for cmd in (f_getfl, f_setfl, f_getlk)] == [ALLOW] * 3
+        assert [run_filter(code, arch, number, (3, cmd)) for cmd in (f_setlk, f_setlkw, f_ofd_setlk)] == [DENY] * 3
+    assert calls.fcntl and run_filter(code, arch, calls.fcntl[0] + 1000, (3, f_setlk)) == ALLOW
 
 
 def test_new_namespaces_mounts_inotify_and_uncounted_sockets_are_refused_and_what_needs_threads_still_works():

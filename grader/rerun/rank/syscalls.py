@@ -20,6 +20,10 @@ world's view.
   or open sockets in a network namespace of its own, which the watchdog does not dump. clone3 fails
   with ENOSYS, not EPERM: its flags are in memory a filter cannot read, and the C library then falls
   back to clone, whose flags it can.
+- fcntl's record locks (F_SETLK, F_SETLKW, the open file description's F_OFD_SETLK and F_OFD_SETLKW,
+  and 32-bit F_SETLK64 and F_SETLKW64): each locked byte range is a kernel object (about 200 bytes),
+  as many as a process asks for on one open file, charged to a cgroup but in no process's resident
+  set. flock(2), one lock per open file (what torch's FileStore takes), stays.
 - sockets of any family but unix, TCP and UDP (over IPv4 and IPv6) and netlink's routing protocol
   (which the C library's getifaddrs, and so gloo, needs): those are the sockets the watchdog counts
   (grader.rerun.sandbox.sockets); UDP-Lite, MPTCP, SCTP, vsock and the rest would queue memory it
@@ -39,6 +43,7 @@ argument i at 16 + 8 i):
         arch == it  and  nr is one of its refused calls               ->  EPERM
                         nr is clone3                                  ->  ENOSYS
                         nr is unshare, clone and args[0] & CLONE_NEW* ->  EPERM
+                        nr is fcntl, fcntl64 and args[1] sets a record lock ->  EPERM
                         nr is socket, socketpair and (args[0], args[1] & 0xf, args[2]) is not
                             (AF_UNIX, any, any), (AF_INET or AF_INET6, STREAM or DGRAM, 0 or TCP
                             or UDP) or (AF_NETLINK, any, NETLINK_ROUTE)   ->  EPERM
@@ -54,11 +59,13 @@ its own (`note`), and each result's isolation says whether the calls are refused
 import ctypes
 import dataclasses
 import errno
+import fcntl
 import functools
 import os
 import platform
 import socket
 import struct
+import tempfile
 
 from grader.rerun.sandbox import namespaces
 
@@ -75,6 +82,7 @@ X32 = 0x40000000                             # x32 calls are x86-64's numbers wi
 # (clone's low byte is the exit signal instead)
 NEW_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 NEW_NAMESPACES_UNSHARE = NEW_NAMESPACES | 0x00000080
+RECORD_LOCKS = (6, 7, 13, 14, 37, 38)        # F_SETLK, F_SETLKW, F_SETLK64, F_SETLKW64, F_OFD_SETLK, F_OFD_SETLKW
 SOCKET_TYPE = 0xF                            # SOCK_NONBLOCK and SOCK_CLOEXEC ride on the type's higher bits
 NETLINK_ROUTE = 0
 
@@ -87,6 +95,7 @@ class Calls:
     unshare: tuple
     clone: tuple
     sockets: tuple          # socket and socketpair: the family, type and protocol are args 0 to 2
+    fcntl: tuple = ()       # fcntl and fcntl64: the command is args[1]
 
 
 # memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, setns, mount, pivot_root,
@@ -94,7 +103,7 @@ class Calls:
 # move_mount, fsopen, fsmount, fspick: the same numbers everywhere)
 _MOUNT_API = (428, 429, 430, 432, 433)
 _X86_64 = Calls(refused=(319, 447, 29, 68, 425, 321, 308, 165, 155, 253, 294, 300) + _MOUNT_API, clone3=(435,),
-                unshare=(272,), clone=(56,), sockets=(41, 53))
+                unshare=(272,), clone=(56,), sockets=(41, 53), fcntl=(72,))
 
 
 def _x32(calls: Calls) -> Calls:
@@ -108,15 +117,15 @@ REFUSED = {
     "x86_64": {0xC000003E: _x32(_X86_64),
                0x40000003: Calls(refused=(356, 447, 395, 399, 425, 357, 346, 21, 217, 291, 332, 338, 117, 102)
                                  + _MOUNT_API,
-                                 clone3=(435,), unshare=(310,), clone=(120,), sockets=(359, 360))},
+                                 clone3=(435,), unshare=(310,), clone=(120,), sockets=(359, 360), fcntl=(55, 221))},
     "aarch64": {0xC00000B7: Calls(refused=(279, 447, 194, 186, 425, 280, 268, 40, 41, 26, 262) + _MOUNT_API,
-                                  clone3=(435,), unshare=(97,), clone=(220,), sockets=(198, 199)),
+                                  clone3=(435,), unshare=(97,), clone=(220,), sockets=(198, 199), fcntl=(25,)),
                 0x40000028: Calls(refused=(385, 447, 307, 303, 425, 386, 375, 21, 218, 316, 360, 367) + _MOUNT_API,
-                                  clone3=(435,), unshare=(337,), clone=(120,), sockets=(281, 288))},
+                                  clone3=(435,), unshare=(337,), clone=(120,), sockets=(281, 288), fcntl=(55, 221))},
 }
 SECCOMP_CALL = {"x86_64": 317, "aarch64": 277}
-CALLS = ("memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, inotify, new namespaces, mounts "
-         "and sockets but unix, TCP, UDP and netlink routing")
+CALLS = ("memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, inotify, new namespaces, mounts, "
+         "record locks and sockets but unix, TCP, UDP and netlink routing")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -129,11 +138,12 @@ def program(refused: dict) -> bytes:
         other = f"arch{at + 1}" if at + 1 < len(refused) else "allow"
         rows += [f"arch{at}", (LD_ABS, 0, 0, ARCH), (JEQ, 0, other, arch), (LD_ABS, 0, 0, NR)]
         for numbers, target in ((calls.refused, "deny"), (calls.clone3, "nosys"), (calls.unshare, "unshare"),
-                                (calls.clone, "clone"), (calls.sockets, "socket")):
+                                (calls.clone, "clone"), (calls.sockets, "socket"), (calls.fcntl, "fcntl")):
             rows += [(JEQ, target, 0, number) for number in numbers]
         rows += [(JA, 0, 0, other)]
     rows += ["unshare", (LD_ABS, 0, 0, ARG[0]), (JSET, "deny", "allow", NEW_NAMESPACES_UNSHARE),
              "clone", (LD_ABS, 0, 0, ARG[0]), (JSET, "deny", "allow", NEW_NAMESPACES),
+             "fcntl", (LD_ABS, 0, 0, ARG[1]), *[(JEQ, "deny", 0, command) for command in RECORD_LOCKS], (JA, 0, 0, "allow"),
              "socket", (LD_ABS, 0, 0, ARG[0]), (JEQ, "allow", 0, socket.AF_UNIX), (JEQ, "inet", 0, socket.AF_INET),
              (JEQ, "inet", 0, socket.AF_INET6), (JEQ, 0, "deny", socket.AF_NETLINK),
              (LD_ABS, 0, 0, ARG[2]), (JEQ, "allow", "deny", NETLINK_ROUTE),
@@ -203,7 +213,8 @@ def note(isolation) -> None:
 
 def check() -> None:
     """In a process of its own, which it leaves filtered: the filter installed, memfd_create,
-    shmget, a new user namespace and a UDP-Lite socket are refused; OSError where one is not so."""
+    shmget, a new user namespace, a UDP-Lite socket and a record lock are refused; OSError where one
+    is not so."""
     namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
     refuse()
 
@@ -218,3 +229,5 @@ def check() -> None:
     still_works(lambda: _libc.shmget(0, 4096, 0o600), "shmget")
     still_works(lambda: _libc.unshare(0x10000000), "unshare(CLONE_NEWUSER)")
     still_works(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 136).close(), "a UDP-Lite socket")
+    with tempfile.TemporaryFile() as f:
+        still_works(lambda: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB), "a record lock (fcntl F_SETLK)")
