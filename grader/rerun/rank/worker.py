@@ -48,9 +48,8 @@ from grader.rerun.wire.protocol import ErrorInfo, RankStatus
 def warm_up() -> None:
     """Take one tiny SGD step, so that the first step's lazy imports (hundreds of modules) are paid
     once in the process ranks are forked from, not again in every rank, and route every collective
-    through the spy there too (collectives.route, hooks.wrap_collectives: about 1 ms a rank once
-    there). Single-threaded: a process that
-    forks must not have started a thread pool."""
+    through the spy there too (collectives.route, hooks.wrap_collectives: about 1 ms a rank, once
+    there). Single-threaded: a process that forks must not have started a thread pool."""
     import torch.nn as nn
     import torch.optim as optim
     torch.set_num_threads(1)
