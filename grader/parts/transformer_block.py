@@ -98,17 +98,24 @@ def stepped(module, call, check: dict, data) -> dict:
             "loss": loss.detach().reshape(-1).double()}
 
 
+def qkv_shard(qkv, p: int, r: int):
+    """Rank r's shard of W_qkv [d, 3d] = [W_q | W_k | W_v]: its heads' columns of each, side by side
+    [Q_r | K_r | V_r], [d, 3d / p]."""
+    import torch
+    d = qkv.shape[1] // 3
+    cols = d // p
+    return torch.cat([qkv[:, j * d + r * cols:j * d + (r + 1) * cols] for j in range(3)], dim=1)
+
+
 def _given(data, check: dict, p: int, r: int) -> list:
     """Rank r's shards of the weights it was handed, in the order of step_shapes (None for the
     LayerNorms'): E's rows, each block's QKV columns of its heads [Q_r | K_r | V_r], W_o's rows,
     W1's columns and W2's rows, the head's columns."""
-    import torch
     d, share, vocab = width(check) // p, size(check, "hidden_dim") // p, size(check, "vocab_size") // p
     given = [data.embedding[r * vocab:(r + 1) * vocab]]
     for qkv, wo, w1, w2 in data.blocks:
-        heads = torch.cat([qkv[:, j * p * d + r * d:j * p * d + (r + 1) * d] for j in range(3)], dim=1)
-        given += [None, None, heads, wo[r * d:(r + 1) * d], None, None, w1[:, r * share:(r + 1) * share],
-                  w2[r * share:(r + 1) * share]]
+        given += [None, None, qkv_shard(qkv, p, r), wo[r * d:(r + 1) * d], None, None,
+                  w1[:, r * share:(r + 1) * share], w2[r * share:(r + 1) * share]]
     return given + [None, None, data.head[:, r * vocab:(r + 1) * vocab]]
 
 

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from grader.parts.common import as_weight, close as _same, output_gradient
+from grader.parts.transformer_block import qkv_shard
 from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import by_rank, output_worst
@@ -153,11 +154,10 @@ def _shards(layer: Layer, p: int, mistake: Mistake) -> list:
     """[(W_qkv_r, W_o_r, W1_r, W2_r)] for r = 0..p-1, as the ranks cut them (a shard cut otherwise
     than the block's holds what the rank was served there: its own noise, where it is not its own)."""
     qkv, wo, w1, w2 = layer.weights
-    d, cols = wo.shape[0], wo.shape[0] // p
     if mistake is Mistake.QKV_UNGROUPED:
         qkvs = [(layer.views[r][0] if layer.views else qkv).chunk(p, dim=1)[r] for r in range(p)]
     else:
-        qkvs = [torch.cat([qkv[:, j * d + r * cols:j * d + (r + 1) * cols] for j in range(3)], dim=1) for r in range(p)]
+        qkvs = [qkv_shard(qkv, p, r) for r in range(p)]
     return list(zip(qkvs, wo.chunk(p, dim=0), w1.chunk(p, dim=1), w2.chunk(p, dim=0)))
 
 
