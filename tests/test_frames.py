@@ -36,6 +36,23 @@ def test_frames_fed_a_byte_at_a_time_come_out_whole_and_in_order():
     assert pairs[2][1]["output"]["0"] == "b" * 2000 and reader.skipped == 0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETPIPE_SZ is Linux's")
+def test_a_widened_pipe_takes_a_whole_report_in_one_write():
+    """A report of 350 KB crosses a widened pipe in one write, where a pipe's 64 KB would take six turns."""
+    import fcntl
+    read, write = os.pipe()
+    try:
+        channel.widen(read, write)
+        assert fcntl.fcntl(write, fcntl.F_GETPIPE_SZ) == channel.PIPE_BYTES
+        os.set_blocking(write, False)   # a write that did not fit would raise BlockingIOError
+        channel.send_framed(write, 3, protocol.encode(WorldReport(output={0: "x" * 350_000})))
+        pairs = channel.FramedReader().feed(os.read(read, channel.PIPE_BYTES))
+        assert [(world, m["type"], len(m["output"]["0"])) for world, m in pairs] == [(3, "world_report", 350_000)]
+    finally:
+        os.close(read)
+        os.close(write)
+
+
 @pytest.mark.timeout(60)
 def test_a_writer_killed_in_the_middle_of_a_frame_costs_only_that_frame():
     """A leader killed half-way through its report, then the zygote's own frames on the same pipe:
@@ -141,6 +158,10 @@ def test_a_real_zygote_answers_each_world_with_its_own_report(tmp_path):
         for parts in (["baseline"], ["grad_accumulation", "data_parallel"], ["tensor_parallel"]):
             runs = run_check(executor, prepare_code(REFERENCE), rubric.checks[0], rubric, tmp_path, parts=parts)
             assert sorted(runs) == sorted(parts) and {r.status.value for r in runs.values()} == {"passed"}
+        if sys.platform.startswith("linux"):   # its job and its reports cross in one write each
+            import fcntl
+            assert {fcntl.fcntl(p.fileno(), fcntl.F_GETPIPE_SZ) for p in (executor._proc.stdin, executor._proc.stdout)} \
+                == {channel.PIPE_BYTES}
     finally:
         executor.close()
     assert executor.stepped_over == 0 and executor.worlds == 3

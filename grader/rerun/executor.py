@@ -169,9 +169,9 @@ class WarmExecutor(Counted):
         finally:
             for fd in fds:
                 os.close(fd)
-        self._reader = channel.FramedReader()
+        channel.widen(self._proc.stdin.fileno(), self._proc.stdout.fileno())   # a job, a report: one write each
+        self._reader, self._settling = channel.FramedReader(), None
         self._inbox.clear()
-        self._settling = None
         try:
             channel.send_framed(self._proc.stdin.fileno(), 0, protocol.encode(protocol.Setup(kit=str(kit.ROOT))))
         except OSError:
