@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -97,3 +98,59 @@ def test_a_leader_joins_its_worlds_cgroups_whole_with_one_thread_or_several():
             assert _joined_in_a_child(world.paths(False), threads) == [True] * (1 + len(world.folders)), threads
     finally:
         world.remove()
+
+
+def _ended_in(folders: list, allocate_mb: int) -> int:
+    """Fork a process that joins `folders` and writes `allocate_mb` of memory, or, with 0, is killed
+    (SIGKILL) from outside once it has joined; its exit code."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            cgroup.join(folders)
+            os.write(write_fd, b"joined\n")
+            if allocate_mb:
+                held = [b"x" * (1 << 20) for _ in range(allocate_mb)]   # every page written
+                del held
+            else:
+                signal.pause()   # killed here
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    assert os.read(read_fd, 7) == b"joined\n"
+    if not allocate_mb:
+        os.kill(pid, 9)
+    os.close(read_fd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_leader_the_kernel_killed_for_its_worlds_memory_reads_out_of_memory_not_lost():
+    """A world's leader, outside its PID namespace, killed by the kernel for the world's memory (a
+    hand-in's memory no rank shows, such as files in the world's /dev/shm, outlives the ranks the
+    kernel killed first): the zygote, which never reads the job, reports the world out of memory,
+    and the grader gives the parts the world's memory verdict. Killed by anything else, it is lost."""
+    from grader.rerun import check, world
+    from grader.rerun.sandbox import memory, sweep
+    from grader.rerun.wire import protocol
+    made = cgroup.WorldCgroup.make()
+    if made is None:
+        assert os.geteuid() != 0, f"root is given no cgroup here: {cgroup.WorldCgroup.why}"
+        pytest.skip(f"no cgroup of a world's own for this user here ({cgroup.WorldCgroup.why})")
+    try:
+        made.limit(64, 64)
+        folders = sweep.open_world(made.paths(False))   # the world's own, below the executor's: the zygote's
+        kills = cgroup.oom_kills(folders)
+        code = _ended_in(folders, allocate_mb=256)
+        assert code == -9 and cgroup.oom_kills(folders) > kills, code
+        report = world.leader_ended(code, folders, kills)
+        assert report.abort.reason == protocol.StopReason.OUT_OF_MEMORY and report.abort.part is None
+        runs = check._unstarted_parts(["baseline"], report, check.Words({}, False), 64)
+        assert runs["baseline"].status.value == "oom" and memory.verdict(64) in runs["baseline"].detail
+        kills = cgroup.oom_kills(folders)
+        code = _ended_in(folders, allocate_mb=0)
+        lost = world.leader_ended(code, folders, kills)
+        assert code == -9 and lost.abort.reason == protocol.StopReason.RANK_DIED, code
+        assert lost.abort.detail == "the world's leader ended with -9"
+        sweep.end_world(folders)
+    finally:
+        made.remove()

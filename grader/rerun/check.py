@@ -181,13 +181,14 @@ def _world_job(code: dict, work: Path, check, rubric, parts: list, scaled: bool 
                     timeouts=protocol.Timeouts(world_start=rubric.timeouts.world_start, part=rubric.timeouts.part))
 
 
-def _unstarted_parts(parts: list, report: WorldReport, words: Words) -> dict:
-    """PartRuns for `parts` of a world that ended before any of them ran (code that does not load)."""
+def _unstarted_parts(parts: list, report: WorldReport, words: Words, memory_mb: int) -> dict:
+    """PartRuns for `parts` of a world that ended before any of them ran (code that does not load),
+    or before it could say which was running (its leader or supervisor killed)."""
     abort = report.abort
     status = {StopReason.LOAD_FAILED: Status.CRASHED, StopReason.START_TIMEOUT: Status.TIMEOUT,
               StopReason.TIMEOUT: Status.TIMEOUT, StopReason.OUT_OF_MEMORY: Status.OOM,
               StopReason.INFRA_ERROR: Status.INFRA_ERROR}.get(abort.reason, Status.CRASHED)
-    said = words.stopped(abort.reason, abort.detail)
+    said = words.stopped(abort.reason, abort.detail or (memory.verdict(memory_mb) if status == Status.OOM else ""))
     if abort.reason == StopReason.LOAD_FAILED and abort.error:
         said = words.error(abort.error)[0]
     detail = {StopReason.LOAD_FAILED: f"assignment4.py could not be loaded: {said}",
@@ -237,7 +238,7 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
                                                            f"took the part up after the one before" if unread else "")
             remaining = [p for p in left if p not in runs]
             continue
-        runs.update(_unstarted_parts(left, report, words))
+        runs.update(_unstarted_parts(left, report, words, rubric.limits.memory_mb))
         break
     bounds.explain(runs, config, check.hidden, Status.CRASHED)
     return runs

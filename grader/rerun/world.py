@@ -195,9 +195,18 @@ def killed_report(job, who: str, code: int, out_of_memory: bool) -> WorldReport:
     memory where the kernel killed it for the world's cgroup (`out_of_memory`: an out-of-memory kill
     counted there; its ranks' memory, mid-teardown, was not yet given back), else lost. Which part
     was running is not known: every part not reported is charged, as the cause says."""
-    if code == -signal.SIGKILL and out_of_memory:
-        return protocol.stopped(job, StopReason.OUT_OF_MEMORY, memory.verdict(Limits(**job.limits).memory_mb))
+    if code == -signal.SIGKILL and out_of_memory:   # without the job (the zygote's), the grader says the limit
+        return protocol.stopped(job, StopReason.OUT_OF_MEMORY, memory.verdict(Limits(**job.limits).memory_mb) if job else "")
     return lost_report(job, f"{who} ended with {code}")
+
+
+def leader_ended(code: int, cgroups: list, kills: int) -> WorldReport:
+    """In the zygote, which never reads a job: the report of a world whose leader ended with `code`
+    before it reported. Out of memory where the kernel killed it for the world's `cgroups` (their
+    out-of-memory kills past `kills`, counted before it was forked: a hand-in's memory the kernel
+    shows in no rank, such as files in the world's /dev/shm, outlives the ranks it killed first),
+    else lost."""
+    return killed_report(None, "the world's leader", code, bool(cgroups) and cgroup.oom_kills(cgroups) > kills)
 
 
 def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups=None) -> None:

@@ -124,7 +124,7 @@ def _zygote(mode: str, sandbox_name: str) -> None:
     the memory of the ranks forked after it.
     """
     control_out = _boot()
-    from grader.rerun.sandbox import namespaces, scratch, sweep
+    from grader.rerun.sandbox import cgroup, namespaces, scratch, sweep
     from grader.rerun import world
     from grader.rerun.rank import syscalls
     cgroups = [c for c in os.environ.get("A4_CGROUPS", "").split(os.pathsep) if c]
@@ -144,15 +144,17 @@ def _zygote(mode: str, sandbox_name: str) -> None:
         reply = _reply(control_out, number)
         uid = namespaces.world_uid(isolation)
         ending = None if os.environ.get("A4_IN_SANDBOX") else sweep.World(isolation.cgroups, uid)
+        cgroups = ending.cgroups if ending else isolation.cgroups   # the folders its leader joins
+        kills = cgroup.oom_kills(cgroups)
         pid = os.fork()
         if pid == 0:
             _, job = receive_framed((protocol.WorldJob,))
-            world.lead_world(job, isolation, reply, read_key, uid, ending.cgroups if ending else None)
+            world.lead_world(job, isolation, reply, read_key, uid, cgroups)
         code = _reap(pid)
         if code != 0:
             # The leader was killed, perhaps before it could report: say so, so the grader need not
             # wait (a report it did send first wins; this one is then stepped over).
-            reply(world.lost_report(None, f"the world's leader was killed ({code})"))
+            reply(world.leader_ended(code, cgroups, kills))
         # Nothing of this world may outlive it: no process, no file in /tmp or /dev/shm.
         left = ending.end() if ending else []
         if left or not scratch.clean_between_worlds():
