@@ -221,3 +221,69 @@ def test_a_gather_into_a_stacked_tensor_runs_on_gloo_as_on_nccl(worlds):
     judged = judge_check(executor, _code(tmp, "stacked", text.replace(old, new)), step, rubric, tmp, PARTS, matter=matter)
     assert judged["tensor_parallel"].status == Status.PASSED, judged["tensor_parallel"].message
     assert matter[("tensor_parallel", "step")] == ""
+
+
+# Code that checks what an all-reduce of ones returns (world_size, but in a scaled world) before its
+# parallel steps: the store swap with collectives for show would crash only where it is tested.
+PROBED = '''
+
+def _probed(step):
+    def run(*args, **kwargs):
+        ones = torch.ones(1)
+        dist.all_reduce(ones)
+        assert ones.item() == dist.get_world_size(), "the collectives' results are not the sums"
+        return step(*args, **kwargs)
+    return run
+
+
+data_parallel_single_step = _probed(data_parallel_single_step)
+full_column_parallel_single_step = _probed(full_column_parallel_single_step)
+'''
+
+
+def test_a_scaled_world_the_code_crashes_in_shows_nothing_and_the_next_check_of_its_kind_scales_again(worlds):
+    executor, rubric, step, _, tmp = worlds
+    code, matter = _code(tmp, "probed", file_swap(dummies="sized", via="store") + PROBED), {}
+    for check in (step, dataclasses.replace(step, name="again", seed=7)):
+        before = executor.worlds
+        judged = judge_check(executor, code, check, rubric, tmp, PARTS, matter=matter)
+        assert executor.worlds == before + 2, "the check, then its scaled world"
+        assert judged["baseline"].status == Status.PASSED and judged["grad_accumulation"].status == Status.PASSED
+        for part in ("data_parallel", "tensor_parallel"):
+            outcome = judged[part]
+            assert outcome.status == Status.FAILED and not outcome.comm_ok, outcome.message
+            assert "did not run to the end in a world that multiplied what its collectives returned" \
+                   in outcome.comm_message and "AssertionError" in outcome.comm_message, outcome.comm_message
+        assert matter == {}, matter
+
+
+# The reference at the public check's seed, the store swap with collectives for show at any other.
+PUBLIC_ONLY = '''
+
+_reference = {name: globals()[name] for name in ("data_parallel_single_step", "full_column_parallel_single_step")}
+''' + file_swap(dummies="sized", via="store").split(REFERENCE.read_text(), 1)[1] + '''
+
+def _at_the_public_check(name):
+    swapped = globals()[name]
+    return lambda seed=42, device=None: (_reference[name] if seed == 42 else swapped)(seed=seed, device=device)
+
+
+data_parallel_single_step = _at_the_public_check("data_parallel_single_step")
+full_column_parallel_single_step = _at_the_public_check("full_column_parallel_single_step")
+'''
+
+
+def test_parallel_work_done_at_the_public_check_alone_fails_at_every_hidden_check(worlds):
+    """Shown to come from the collectives at the public check, the values of a hidden check are
+    scaled again: code that tells the public check apart by its seed does the work there alone."""
+    executor, rubric, step, _, tmp = worlds
+    code, matter = _code(tmp, "public_only", REFERENCE.read_text() + PUBLIC_ONLY), {}
+    public = judge_check(executor, code, step, rubric, tmp, PARTS, matter=matter)
+    assert all(o.status == Status.PASSED for o in public.values()), {p: o.message for p, o in public.items()}
+    assert matter == {("data_parallel", "step"): "", ("tensor_parallel", "step"): ""}
+    hidden = dataclasses.replace(step, name="hidden-step", seed=7, hidden=True)
+    judged = judge_check(executor, code, hidden, rubric, tmp, PARTS, matter=matter)
+    for part in ("data_parallel", "tensor_parallel"):
+        assert judged[part].status == Status.FAILED and "values came out right even when" in judged[part].comm_message, \
+            judged[part].message
+    assert matter == {("data_parallel", "step"): "an earlier hidden check", ("tensor_parallel", "step"): "an earlier hidden check"}

@@ -86,6 +86,27 @@ def run_alone(module, class_name: str, weights: tuple, x, check: dict, out_dim: 
     return tensors, layer
 
 
+def shard_gradient(module, shard):
+    """The gradient of `module`'s output with respect to `shard` (the block of the weights it was
+    built from that is its own), [*shard.shape]: the sum of the gradients of every parameter that
+    holds it, as handed or transposed (nn.Linear holds [out, in]), or None where none of them got
+    one. Found by value, not by order or count: a layer may hold more parameters (a bias), and
+    another parameter's gradient is not the shard's."""
+    import torch
+    shard = shard.detach()
+    total = None
+    for param in module.parameters():
+        value = param.detach()
+        as_held = value.shape == shard.shape and torch.equal(value.to(shard.dtype), shard)
+        turned = not as_held and value.dim() == 2 and value.T.shape == shard.shape and \
+            torch.equal(value.T.to(shard.dtype), shard)
+        if (as_held or turned) and param.grad is not None:
+            grad = param.grad.detach().to(shard.dtype)
+            grad = grad if as_held else grad.T
+            total = grad.clone() if total is None else total + grad
+    return total
+
+
 def weight_room(check: dict, kind: str) -> int:
     """The most values a tensor of a one-weight part holds: W [d_in, d_out]; a layer run alone adds
     its output [B, d_out] and the gradient of X [B, d_in]."""

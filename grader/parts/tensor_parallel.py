@@ -15,7 +15,7 @@ grader.verdict.backward. Its usual mistakes at a step, each told by the weight i
 
 from grader.parts import BACKWARD, STEP, B, Moves, OUT_SHARE, Part
 from grader.parts.common import (COLUMNS, WEIGHT, close, layout_matters, local_ranks, one_weight, run_alone,
-                                 weight_room, weight_should)
+                                 shard_gradient, weight_room, weight_should)
 
 
 def forward_and_backward(module, call, check: dict, data) -> dict:
@@ -24,13 +24,17 @@ def forward_and_backward(module, call, check: dict, data) -> dict:
 
         output       the layer's output, [B, output_dim] on every rank (X @ W0)
         input_grad   the gradient of X, [B, input_dim] on every rank (G @ W0^T)
-        weight_grad  the gradient of the rank's own parameter, [input_dim, output_dim / p] (X^T G_rank)
+        weight_grad  the gradient of the rank's own columns of W0, [input_dim, output_dim / p]
+                     (X^T G_rank): of the parameters that hold them (grader.parts.common.shard_gradient)
     """
+    import torch.distributed as dist
     tensors, layer = run_alone(module, "FullColumnParallelLinear", (data.w0.clone(),), data.x, check,
                                check["output_dim"])
-    params = [p for p in layer.parameters() if p.grad is not None] if layer is not None else []
-    if len(params) == 1:
-        tensors["weight_grad"] = params[0].grad.detach().clone()
+    if layer is not None:
+        cols, rank = data.w0.shape[1] // dist.get_world_size(), dist.get_rank()
+        grad = shard_gradient(layer, data.w0[:, rank * cols:(rank + 1) * cols])
+        if grad is not None:
+            tensors["weight_grad"] = grad
     return tensors
 
 

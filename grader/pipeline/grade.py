@@ -100,21 +100,30 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
 
 
 def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, verdict, matter: dict, say) -> None:
-    """Each parallel part that passed at `check` (of several ranks) the first time at its kind runs
-    once more, in a world that changes what its collectives return (grader.verdict.comm): values
-    still right there did not come from them, and the part fails here and at every later check of
-    several ranks of that kind. `matter`: (part, kind) -> "" where its collectives were shown to
-    make its values, else where they were shown not to."""
+    """Each parallel part that passed at `check` (of several ranks) the first time at its kind, and
+    at every hidden check, runs once more, in a world that changes what its collectives return
+    (grader.verdict.comm): values still right there did not come from them, and the part fails
+    here and at every later check of several ranks of that kind. A hidden check is scaled again,
+    since code can tell the public check apart (its seed and sizes are the students') and do the
+    parallel work there alone. A scaled world the hand-in's code did not run through (a crash, a
+    timeout, out of memory) shows nothing: the part fails here for it, and the next check of the
+    kind scales again; one the machine failed, or kept from the CPU, shows nothing either way.
+    `matter`: (part, kind) -> "" where its collectives were shown to make its values, else where
+    they were shown not to."""
     passed = [p for p, o in judged.items() if o.status == Status.PASSED and BY_ID[p].moves]
     for p in (p for p in passed if matter.get((p, check.kind))):
         comm.independent(judged[p], p, check, say, shown_at=matter[p, check.kind])
-    unknown = [p for p in passed if (p, check.kind) not in matter]
+    unknown = [p for p in passed if (p, check.kind) not in matter or (check.hidden and not matter[p, check.kind])]
     runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=True) if unknown else {}
     for p in unknown:
-        right = verdict(p, runs[p]).status == Status.PASSED
-        matter[p, check.kind] = _named(check) if right else ""
-        if right:
+        scaled = verdict(p, runs[p])
+        if scaled.status == Status.PASSED:
+            matter[p, check.kind] = _named(check)
             comm.independent(judged[p], p, check, say)
+        elif scaled.status == Status.FAILED:   # wrong values: they came through the collectives
+            matter[p, check.kind] = ""
+        elif scaled.status != Status.INFRA_ERROR and not runs[p].starved:
+            comm.unshown(judged[p], p, check, say, scaled.message)
 
 
 def _run_again(executor, code, check, rubric, scratch, parts: list, verdict) -> dict:

@@ -67,7 +67,10 @@ def _output_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> st
 
 def _weight_problem(r, rank: int, e: ExpectedLayer, p: int, tol, say: Say) -> str:
     weight_grad, shares = r.extra.get("weight_grad"), e.shares(p)
-    if weight_grad is None or as_weight(weight_grad, e.x.T @ shares[rank][1], tol):
+    if weight_grad is None:
+        return ("no parameter of the layer that holds this rank's columns of W (as the layer was handed them) got a "
+                "gradient: keep them as an nn.Parameter (the skeleton's self.W) and compute the output from it")
+    if as_weight(weight_grad, e.x.T @ shares[rank][1], tol):
         return ""
     other = next((k for k, (_, g_k) in enumerate(shares) if as_weight(weight_grad, e.x.T @ g_k, tol)), None)
     if other is not None:

@@ -28,8 +28,11 @@ there once more in a world whose ranks change what each of its moving collective
 result multiplied by a factor of 1.25 to 2 as it returns (grader.rerun.rank.collectives: SCALES). Values
 that the collectives carried come out wrong there; values that still come out right did not come
 from them (`independent`), and the part fails at that check and every later check of several ranks
-of that kind. A scaled world that fails in any other way (a crash, a timeout) shows nothing against
-the part. The test runs once a kind per hand-in (docs/grading.md).
+of that kind. The test runs at the first such check of each kind and again at every hidden one (the
+public check's seed and sizes are the students': code can do the parallel work there alone). A
+scaled world that the code does not run through (a crash, a timeout) shows nothing: the part's right
+values do not count at that check (`unshown`), and the next check of the kind tries again
+(docs/grading.md).
 
 The calls are the rank's own word (grader.rerun.rank.hooks records and scales them inside the rank's
 process, where the hand-in's code also runs): they can fail a part that skipped its collectives,
@@ -195,6 +198,21 @@ def independent(outcome, part_id: str, check, say: Say = None, shown_at: str = "
     text = (f"{name}'s values came out right{where} even when what its {' and '.join(v + 's' for v in verbs)} "
             f"returned was changed (each result multiplied by 1.25 to 2): its ranks did not get their values "
             f"from those collectives (right values without the part's collectives earn nothing)")
+    outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
+    outcome.diagnosis, outcome.failing_ranks = text, list(range(check.world_size))
+    outcome.message = f"{outcome.message}, but {text}"
+    return outcome
+
+
+def unshown(outcome, part_id: str, check, say: Say = None, why: str = ""):
+    """`outcome` (a CheckOutcome whose values were right) failed: the world that scales what its
+    collectives return did not run to the end (`why`: what it ended with), so nothing showed that its
+    values came from them; the next check of the kind tries again."""
+    say = say or Say(check)
+    name = BY_ID[part_id].title.split(':')[0].split(' (')[0]
+    text = (f"{name} did not run to the end in a world that multiplied what its collectives returned by 1.25 to 2 "
+            f"({why or 'it stopped'}): right values count only where that world shows they came from the "
+            f"collectives, and code that works checks neither their results nor the world it runs in")
     outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
     outcome.diagnosis, outcome.failing_ranks = text, list(range(check.world_size))
     outcome.message = f"{outcome.message}, but {text}"
