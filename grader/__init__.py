@@ -62,7 +62,8 @@ room (tests/test_layout.py holds the map to that):
                  block), vocab (the optional Part 6's loss and gradients), transformer (the optional
                  Part 7's block) and transformer_step (its tiny transformer's step), sequence (the
                  optional Part 8's sequence-parallel block), comm (a parallel part's collectives:
-                 right values count only with them, a capped one no more),
+                 right values count only with them, a capped one no more), carried (what
+                 those collectives carried: the values the part's algorithm moves),
                  say (what a student may see of hidden checks), score (the points)
     pipeline/    one hand-in through those rooms and the engine (grade), and its files: grading.json,
                  Gradescope's results.json (report), feedback.md and feedback.html (feedback, its

@@ -255,9 +255,12 @@ def test_the_feedback_names_the_missing_collective_wherever_the_values_were_righ
                 assert "matches" not in o["message"], (part, o["message"])
                 continue
             right += 1
-            said = "no rank called" if "dummies" not in name else "did not get their values from those collectives" \
-                if "sized" in name else "too few values" if o["hidden"] else "only 1 value"
-            assert NAMED[part] in o["comm_message"] and said in o["comm_message"], o["comm_message"]
+            # Collectives of zeros as large as the moves: what they carried is not the algorithm's
+            # (grader.verdict.carried), where the part says what that is, else the scaled world tells.
+            said = ("no rank called",) if "dummies" not in name else \
+                ("other values than", "did not get their values from those collectives") if "sized" in name else \
+                ("too few values",) if o["hidden"] else ("only 1 value",)
+            assert NAMED[part] in o["comm_message"] and any(s in o["comm_message"] for s in said), o["comm_message"]
             hidden = {c.name for c in rubric.checks if c.hidden}   # where it was shown names no hidden check
             assert not hidden & set(re.findall(r"check '([^']+)'", o["comm_message"])), o["comm_message"]
             assert o["comm_message"] in o["message"] and o["diagnosis"] == o["comm_message"]

@@ -53,14 +53,14 @@ def test_the_supervisor_refuses_what_a_rank_forged_past_its_size():
     huge = channel.encode_tensor(torch.ones(512, 512))
     forged = Result(part="baseline", status=RankStatus.OK, weight=huge, extra={"x": huge},
                     comm=[{"op": "all_reduce" * 100, "numel": 1}] * 5000, devices=list(range(500)))
-    held = bounds.hold(forged, DEFAULT)
+    held = bounds.hold(forged, DEFAULT, 4)
     assert (held.status, held.weight, held.extra, held.oversize) == (RankStatus.CRASHED, None, {}, 512 * 512)
     assert len(held.comm) == bounds.COMM and len(held.comm[0]["op"]) == 40 and len(held.devices) == bounds.DEVICES
     # Lying about the shape does not help: the data counts as much.
     lying = dict(huge, shape=[2])
-    assert bounds.hold(Result(part="baseline", status=RankStatus.OK, weight=lying), DEFAULT).oversize >= 512 * 512
+    assert bounds.hold(Result(part="baseline", status=RankStatus.OK, weight=lying), DEFAULT, 4).oversize >= 512 * 512
     right = channel.encode_tensor(torch.ones(64, 32))
-    kept = bounds.hold(Result(part="baseline", status=RankStatus.OK, weight=dict(right, junk="x" * 100)), DEFAULT)
+    kept = bounds.hold(Result(part="baseline", status=RankStatus.OK, weight=dict(right, junk="x" * 100)), DEFAULT, 4)
     assert kept.status == RankStatus.OK and kept.weight == right
 
 

@@ -68,9 +68,46 @@ def test_the_reference_passes_and_its_collectives_are_shown_to_make_its_values(w
     assert matter == {("data_parallel", "step"): "", ("tensor_parallel", "step"): "", ("tensor_parallel", "backward"): ""}
 
 
+# The store swap, beside every collective the reference calls with what it carries (so that what
+# they carry is right: grader.verdict.carried), their results dropped: only a scaled world tells.
+SHOWN = '''
+
+_honest = {name: globals()[name] for name in ("data_parallel_single_step", "full_column_parallel_single_step")}
+_HonestLayer = FullColumnParallelLinear
+''' + file_swap(via="store").split(REFERENCE.read_text(), 1)[1] + '''
+
+def _shown(name):
+    swapped = globals()[name]
+
+    def run(seed=42, device=None):
+        _honest[name](seed=seed, device=device)   # the algorithm's collectives, carrying what it carries
+        return swapped(seed=seed, device=device)
+    return run
+
+
+data_parallel_single_step = _shown("data_parallel_single_step")
+full_column_parallel_single_step = _shown("full_column_parallel_single_step")
+
+
+class FullColumnParallelLinear(_HonestLayer):
+    """The reference's layer run beside, on a copy of X: its gather and its f carry what they must;
+    the output and every gradient that counts come from the others' columns read from the store."""
+
+    def __init__(self, weight, world_size, rank):
+        super().__init__(weight, world_size, rank)
+        self.shards = [e["w"] for e in _swap("layer", {"w": self.W})]
+
+    def forward(self, X):
+        shown = super().forward(X.detach().requires_grad_(True))
+        shards = list(self.shards)
+        shards[self.rank] = self.W.detach()
+        return X @ torch.cat(shards, dim=1) + (shown - shown.detach())
+'''
+
+
 def test_collectives_for_show_beside_a_swap_fail_where_shown_and_at_the_next_check_of_the_kind(worlds):
     executor, rubric, step, backward, tmp = worlds
-    code, matter = _code(tmp, "swap", file_swap(dummies="sized", via="store")), {}
+    code, matter = _code(tmp, "shown", REFERENCE.read_text() + SHOWN), {}
     first = judge_check(executor, code, step, rubric, tmp, PARTS, matter=matter)
     worlds_before = executor.worlds
     again = judge_check(executor, code, dataclasses.replace(step, name="again", seed=7), rubric, tmp, PARTS,
@@ -88,6 +125,70 @@ def test_collectives_for_show_beside_a_swap_fail_where_shown_and_at_the_next_che
     assert layer.status == Status.FAILED and "all-gathers and all-reduces returned" in layer.comm_message, layer.message
     assert matter == {("data_parallel", "step"): "check 'default'", ("tensor_parallel", "step"): "check 'default'",
                       ("tensor_parallel", "backward"): "check 'default-backward'"}
+
+
+def test_collectives_that_carry_nothing_of_the_algorithm_fail_at_every_check(worlds):
+    """The store swap with collectives of zeros as large as the parts' moves, and ranks that gather
+    the batch or the targets with the collective the part calls and take the single-device step:
+    right values, the volumes moved, their values come from the collectives, and what the
+    collectives carried is not what the algorithm moves."""
+    executor, rubric, step, backward, tmp = worlds
+    for name, text in (("zeros", file_swap(dummies="sized", via="store")), ("batch", REFERENCE.read_text() + BATCH_MOVED)):
+        code = _code(tmp, name, text)
+        for check in (step, backward):
+            judged = judge_check(executor, code, check, rubric, tmp, PARTS, matter={})
+            for part in (p for p in ("data_parallel", "tensor_parallel") if p in judged):
+                outcome = judged[part]
+                assert outcome.status == Status.FAILED and not outcome.comm_ok, (name, check.name, outcome.message)
+                assert "other values than" in outcome.comm_message, (name, check.name, outcome.comm_message)
+
+
+# Part 3 all-reducing the batch (each rank its own rows, zeros elsewhere) and Part 4 all-gathering
+# the targets' columns, then the layer's weights: every rank holds the whole and steps alone.
+BATCH_MOVED = '''
+
+def data_parallel_single_step(seed=42, device=None):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rows = slice(rank * (global_batch_size // size), (rank + 1) * (global_batch_size // size))
+    x, y = create_batch(global_batch_size, input_dim, output_dim, seed=seed, device="cpu")
+    both = torch.zeros(global_batch_size, input_dim + output_dim)
+    both[rows, :input_dim], both[rows, input_dim:] = x[rows], y[rows]
+    dist.all_reduce(both)
+    torch.manual_seed(seed)
+    w0 = torch.randn(input_dim, output_dim)
+    x, y = both[:, :input_dim], both[:, input_dim:]
+    return w0 - learning_rate * 2.0 / (x.shape[0] * y.shape[1]) * x.T @ (x @ w0 - y)
+
+
+def full_column_parallel_single_step(seed=42, device=None):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    cols = output_dim // size
+    x, y = create_batch(global_batch_size, input_dim, output_dim, seed=seed, device="cpu")
+    mine = torch.cat([y[:, rank * cols:(rank + 1) * cols], torch.zeros(input_dim, cols)]).contiguous()
+    parts = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(parts, mine)
+    y = torch.cat([p[:global_batch_size] for p in parts], dim=1)
+    torch.manual_seed(seed)
+    w0 = torch.randn(input_dim, output_dim)
+    return w0 - learning_rate * 2.0 / (x.shape[0] * y.shape[1]) * x.T @ (x @ w0 - y)
+
+
+class FullColumnParallelLinear(nn.Module):
+    def __init__(self, weight, world_size, rank):
+        super().__init__()
+        self.rank, self.size, self.cols = rank, world_size, weight.shape[1] // world_size
+        self.W = nn.Parameter(weight[:, rank * self.cols:(rank + 1) * self.cols].clone())
+
+    def forward(self, X):
+        rows = X.shape[0]
+        mine = torch.cat([self.W.detach(), torch.zeros(rows, self.cols)]).contiguous()
+        parts = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(parts, mine)
+        shards = [p[:self.W.shape[0]] for p in parts]
+        shards[self.rank] = self.W
+        dist.all_reduce(torch.zeros(rows, self.W.shape[0]))
+        return X @ torch.cat(shards, dim=1)
+'''
 
 
 # The reference with its Part 3 all-reducing through the process group's own method and its Part 4
@@ -243,7 +344,7 @@ full_column_parallel_single_step = _probed(full_column_parallel_single_step)
 
 def test_a_scaled_world_the_code_crashes_in_shows_nothing_and_the_next_check_of_its_kind_scales_again(worlds):
     executor, rubric, step, _, tmp = worlds
-    code, matter = _code(tmp, "probed", file_swap(dummies="sized", via="store") + PROBED), {}
+    code, matter = _code(tmp, "probed", REFERENCE.read_text() + SHOWN + PROBED), {}
     for check in (step, dataclasses.replace(step, name="again", seed=7)):
         before = executor.worlds
         judged = judge_check(executor, code, check, rubric, tmp, PARTS, matter=matter)
@@ -261,7 +362,7 @@ def test_a_scaled_world_the_code_crashes_in_shows_nothing_and_the_next_check_of_
 PUBLIC_ONLY = '''
 
 _reference = {name: globals()[name] for name in ("data_parallel_single_step", "full_column_parallel_single_step")}
-''' + file_swap(dummies="sized", via="store").split(REFERENCE.read_text(), 1)[1] + '''
+''' + SHOWN + '''
 
 def _at_the_public_check(name):
     swapped = globals()[name]

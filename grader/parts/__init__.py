@@ -25,7 +25,8 @@ A part is `parallel` when its work is communication (Parts 3-5): at one rank it 
 one-rank check shows its math and nothing of its parallel work (grader.worth says what such a
 check is worth). A parallel part names the collectives its algorithm calls on every rank at each
 kind of check, with the values each moves (`moves`: grader.verdict.comm holds the ranks' calls to
-them at every check of more than one rank). Each part names the sizes it splits (`splits`): the
+them at every check of more than one rank), and, where it can say it, what each carries from each
+rank (`carried`: grader.verdict.carried finds it in what the ranks handed those calls). Each part names the sizes it splits (`splits`): the
 rubric refuses a check that runs the part where one does not divide (grader.feasible), and the
 parts whose code it builds on (`needs`): the rubric refuses it on where one of those is off.
 
@@ -72,6 +73,38 @@ class Moves:
 
 
 B, OUT_SHARE, HIDDEN_SHARE = "global_batch_size", "output_dim/world_size", "hidden_dim/world_size"
+
+
+def move_values(move: Moves, size: Callable) -> int:
+    """The values `move` moves per rank, `size(name)` giving the check's size of each name."""
+    total = 1
+    for name in move.sizes:
+        whole, _, shared = name.partition("/")
+        total *= size(whole) // size(shared) if shared else size(whole)
+    return total
+
+
+def sent_budget(part_id: str, check: dict, world_size: int) -> dict:
+    """How many of the values a rank hands its moving collectives in one part are recorded
+    (grader.rerun.rank.hooks, for grader.verdict.carried), at a check mapping of a world of
+    `world_size` ranks: for each collective the part's moves call at the check's kind
+    ("all_reduce", "all_gather", "reduce_scatter"), twice what they send (a reduce-scatter sends p
+    shares of what it moves) and a margin. None ({}) at one rank, for a part that says nothing it
+    carries, or past SENT_MAX in all (the report would grow too large: that check is judged on
+    volumes alone)."""
+    part, kind, p = BY_ID[part_id], kind_of(check), world_size
+    if p <= 1 or not part.carried.get(kind):
+        return {}
+    sizes = lambda name: p if name == "world_size" else int(check.get(name) or 0)   # noqa: E731 - a lookup
+    sent = {}
+    for m in (m for m in part.moves if m.kind == kind):
+        sent[m.collective] = sent.get(m.collective, 0) + move_values(m, sizes) * (p if m.collective == "reduce_scatter" else 1)
+    if sum(sent.values()) > SENT_MAX:
+        return {}
+    return {collective: 2 * values + SENT_MARGIN for collective, values in sent.items()}
+
+
+SENT_MAX, SENT_MARGIN = 1 << 16, 4096
 # How the handout's run logs a part unprefixed on rank 0 (`handout_log`): the initial and the updated
 # weight compared (they must differ), or the updated weight against the expected one.
 CHANGED, MATCHES = "changed", "matches"
@@ -105,6 +138,9 @@ class Part:
     parallel: bool = False     # its work is communication: a one-rank check needs none of it
     layer: str = ""            # the class a check of a kind other than the step runs alone
     moves: tuple = ()          # Moves: the collectives a check of several ranks must see it call
+    carried: dict = field(default_factory=dict)   # kind -> (exp, check, rank) -> what each of its moves of that
+                               # kind carries from rank `rank`, a tensor each (None: not said), in their order
+                               # (exp: its Judging's expected); grader.verdict.carried
     at_most: tuple = ()        # collectives it must not call beyond what its `moves` say (none, where they
                                # say none): a check of several ranks fails a rank that moved more with them
     arguments: tuple = ()      # keys of the check its function is called with by name (beside seed, device)

@@ -101,13 +101,19 @@ def run_mistake(run, failing: list, say):
             f"dist.all_reduce leaves the sum on every rank")
 
 
+def carried(exp, check, rank: int) -> list:
+    """What rank `rank`'s all-reduce carries: the gradient of its own rows (grader.verdict.carried)."""
+    local = check.global_batch_size // check.world_size
+    return [exp.gradient(slice(rank * local, (rank + 1) * local), rank)]
+
+
 PART = Part(
     "data_parallel", "Part 3: data parallel", "DataParallel", "data_parallel_single_step",
     ("data_parallel_single_step",),
     layouts={STEP: ROWS}, runs={STEP: one_weight}, judging={STEP: "grader.verdict.compare:STEP_JUDGING"},
     room=weight_room, should=weight_should,
     splits=(("global_batch_size", "world_size", "the batch over the ranks"),), parallel=True,
-    moves=(Moves(STEP, "all_reduce", "the weight's gradient", ("input_dim", "output_dim")),),
+    moves=(Moves(STEP, "all_reduce", "the weight's gradient", ("input_dim", "output_dim")),), carried={STEP: carried},
     fixed=("world_size", "the summed gradient"), factors=factors, mistakes=mistakes, run_mistake=run_mistake,
     aliases=("data", "dp"), alias_rank=2,
     lab={"lab/data_parallel.py": "the all-reduce of every gradient, then its division by the world size"})

@@ -65,6 +65,36 @@ def should(check: dict, kind: str, hidden: bool) -> str:
     return "the weights W1 and W2" + ("" if hidden else f", {d_in} x {h} and {h} x {d_in}")
 
 
+def _leaves(block, p: int) -> tuple:
+    """X and every rank's shards of W1 (columns) and W2 (rows) of `block`, each a leaf of its own."""
+    import torch
+    w1s, w2s = torch.chunk(block.w1, p, dim=1), torch.chunk(block.w2, p, dim=0)
+    return (block.x.clone().requires_grad_(True), [w.clone().requires_grad_(True) for w in w1s],
+            [w.clone().requires_grad_(True) for w in w2s])
+
+
+def carried_step(block, check, rank: int) -> list:
+    """What rank `rank`'s collectives carry at a step (block: grader.verdict.megatron's Block): its
+    partial output GeLU(X W1_r) W2_r, which g all-reduces, and its updated shards of W1 and W2."""
+    import torch
+    import torch.nn.functional as F
+    x, w1s, w2s = _leaves(block, check.world_size)
+    partials = [F.gelu(x @ w1) @ w2 for w1, w2 in zip(w1s, w2s)]
+    loss = ((sum(partials) - block.y) ** 2).mean()
+    g1, g2 = torch.autograd.grad(loss, [w1s[rank], w2s[rank]])
+    return [partials[rank].detach(), (w1s[rank] - block.lr * g1).detach(), (w2s[rank] - block.lr * g2).detach()]
+
+
+def carried_backward(block, check, rank: int) -> list:
+    """...and at a backward check: its partial output, and its path's share of the gradient of X,
+    which f all-reduces (backward started from G)."""
+    import torch
+    import torch.nn.functional as F
+    x, w1s, w2s = _leaves(block, check.world_size)
+    partial = F.gelu(x @ w1s[rank]) @ w2s[rank]
+    return [partial.detach(), torch.autograd.grad(partial, x, block.g)[0]]
+
+
 PART = Part(
     "megatron_mlp", "Part 5 (optional): Megatron's MLP block", "MegatronMLP", "megatron_mlp_single_step",
     ("ReduceParallel", "ColumnParallelLinear", "RowParallelLinear", "MegatronMLP", "megatron_mlp_single_step"),
@@ -78,6 +108,7 @@ PART = Part(
            Moves(STEP, "all_gather", "W2's updated rows", (HIDDEN_SHARE, "input_dim")),
            Moves(BACKWARD, "all_reduce", "the partial outputs in g's forward", (B, "input_dim")),
            Moves(BACKWARD, "all_reduce", "the gradient of X in BroadcastParallel's backward", (B, "input_dim"))),
+    carried={STEP: carried_step, BACKWARD: carried_backward},
     lab={"lab/tensor_parallel.py": "g (all-reduce forward, identity backward) as an autograd Function, and "
                                    "Megatron's columns-then-rows pair",
          "lab/mappings.py": "g (all-reduce forward, identity backward) as an autograd Function",

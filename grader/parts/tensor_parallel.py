@@ -133,6 +133,20 @@ def mistakes(got, exp, check, rank, tol, say, weights, passed):
     return None
 
 
+def carried_step(exp, check, rank: int) -> list:
+    """What rank `rank`'s all-gathers carry at a step: its output columns X W0_r, its updated shard."""
+    cols = check.output_dim // check.world_size
+    x, _ = exp.data(rank)
+    return [x @ exp.w0[:, rank * cols:(rank + 1) * cols], column_step(exp, rank, rank, rank, rank, cols)]
+
+
+def carried_backward(exp, check, rank: int) -> list:
+    """...and at a backward check (exp: grader.verdict.backward's): its output columns X W0_r, and
+    what f all-reduces, its share G_r W0_r^T of the gradient of X."""
+    w_r, g_r = exp.shares(check.world_size)[rank]
+    return [exp.x @ w_r, g_r @ w_r.T]
+
+
 PART = Part(
     "tensor_parallel", "Part 4: full column-parallel tensor parallel", "FullColumnParallel",
     "full_column_parallel_single_step", ("FullColumnParallelLinear", "full_column_parallel_single_step"),
@@ -145,6 +159,7 @@ PART = Part(
            Moves(STEP, "all_gather", "the updated weight's columns", ("input_dim", OUT_SHARE)),
            Moves(BACKWARD, "all_gather", "the layer's output columns in GatherParallel", (B, OUT_SHARE)),
            Moves(BACKWARD, "all_reduce", "the gradient of X in BroadcastParallel's backward", (B, "input_dim"))),
+    carried={STEP: carried_step, BACKWARD: carried_backward},
     factors=factors, mistakes=mistakes, aliases=("tensor", "column", "tp", "modelparallel"), alias_rank=1,
     lab={"lab/tensor_parallel.py": "f (copy to the parallel region) and the gather, applied around a "
                                    "column-parallel layer",

@@ -25,7 +25,7 @@ from grader.rerun import check as rerun
 from grader.rerun import machine
 from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.results import CheckOutcome, HandinResult, Status, grading_crashed, new_result, ungraded
-from grader.verdict import comm
+from grader.verdict import carried, comm
 from grader.verdict.judging import judging
 from grader.verdict.say import Say
 from grader.verdict.score import log_validity, score_handin
@@ -74,14 +74,19 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
 
-    def verdict(p, run):
+    def verdict(p, run, carried_too=True):
         # Each part is judged as its record says for this kind of check (grader.verdict.judging); the
         # reference is computed from the data this very run was served (every world draws its own).
         way = judging(p, check.kind)
         exp = way.expected(check, rubric.learning_rate, run.data, p) if run.status == Status.PASSED else None
         outcome = way.judge(run, exp, p, check, rubric.tolerance, say, passed.get(p, ()))
-        # Right values count only with the part's collectives behind them (grader.verdict.comm).
-        return comm.handed_out(comm.hold(outcome, run, p, check, say), run, p, check, say)
+        # Right values count only with the part's collectives behind them, carrying what its
+        # algorithm moves (grader.verdict.comm, grader.verdict.carried); a scaled world's values
+        # alone say what it shows (what its ranks hand on follows from what they were handed).
+        outcome = comm.hold(outcome, run, p, check, say)
+        if carried_too:
+            outcome = carried.hold(outcome, run, p, check, exp, say)
+        return comm.handed_out(outcome, run, p, check, say)
 
     runs = rerun.run_check(executor, code, check, clocked, scratch, parts)
     judged = {p: verdict(p, runs[p]) for p in parts}
@@ -116,7 +121,7 @@ def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, ve
     unknown = [p for p in passed if (p, check.kind) not in matter or (check.hidden and not matter[p, check.kind])]
     runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=True) if unknown else {}
     for p in unknown:
-        scaled = verdict(p, runs[p])
+        scaled = verdict(p, runs[p], carried_too=False)
         if scaled.status == Status.PASSED:
             matter[p, check.kind] = _named(check)
             comm.independent(judged[p], p, check, say)

@@ -38,6 +38,7 @@ class RankRun:
     exception: str = ""
     traceback: str = ""
     comm: list = field(default_factory=list)   # the rank's own word: it can fail a part, never pass one
+    sent: list = field(default_factory=list)   # per call of `comm`, what the rank handed it (float64, flat) or None
     devices: list = field(default_factory=list)  # GPU indices the part asked for
     extra: dict = field(default_factory=dict)   # name -> float64 tensor (a backward check's gradients)
     oversize: int = 0            # the values of a tensor refused for its size (grader.rerun.wire.bounds)
@@ -64,7 +65,9 @@ def prepare_code(assignment: Path) -> dict:
 
 
 def _rank_run(rank: int, result: protocol.Result, words: Words) -> RankRun:
-    run = RankRun(rank=rank, status=result.status.value, comm=[c for c in map(collective, result.comm[:1000]) if c],
+    calls = [c for c in result.comm[:1000] if isinstance(c, dict)]
+    run = RankRun(rank=rank, status=result.status.value, comm=[collective(c) for c in calls],
+                  sent=[channel.decode_sent(c.get("sent")) for c in calls],
                   devices=[d for d in result.devices[:100] if isinstance(d, int) and not isinstance(d, bool)],
                   oversize=result.oversize)
     run.exception, run.traceback = words.error(result.error)

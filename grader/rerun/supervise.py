@@ -198,7 +198,7 @@ class _Watch:
             if message.token != want[2]:
                 return self.forged(rank, f"sent a result for {message.part!r} out of order, without the token "
                                          f"the part was started with")
-            self.results[message.part].setdefault(rank, bounds.hold(message, self.job.check))
+            self.results[message.part].setdefault(rank, bounds.hold(message, self.job.check, self.size))
             if message.status == RankStatus.DIST_ERROR:
                 self.gave_up.add(rank)
                 self.expecting[rank] = "nothing"

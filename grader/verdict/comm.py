@@ -34,6 +34,10 @@ scaled world that the code does not run through (a crash, a timeout) shows nothi
 values do not count at that check (`unshown`), and the next check of the kind tries again
 (docs/grading.md).
 
+Volumes and a scaled world do not say what the calls carried (the batch all-reduced in Part 3 moves
+more than the gradient, and the values do come from it): grader.verdict.carried does, where a part
+says what its moves carry.
+
 The calls are the rank's own word (grader.rerun.rank.hooks records and scales them inside the rank's
 process, where the hand-in's code also runs): they can fail a part that skipped its collectives,
 called them on tensors too small to carry the data or only for show, but a hand-in that forges the

@@ -33,6 +33,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gathe
 SCALES = (1.5, 1.25, 1.75, 2.0)
 SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
           "reduce_scatter_tensor", "_reduce_scatter_base", "all_gather_object")
+FAMILY = {name: "all_reduce" if name == "all_reduce" else "reduce_scatter" if "reduce_scatter" in name else "all_gather"
+          for name in SCALED}   # what a part's moves call each (grader.parts.Moves.collective)
 OUTPUT_NAMES = ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list",   # the first argument's names
                 "tensors", "output_tensors", "outputTensor", "object_list")
 
@@ -125,6 +127,30 @@ def output(args: tuple, kwargs: dict):
     if args:
         return args[0]
     return next((kwargs[name] for name in OUTPUT_NAMES if name in kwargs), None)
+
+
+FIRST_NAMES = ("tensor", "tensors", "input")   # an all-reduce's tensors, a functional op's input, by name
+SECOND_NAMES = ("tensor", "input_tensor", "obj", "input_list", "input", "input_tensors")   # a gather's shard...
+
+
+def handed(name: str, entry: str, given: tuple, kwargs: dict) -> torch.Tensor:
+    """What the rank hands a moving collective, flat, in float64 (None where it hands no
+    floating-point values): an all-reduce's tensors, a functional op's input (its first argument);
+    an all-gather's shard, a reduce-scatter's input (their second: the first is where the result
+    goes); all_gather_object's object's tensors. Read before the call: an all-reduce works in place."""
+    first = name == "all_reduce" or entry == OP
+    value = given[0 if first else 1] if len(given) > (0 if first else 1) else \
+        next((kwargs[n] for n in (FIRST_NAMES if first else SECOND_NAMES) if n in kwargs), None)
+    flat = [t.detach().reshape(-1).to(torch.float64) for t in _tensors(value) if t.is_floating_point()]
+    return torch.cat(flat) if flat else None
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple, dict)):
+        return [t for v in (value.values() if isinstance(value, dict) else value) for t in _tensors(v)]
+    return []
 
 
 def numel(value) -> int:

@@ -21,6 +21,7 @@ grader.verdict.comm fails it. The factors differ from call to call so that no ra
 collectives' results (a gradient summed, divided by a count summed) undoes them. An asynchronous
 call (async_op=True) is waited for at once, then scaled: the handle it returns is done."""
 
+import base64
 import contextlib
 import json
 import os
@@ -195,6 +196,7 @@ class CommRecorder:
         self.inside = False
         self.scaled = False    # a scaled world's (see the module docstring)
         self.moved = 0         # the part's moving collectives so far
+        self.budget = {}       # how many more of the values handed to each kind of them to keep
 
     def install(self) -> None:
         """This recorder is the rank's: every collective's wrapper and kernel hands it the call."""
@@ -217,6 +219,8 @@ class CommRecorder:
             self.calls.append({"op": name, "numel": values,
                                "reduce_op": reduce_name(reduce_op(name, entry, given, kwargs))})
             self._note_progress(self.calls[-1])
+            if self.budget.get(collectives.FAMILY.get(name), 0) > 0:
+                self._note_sent(self.calls[-1], collectives.FAMILY[name], collectives.handed(name, entry, given, kwargs))
         self.inside = True
         try:
             result = original(*args, **kwargs)
@@ -225,6 +229,14 @@ class CommRecorder:
             return result
         finally:
             self.inside = False
+
+    def _note_sent(self, call: dict, family: str, sent) -> None:
+        """The values the rank handed a moving collective, as far as the part's budget for its kind
+        of collective goes (float32, base64: grader.verdict.carried reads what each carried)."""
+        if sent is not None and sent.numel():
+            left = self.budget[family]
+            call["sent"] = base64.b64encode(sent[:left].to(torch.float32).numpy().tobytes()).decode("ascii")
+            self.budget[family] = left - min(left, sent.numel())
 
     def _scale_result(self, entry: str, result, given: tuple, kwargs: dict) -> None:
         """Multiply what a moving collective returned by the part's next factor, once it is done."""
@@ -270,9 +282,11 @@ class CommRecorder:
             self.devices.append(index)
 
     @contextlib.contextmanager
-    def recording(self, calls: list, devices: list = None, part: str = "", scaled: bool = False):
+    def recording(self, calls: list, devices: list = None, part: str = "", scaled: bool = False, budget=None):
+        """Record the part's calls into `calls` (and the GPUs it asks for into `devices`); `budget`: how
+        many of the values it hands each kind of moving collective to keep (grader.parts.sent_budget)."""
         self.calls, self.devices, self.part = calls, devices, part
-        self.scaled, self.moved = scaled, 0
+        self.scaled, self.moved, self.budget = scaled, 0, dict(budget or {})
         if self.progress:
             self._write_progress("", os.O_TRUNC)   # the file holds the current part's calls only
         try:

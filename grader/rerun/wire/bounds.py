@@ -19,7 +19,7 @@ clock, with the grader's own words (`refusal`: the sizes at a public check, none
 never as a report too large to carry. Whatever is the hand-in's doing costs that part only.
 """
 
-from grader.parts import BY_ID, kind_of
+from grader.parts import BY_ID, kind_of, sent_budget
 from grader.rerun.wire import channel, protocol
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus, Result, WorldReport
 
@@ -86,7 +86,19 @@ def _call(call) -> dict:
             "reduce_op": None if call.get("reduce_op") is None else str(call.get("reduce_op"))[:20]}
 
 
-def hold(result: Result, check: dict) -> Result:
+def _calls(calls: list, part: str, check: dict, world_size: int) -> list:
+    """A rank's record of its collectives, each within bounds, and the values it handed them
+    (`sent`, base64 float32) within the part's budget (grader.parts.sent_budget) in all."""
+    kept, room = [], 4 * ((4 * sum(sent_budget(part, check, world_size).values()) + 2) // 3)   # the budget's float32 bytes, in base64
+    for call in (c for c in calls[:COMM] if isinstance(c, dict)):
+        kept.append(_call(call))
+        sent = call.get("sent")
+        if isinstance(sent, str) and 0 < len(sent) <= room:
+            kept[-1]["sent"], room = sent, room - len(sent)
+    return kept
+
+
+def hold(result: Result, check: dict, world_size: int) -> Result:
     """A rank's Result, as the supervisor keeps it: its tensors within what its part may return (a
     larger one: the part crashed on that rank, `oversize` its values), its words within bounds."""
     extra = dict(list(result.extra.items())[:EXTRAS])
@@ -97,7 +109,7 @@ def hold(result: Result, check: dict) -> Result:
     result.weight = _tensor(result.weight)
     result.extra = {str(name)[:40]: _tensor(t) for name, t in extra.items()}
     result.error = _error(result.error)
-    result.comm = [_call(c) for c in result.comm[:COMM] if isinstance(c, dict)]
+    result.comm = _calls(result.comm, result.part, check, world_size)
     result.devices = [d for d in result.devices[:DEVICES] if isinstance(d, int)]
     return result
 

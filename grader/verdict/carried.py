@@ -1,0 +1,115 @@
+"""Judge what a parallel part's collectives carried: the values its algorithm moves, not only as many.
+
+grader.verdict.comm holds every rank to the volume its part's algorithm moves with each collective,
+and a scaled world to values that came from them. Neither says what the collectives carried: ranks
+that all-reduce their slices of the batch (every rank then holds the whole batch and takes the
+single-device step), or all-gather their targets' columns in place of the layer's output, move at
+least the algorithm's volume, and their values do come from those calls. So where a part says what
+each of its moves carries from each rank (its `carried`, grader.parts), the values that rank handed
+its calls of that collective must hold it. They are recorded inside the rank before each call, up
+to a budget (grader.parts.sent_budget): an all-reduce's tensors, an all-gather's shard, a
+reduce-scatter's input. With e what the move carries from rank r (flattened), and v the values the
+rank handed its calls of the move's collective, in call order and end to end:
+
+    some run v[k : k + n] = c e, c != 0       within RTOL of c e (in norm)
+
+found by normalized cross-correlation (an FFT over v), then checked. Any nonzero factor c: a
+gradient of a summed or a mean loss, divided by the world size before or after the call, alike; e
+as it is or transposed (a layer on nn.Linear holds [out, in]); or e the sum of the calls of e's size
+(a gradient all-reduced micro-batch by micro-batch). A check whose moves are too large to record
+(past grader.parts.SENT_MAX) is judged on volumes alone.
+
+The record is the rank's own word, as its counts are (grader.verdict.comm): a forged one can say
+anything. It fails a part whose collectives carried something else; it never passes one.
+"""
+
+import dataclasses
+
+import torch
+
+from grader.parts import BY_ID, sent_budget
+from grader.results import Status
+from grader.verdict.comm import GATHERS, SAID, SCATTERS, SUMMING
+from grader.verdict.say import Say
+
+RTOL = 1e-3   # float32 on the rank's side, float64 here, sums in other orders: far below any other content
+
+
+def _of(call: dict, collective: str) -> bool:
+    """Whether a recorded call is one of `collective`'s (as grader.verdict.comm counts them)."""
+    if collective == "all_reduce":
+        return call.get("op") == "all_reduce" and call.get("reduce_op") in SUMMING
+    return call.get("op") in (GATHERS if collective == "all_gather" else SCATTERS)
+
+
+def _proportional(v: torch.Tensor, e: torch.Tensor) -> bool:
+    """Whether some run of `v` is a nonzero multiple of `e` (both flat, float64)."""
+    n, total = e.numel(), v.numel()
+    ee = float(e @ e)
+    if n == 0 or total < n or ee == 0.0:
+        return n == 0 or ee == 0.0 and total >= n   # nothing to find: nothing a collective must carry
+    size = 1 << (total + n - 1).bit_length()
+    corr = torch.fft.irfft(torch.fft.rfft(v, size) * torch.fft.rfft(e.flip(0), size), size)[n - 1:total]
+    squares = torch.cat([v.new_zeros(1), torch.cumsum(v * v, 0)])
+    energy = squares[n:] - squares[:-n]
+    score = corr * corr / (energy.clamp_min(1e-300) * ee)
+    for k in torch.topk(score, min(3, score.numel())).indices.tolist():
+        c = float(corr[k]) / ee
+        if c != 0.0 and float(torch.linalg.vector_norm(v[k:k + n] - c * e)) <= RTOL * abs(c) * ee ** 0.5:
+            return True
+    return False
+
+
+def holds(sent: list, want: torch.Tensor) -> bool:
+    """Whether the values a rank handed its calls (`sent`, flat tensors in call order) carry `want`."""
+    if not sent:
+        return False
+    whole = torch.cat(sent)
+    for e in (want, want.T) if want.dim() == 2 else (want,):
+        flat = e.reshape(-1).to(torch.float64)
+        if _proportional(whole, flat):
+            return True
+        alike = [s for s in sent if s.numel() == flat.numel()]
+        if len(alike) > 1 and _proportional(torch.stack(alike).sum(0), flat):
+            return True
+    return False
+
+
+def uncarried(part_id: str, check, run, exp) -> list:
+    """[(move, ranks)]: each move of the part at `check` that some ranks' calls did not carry."""
+    part, p = BY_ID[part_id], check.world_size
+    say_carried = part.carried.get(check.kind)
+    if say_carried is None or p <= 1 or not sent_budget(part_id, dataclasses.asdict(check), p):
+        return []
+    moves = [m for m in part.moves if m.kind == check.kind]
+    missing = {}
+    for rank, r in sorted(run.ranks.items()):
+        for move, want in zip(moves, say_carried(exp, check, rank)):
+            sent = [s for c, s in zip(r.comm, r.sent) if s is not None and _of(c, move.collective)]
+            if want is not None and not holds(sent, want):
+                missing.setdefault(move, []).append(rank)
+    return list(missing.items())
+
+
+def hold(outcome, run, part_id: str, check, exp, say: Say = None):
+    """`outcome` (a CheckOutcome), failed where its values were right but some move of the part was
+    not carried by the collective that moves it."""
+    if outcome.status != Status.PASSED or exp is None:
+        return outcome
+    missing = uncarried(part_id, check, run, exp)
+    if not missing:
+        return outcome
+    say = say or Say(check)
+    name = BY_ID[part_id].title.split(':')[0].split(' (')[0]
+    clauses = []
+    for move, ranks in missing:
+        _, verb, done = SAID[move.collective]
+        clauses.append(f"{say.ranks(ranks, check.world_size)} {done} other values than {move.what}")
+    verbs = " and ".join(dict.fromkeys(f"{SAID[m.collective][1]} {m.what}" for m, _ in missing))
+    text = (f"{'; '.join(clauses)}: {name} must {verbs}, and values made right by collectives that carried "
+            f"something else (the batch, the targets, the weights as handed) are not its algorithm and earn nothing")
+    outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
+    outcome.diagnosis = text
+    outcome.failing_ranks = sorted({r for _, ranks in missing for r in ranks})
+    outcome.message = f"{outcome.message}, but {text}"
+    return outcome
