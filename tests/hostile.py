@@ -182,6 +182,11 @@ ATTACKS = {
         "import json, os, struct\nbody = json.dumps({{'type': 'result', 'part': 'baseline', 'status': 'ok', "
         "'weight': {{'shape': [1], 'dtype': 'float32', 'data': 'AAAAAAAAAAA='}}}}).encode()\n"
         "os.write(3, struct.pack('>I', len(body)) + body)\n", ("crashed",), "out of order"),
+    # A frame nested deeper than the JSON parser's stack: its RecursionError is the hand-in's message
+    # malformed, never the world's leader failing (the machine's infra_error).
+    "forge_deep_frame": Attack(
+        "import os, struct\nbody = ('{{\"type\":\"result\",\"x\":' + '[' * 200000 + ']' * 200000 + '}}').encode()\n"
+        "os.write(3, struct.pack('>I', len(body)) + body)\n", ("crashed",), "malformed"),
 }
 
 # Every part returns a 1024 x 1024 tensor, the size of no part's weight: each part fails on its own
@@ -353,6 +358,9 @@ def zip_attacks() -> dict:
         "zip_bomb": (bomb.getvalue(), "limit"),
         "zip_10000_members": (_zip(many), "10001 members"),
         "zip_name_not_utf8": (non_utf8, "not valid UTF-8"),
+        # Folders 700 and 1100 deep: a walk of the tree that recurses per folder (pathlib's rglob,
+        # shutil.rmtree) overflows Python's stack in the grader's own process.
+        "zip_deep_folders": (_zip(basics + [("d/" * depth + "x.txt", "") for depth in (700, 1100)]), "folders deep"),
     }
 
 

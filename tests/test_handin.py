@@ -9,6 +9,7 @@ import pytest
 
 from grader.intake.find import discover
 from grader.intake.handin import Handin, HandinError, student_id, unpack
+from grader.intake.listing import zip_entries
 from grader.rubric import Files
 from tests.corpus import Files as HandinFiles, write_zip, zip_bytes
 
@@ -112,6 +113,29 @@ def test_too_many_members_are_refused(tmp_path):
     data = make_zip({"assignment4.py": CODE, **{f"f{i}.txt": "" for i in range(30)}})
     with pytest.raises(HandinError, match="31 members, more than the 20 allowed"):
         unpack_bytes(data, tmp_path, Files(max_members=20))
+
+
+def test_a_directory_of_too_many_entries_is_refused_from_its_end_record_before_it_is_parsed(tmp_path):
+    """70,000 entries: past 65,535 the count is in the zip64 end record. The count the zip says is
+    refused before the directory is parsed (millions of entries cost the grader gigabytes there)."""
+    data = make_zip({"assignment4.py": CODE, **{f"f{i}": "" for i in range(69_999)}})
+    assert zip_entries(data) == 70_000 and zip_entries(make_zip({"a": "", "b": ""})) == 2
+    assert zip_entries(b"not a zip") == -1
+    with pytest.raises(HandinError, match="70000 members, more than the 500 allowed"):
+        unpack_bytes(data, tmp_path)
+
+
+def test_folders_deeper_than_a_hand_in_has_are_refused(tmp_path):
+    """A member 1100 folders deep would make a folder whose walks (rglob, rmtree) overflow the
+    grader's stack; refused by the depth of its name, before anything is written."""
+    for depth in (15, 1100):
+        data = make_zip({"assignment4.py": CODE, "d/" * depth + "x.txt": ""})
+        if depth == 15:
+            assert unpack_bytes(data, tmp_path / "ok").files["assignment"].name == "assignment4.py"
+            continue
+        with pytest.raises(HandinError, match="a member is 1100 folders deep, more than the 15"):
+            unpack_bytes(data, tmp_path / "deep")
+        assert not (tmp_path / "deep" / "out" / "d").exists()
 
 
 def test_member_names_that_are_not_utf8_are_refused(tmp_path):

@@ -21,7 +21,8 @@ import traceback
 from pathlib import Path
 
 from grader import kit
-from grader.intake.handin import Handin, folder_digest
+from grader.intake.handin import Handin
+from grader.intake.listing import folder_digest
 from grader.names import gradescope_user
 from grader.pipeline.grade import grade_handin
 from grader.pipeline.record import gradescope_into, limited_into

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from grader.intake import download
-from grader.intake.handin import Handin, folder_digest, safe_id, student_id
+from grader.intake.handin import Handin, safe_id, student_id
+from grader.intake.listing import folder_digest
 from grader.intake.listing import JUNK, MAX_MEMBER_BYTES, Blob, BlobError, DownloadError, Listing, files_digest
 from grader.lmss import LMSS
 from grader.names import inside

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from grader.evidence import runs as run_logs
-from grader.intake.listing import CHUNK, JUNK, MAX_MEMBER_BYTES, Blob, BlobError
+from grader.intake.listing import CHUNK, JUNK, MAX_MEMBER_BYTES, Blob, BlobError, zip_entries
 from grader.lmss import id_regex
 from grader.names import inside, innermost
 
@@ -102,11 +102,7 @@ def student_id(name: str, pattern: str) -> str:
     return safe_id(match.group("id") if match else _stem(name))
 
 
-def folder_digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
-        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+MAX_DEPTH = 16   # the parts of a member's path: a hand-in's files sit a folder or two deep
 
 
 def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:
@@ -127,6 +123,9 @@ def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:
         raise HandinError(f"{zip_name}: the member {raw!r} has an absolute path; zip the files, not their location")
     if ".." in path.parts:
         raise HandinError(f"{zip_name}: the member {raw!r} points outside the hand-in ('..'); refused")
+    if len(path.parts) > MAX_DEPTH:   # a tree that deep costs whatever walks it a frame per folder
+        raise HandinError(f"{zip_name}: a member is {len(path.parts) - 1} folders deep, more than the "
+                          f"{MAX_DEPTH - 1} a hand-in may have; zip the files themselves")
     if stat.S_ISLNK(info.external_attr >> 16):
         raise HandinError(f"{zip_name}: the member {raw!r} is a symbolic link; zip the files themselves")
     return raw
@@ -138,19 +137,24 @@ def _said(e: BaseException) -> str:
     return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
+def _refuse_members(name: str, count: int, limits) -> None:
+    if count > limits.max_members:
+        raise HandinError(f"{name}: {count} members, more than the {limits.max_members} allowed; "
+                          f"hand in only the four required files")
+
+
 def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
     """Extract a zip (bytes, or a seekable binary file) into `dest` within `limits` (rubric.files);
     return the notes on what was dropped."""
     max_member = int(limits.max_member_mb * (1 << 20))
     max_total = int(limits.max_total_mb * (1 << 20))
+    _refuse_members(zip_name, zip_entries(data), limits)   # its end record's: parsing millions of entries costs GBs
     try:
         z = zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise HandinError(f"{zip_name}: not a readable zip file ({_said(e)}); ask for the hand-in again") from e
     infos = z.infolist()
-    if len(infos) > limits.max_members:
-        raise HandinError(f"{zip_name}: {len(infos)} members, more than the {limits.max_members} allowed; "
-                          f"hand in only the four required files")
+    _refuse_members(zip_name, len(infos), limits)
     dropped, total = [], 0
     dest = dest.resolve()
     with z:
@@ -192,9 +196,7 @@ def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
 def write_files(files: dict, dest: Path, name: str, limits) -> None:
     """Write a hand-in given as loose files (name -> Blob or bytes) into `dest` within `limits`, each
     read as it is written."""
-    if len(files) > limits.max_members:
-        raise HandinError(f"{name}: {len(files)} files, more than the {limits.max_members} allowed; "
-                          f"hand in only the four required files")
+    _refuse_members(name, len(files), limits)
     total, dest = 0, dest.resolve()
     over = HandinError(f"{name}: more than the limits allow ({limits.max_member_mb:g} MB a file, "
                        f"{limits.max_total_mb:g} MB in all)")

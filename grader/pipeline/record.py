@@ -92,7 +92,12 @@ def grade_into(handin, rubric, executor, scratch: Path, out: Path, clocks: dict 
     """Grade `handin` (grade.grade_handin, which never raises for the hand-in's sake) and write its
     files into its folder in `out`."""
     from grader.pipeline.grade import grade_handin   # torch: only where a hand-in is graded, not where one is written
-    return write_handin(grade_handin(handin, rubric, executor, scratch, clocks=clocks), out, rubric)
+    try:
+        result = grade_handin(handin, rubric, executor, scratch, clocks=clocks)
+    except Exception as e:   # noqa: BLE001 - a fault of the grader's on one hand-in costs that hand-in, never the batch
+        return infra_into(handin, rubric, out, f"the grader failed on this hand-in ({type(e).__name__}: {str(e)[:300]}); "
+                                               f"a person should look at it")
+    return write_handin(result, out, rubric)
 
 
 def infra_into(handin, rubric, out: Path, message: str, again: bool = True) -> Written:

@@ -124,18 +124,21 @@ def _output_text(report: WorldReport) -> str:
     return "\n".join(f"--- rank {r} ---\n{t}" for r, t in sorted(report.output.items()) if t.strip())[-12000:]
 
 
-def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 0) -> PartRun:
-    """The PartRun of the part at which a world had to end, with the likeliest cause first."""
+def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 0, pg_timeout: float = 0.0) -> PartRun:
+    """The PartRun of the part at which a world had to end, with the likeliest cause first.
+    `pg_timeout`: the process group's timeout, which a rank that says a collective timed out waited."""
     abort = report.abort
-    ranks = {rank: _rank_run(rank, m, words) for rank, m in report.results.get(part, {}).items()}
+    results = report.results.get(part, {})
+    ranks = {rank: _rank_run(rank, m, words) for rank, m in results.items()}
     reason, detail = abort.reason, words.stopped(abort.reason, abort.detail)
     crashed = [r for r in sorted(ranks.values(), key=lambda r: r.rank) if r.status == "crashed"]
     waited = [r for r in ranks.values() if r.status == "dist_error"]
-    # Read from the rank's own words, which a hidden check does not keep: the verdict must not
-    # depend on whether the check is hidden.
-    timed_out = any(m.status == RankStatus.DIST_ERROR and m.error is not None and
-                    any(s in m.error.exception.lower() for s in ("timed out", "timeout"))
-                    for m in report.results.get(part, {}).values())
+    # A collective's failure is the rank's own words, which a hand-in can write: it says a hang only
+    # where the rank waited the process group's timeout out (else it is a crash, whatever it says).
+    # Read from those words, which a hidden check does not keep: the verdict must not depend on it.
+    waited_out = {r for r, m in results.items() if m.status == RankStatus.DIST_ERROR and m.seconds >= 0.8 * pg_timeout}
+    timed_out = any(m.error is not None and any(s in m.error.exception.lower() for s in ("timed out", "timeout"))
+                    for r, m in results.items() if r in waited_out)
     codes = {r: c for r, c in report.exit_codes.items() if c not in (0, None)}
     output = _output_text(report)
     returned = {r.rank for r in ranks.values() if r.status == "ok"}
@@ -155,7 +158,7 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
             detail += "; the other ranks then waited for it in a collective"
     elif any(r.status == "oom" for r in ranks.values()):   # a MemoryError: past RLIMIT_DATA, the world's limit
         status, detail = Status.OOM, _oom_detail(words, memory_mb)
-    elif waited and (timed_out or returned):
+    elif waited_out and (timed_out or returned):
         status = Status.TIMEOUT
         finished = sorted(returned)
         detail = hang or ("a collective timed out: some rank never joined it" if not finished else
@@ -163,7 +166,8 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
                           f"the others waited in a collective")
         if not hang:
             detail += " (a rank that skips or adds a collective makes the others wait)"
-    elif reason == StopReason.RANK_DIED and any(s in output for s in ("MemoryError", "bad_alloc", "allocate memory")):
+    elif reason == StopReason.RANK_DIED and "std::bad_alloc" in output:   # C++'s own last words (a Python
+        # MemoryError is the rank's oom above): output is the hand-in's to write, so only the runtime's text
         status, detail = Status.OOM, _oom_detail(words, memory_mb)
     else:
         status = Status.CRASHED
@@ -227,13 +231,12 @@ def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS
             break
         left = [p for p in remaining if p not in runs]
         if report.abort.part in left:
-            # The part that ended the world, and any before it the world did not settle, failed;
-            # out of memory, only the part the rank that held most was running (the others run again).
-            ended_at = left.index(report.abort.part)
-            charged = [report.abort.part] if report.abort.reason == StopReason.OUT_OF_MEMORY else left[:ended_at + 1]
-            for part in charged:
-                runs[part] = _failed_part(part, report, words, rubric.limits.memory_mb)
-                runs[part].data = report.secrets.get(part)
+            # The part that ended the world failed (a rank that died, or held the most memory, was
+            # running it); any before it the world did not settle run again: a rank ahead of the
+            # others never fails a part they were still running.
+            part = report.abort.part
+            runs[part] = _failed_part(part, report, words, rubric.limits.memory_mb, rubric.timeouts.process_group)
+            runs[part].data = report.secrets.get(part)
             if report.abort.reason == StopReason.TIMEOUT:   # hung, kept from the CPU, or never taken up?
                 late, cpu, unread = runs[report.abort.part], report.abort.cpu, report.abort.unread
                 late.starved = None if unread else starved.starved(cpu, rubric.timeouts.part, check.world_size)

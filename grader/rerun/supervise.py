@@ -166,8 +166,8 @@ class _Watch:
     def received(self, rank: int, data: bytes) -> None:
         try:
             messages = [protocol.decode(m, protocol.RANK_MESSAGES) for m in self.readers[rank].feed(data)]
-        except channel.ChannelError as e:
-            return self.forged(rank, f"sent a malformed message: {e}")
+        except (channel.ChannelError, RecursionError) as e:   # RecursionError: decoding a message nested too deep
+            return self.forged(rank, f"sent a malformed message: {e or type(e).__name__}")
         for message in messages:
             if self.abort is not None:
                 return

@@ -38,8 +38,16 @@ def said(exc: BaseException, code_dir: str = "") -> ErrorInfo:
     return ErrorInfo(exception=exception[:2000], traceback=text[-6000:])
 
 
+def text_of(exc: BaseException) -> str:
+    """str(exc), or "" where the hand-in's exception makes even that fail (its __str__ raises)."""
+    try:
+        return str(exc)
+    except Exception:   # noqa: BLE001 - the hand-in's __str__ may raise anything
+        return ""
+
+
 def collective_failed(exc: BaseException) -> bool:
     """Whether `exc` is a collective's failure: gloo's, a timeout, a connection a peer closed."""
-    text = f"{type(exc).__name__} {exc}".lower()
+    text = f"{type(exc).__name__} {text_of(exc)}".lower()
     return isinstance(exc, getattr(dist, "DistError", ())) or any(
         s in text for s in ("gloo", "timed out", "connection closed", "connection reset"))

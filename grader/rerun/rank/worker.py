@@ -39,7 +39,7 @@ import torch.distributed as dist
 from grader.parts import BY_ID, OWN_SIZES, kind_of, sent_budget
 from grader.rerun.wire import bounds, protocol, secret
 from grader.rerun.sandbox import environment
-from grader.rerun.rank.errors import collective_failed, said
+from grader.rerun.rank.errors import collective_failed, said, text_of
 from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, run_module
 from grader.rerun.rank import collectives
 from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls, keep_the_world, wrap_collectives
@@ -163,7 +163,7 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
     except MemoryError as e:
         result.status, result.error = RankStatus.OOM, said(e)
     except RuntimeError as e:
-        out_of_memory = "can't allocate memory" in str(e) or "Cannot allocate memory" in str(e)
+        out_of_memory = any(s in text_of(e) for s in ("can't allocate memory", "Cannot allocate memory"))
         result.status = RankStatus.OOM if out_of_memory else \
             RankStatus.DIST_ERROR if collective_failed(e) else RankStatus.CRASHED
         result.error = said(e)

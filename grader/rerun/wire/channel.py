@@ -90,6 +90,8 @@ def _message(body: bytes) -> dict:
         message = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ChannelError(f"message is not JSON ({e})") from e
+    except RecursionError:   # nested deeper than the parser's stack: a frame no sender of ours writes
+        raise ChannelError("message is nested too deep to read") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ChannelError("message is not an object with a 'type'")
     return message

@@ -1,0 +1,99 @@
+"""A failure is named by its real cause, whatever the hand-in writes, and costs only the part it hit.
+
+What a rank says of its own failure (an exception's text, what it prints) is the hand-in's to
+write: a crash that says "timed out" is still a crash, unless the rank waited the process group's
+timeout out; one that prints "MemoryError" is not out of memory; an exception whose text cannot
+even be read is a crash; a frame nested past the parser's stack is the hand-in's malformed message,
+never the machine's failure. And a rank that dies in one part costs that part alone: the parts the
+other ranks were still running run again. Real gloo worlds of one warm executor, at a 2-rank step.
+"""
+
+import dataclasses
+
+import pytest
+
+from grader.rerun.check import prepare_code, run_check
+from grader.rerun.executor import WarmExecutor
+from grader.results import Status
+from grader.rubric import load_rubric
+from tests.corpus import REFERENCE, fast_rubric
+
+PARTS = ["baseline", "grad_accumulation", "data_parallel"]
+
+
+@pytest.fixture(scope="module")
+def step_check(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("blame")
+    rubric = load_rubric(fast_rubric(tmp))
+    step = dataclasses.replace(next(c for c in rubric.checks if c.name == "default"), world_size=2)
+    executor = WarmExecutor("best", rubric.limits)
+    executor.start()
+    yield executor, rubric, step, tmp
+    executor.close()
+
+
+def _runs(step_check, name: str, appended: str) -> dict:
+    executor, rubric, check, tmp = step_check
+    path = tmp / f"{name}.py"
+    path.write_text(REFERENCE.read_text() + appended)
+    return run_check(executor, prepare_code(path), check, rubric, tmp, PARTS)
+
+
+# Part 3 replaced by `body` (its first statement), the reference's after it.
+IN_PART_3 = '''
+
+import os as _os, struct as _struct, sys as _sys
+_data_parallel = data_parallel_single_step
+
+
+def data_parallel_single_step(seed=42, device=None):
+{body}
+    return _data_parallel(seed=seed, device=device)
+'''
+SAYS = {
+    "says_timed_out": ("    raise RuntimeError('[gloo/transport] Timed out waiting 30000ms for recv operation')",
+                       Status.CRASHED, "Timed out waiting"),
+    "unreadable_text": ("    class _Unreadable(RuntimeError):\n        def __str__(self):\n            raise ValueError('no')\n"
+                        "    raise _Unreadable()", Status.CRASHED, "_Unreadable"),
+    "prints_memory_error": ("    _sys.stderr.write('MemoryError: std::allocate memory\\n')\n    _sys.stderr.flush()\n"
+                            "    _os._exit(1)", Status.CRASHED, "exited before it finished"),
+    "deep_frame": ("    body = ('{\"type\":\"result\",\"x\":' + '[' * 200000 + ']' * 200000 + '}').encode()\n"
+                   "    _os.write(3, _struct.pack('>I', len(body)) + body)", Status.CRASHED, "malformed"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAYS))
+def test_what_a_rank_says_of_its_failure_does_not_name_its_cause(step_check, name):
+    body, status, words = SAYS[name]
+    runs = _runs(step_check, name, IN_PART_3.format(body=body))
+    assert runs["baseline"].status == Status.PASSED and runs["grad_accumulation"].status == Status.PASSED, \
+        {p: r.detail for p, r in runs.items()}
+    part = runs["data_parallel"]
+    assert part.status == status and words in part.detail + part.output + str(
+        [r.exception for r in part.ranks.values()]), (part.status, part.detail)
+
+
+def test_a_rank_that_dies_ahead_of_the_others_costs_only_the_part_it_died_in(step_check):
+    """Rank 1 is still in Part 2 (it slept) when rank 0 dies in Part 3: Part 2 is run again, and
+    passes; Part 3 crashed."""
+    behind = '''
+
+import os as _os, time as _time
+_grad_accumulation, _data_parallel = single_step_with_grad_accumulation, data_parallel_single_step
+
+
+def single_step_with_grad_accumulation(seed=42, device=None, accumulation_steps=4):
+    if dist.get_rank() == 1:
+        _time.sleep(0.8)
+    return _grad_accumulation(seed=seed, device=device, accumulation_steps=accumulation_steps)
+
+
+def data_parallel_single_step(seed=42, device=None):
+    if dist.get_rank() == 0:
+        _os._exit(1)
+    return _data_parallel(seed=seed, device=device)
+'''
+    runs = _runs(step_check, "behind", behind)
+    assert runs["grad_accumulation"].status == Status.PASSED, runs["grad_accumulation"].detail
+    assert runs["data_parallel"].status == Status.CRASHED and "rank 0 exited" in runs["data_parallel"].detail, \
+        runs["data_parallel"].detail
