@@ -133,12 +133,13 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
     reason, detail = abort.reason, words.stopped(abort.reason, abort.detail)
     crashed = [r for r in sorted(ranks.values(), key=lambda r: r.rank) if r.status == "crashed"]
     waited = [r for r in ranks.values() if r.status == "dist_error"]
-    # A collective's failure is the rank's own words, which a hand-in can write: it says a hang only
-    # where the rank waited the process group's timeout out (else it is a crash, whatever it says).
-    # Read from those words, which a hidden check does not keep: the verdict must not depend on it.
-    waited_out = {r for r, m in results.items() if m.status == RankStatus.DIST_ERROR and m.seconds >= 0.8 * pg_timeout}
+    # A collective's failure is the rank's own words, which a hand-in can write: it says the ranks
+    # fell out of step only where it came out of a collective the rank called (its record says so),
+    # and a timeout only where the rank also waited the process group's timeout out; else it is a
+    # crash, whatever it says. Read from its words, which a hidden check does not keep.
+    inside = [r for r in waited if r.comm and r.comm[-1].get("raised")]
     timed_out = any(m.error is not None and any(s in m.error.exception.lower() for s in ("timed out", "timeout"))
-                    for r, m in results.items() if r in waited_out)
+                    and m.seconds >= 0.8 * pg_timeout for r, m in results.items() if r in {w.rank for w in inside})
     codes = {r: c for r, c in report.exit_codes.items() if c not in (0, None)}
     output = _output_text(report)
     returned = {r.rank for r in ranks.values() if r.status == "ok"}
@@ -158,7 +159,7 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
             detail += "; the other ranks then waited for it in a collective"
     elif any(r.status == "oom" for r in ranks.values()):   # a MemoryError: past RLIMIT_DATA, the world's limit
         status, detail = Status.OOM, _oom_detail(words, memory_mb)
-    elif waited_out and (timed_out or returned):
+    elif inside and (timed_out or returned):
         status = Status.TIMEOUT
         finished = sorted(returned)
         detail = hang or ("a collective timed out: some rank never joined it" if not finished else

@@ -213,20 +213,26 @@ class CommRecorder:
             # method the dispatcher's op (grader.rerun.rank.collectives.route): one call, recorded once.
             return original(*args, **kwargs)
         given = args[1:] if entry == METHOD else args   # a method's first is its process group
+        recorded = None
         if len(self.calls) < 1000:
             values = functional_numel(name, given) if entry == OP else object_numel(given, kwargs) \
                 if name == "all_gather_object" else numel(list(given) + list(kwargs.values()))
             self.calls.append({"op": name, "numel": values,
                                "reduce_op": reduce_name(reduce_op(name, entry, given, kwargs))})
-            self._note_progress(self.calls[-1])
+            recorded = self.calls[-1]
+            self._note_progress(recorded)
             if self.budget.get(collectives.FAMILY.get(name), 0) > 0:
-                self._note_sent(self.calls[-1], collectives.FAMILY[name], collectives.handed(name, entry, given, kwargs))
+                self._note_sent(recorded, collectives.FAMILY[name], collectives.handed(name, entry, given, kwargs))
         self.inside = True
         try:
             result = original(*args, **kwargs)
             if self.scaled and name in SCALED:
                 self._scale_result(entry, result, given, kwargs)
             return result
+        except BaseException:
+            if recorded is not None:   # it failed inside the collective (a peer gone, a timeout): not raised by the code
+                recorded["raised"] = True
+            raise
         finally:
             self.inside = False
 

@@ -82,8 +82,11 @@ def _error(error):
 
 def _call(call) -> dict:
     numel = call.get("numel")
-    return {"op": str(call.get("op"))[:40], "numel": numel if isinstance(numel, int) else 0,
+    kept = {"op": str(call.get("op"))[:40], "numel": numel if isinstance(numel, int) else 0,
             "reduce_op": None if call.get("reduce_op") is None else str(call.get("reduce_op"))[:20]}
+    if call.get("raised") is True:
+        kept["raised"] = True
+    return kept
 
 
 def _calls(calls: list, part: str, check: dict, world_size: int) -> list:
