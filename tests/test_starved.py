@@ -19,6 +19,18 @@ from tests.corpus import REFERENCE
 
 STEP = "    device = get_device() if device is None else device\n    # Same seed, same initial weight: on every rank and in every part.\n"
 SLEEPS = "    __import__('time').sleep(10 ** 6)\n"
+# The thread parked in state D: a clone sharing its memory (vfork's) whose child sleeps, the parent
+# waiting for it, uninterruptibly, as a thread reading pages back from the disk would.
+IN_STATE_D = """    import ctypes as _c, mmap as _m, os as _o
+    _libc = _c.CDLL(None, use_errno=True)
+    _stack = _m.mmap(-1, 1 << 16)
+    _top = _c.addressof(_c.c_char.from_buffer(_stack)) + (1 << 16) - 256
+    _libc.clone.restype = _c.c_int
+    _libc.clone.argtypes = [_c.c_void_p, _c.c_void_p, _c.c_int, _c.c_void_p]
+    _pid = _libc.clone(_c.cast(_libc.sleep, _c.c_void_p), _top, 0x100 | 0x4000 | 17, _c.c_void_p(30))
+    if _pid > 0:
+        _o.waitpid(_pid, 0)
+"""
 LOOPS = "    while True:\n        pass\n"
 
 
@@ -38,7 +50,8 @@ def test_the_rule_on_the_cases_its_docstring_names():
     assert not starved(CpuTime(run=2.0, wait=0.0, cores=16), clock, 4)           # one rank looping, the others waiting
     assert not starved(CpuTime(run=2.0, wait=6.0, cores=2), clock, 4)            # those 4 beside another world
     assert starved(CpuTime(run=0.6, wait=6.0, cores=2), clock, 4)                # a busy machine took the cores
-    assert starved(CpuTime(run=3.0, wait=0.0, cores=2, disk=1), clock, 4)        # a rank waiting for the disk
+    assert starved(CpuTime(run=3.0, wait=0.0, cores=2, disk=1, short=True), clock, 4)   # waiting for the disk
+    assert not starved(CpuTime(run=3.0, wait=0.0, cores=2, disk=1), clock, 4)   # in state D with memory to spare
     # A machine so busy the leader read the times long after the clock: the ranks ran on meanwhile.
     assert starved(CpuTime(run=3.62, wait=438.8, cores=2), 1.5, 4)
     assert not starved(CpuTime(run=3.62, wait=25.0, cores=2), 1.5, 4)            # a loop given a seventh
@@ -73,11 +86,15 @@ def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of
     clocked = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock))
     executor = WarmExecutor("auto", rubric.limits)
     try:
-        asleep, looping = (run_check(executor, baseline_with(tmp_path, body), rubric.default_check, clocked,
-                                     tmp_path, parts=["baseline"])["baseline"] for body in (SLEEPS, LOOPS))
+        asleep, looping, parked = (run_check(executor, baseline_with(tmp_path, body), rubric.default_check, clocked,
+                                             tmp_path, parts=["baseline"])["baseline"]
+                                   for body in (SLEEPS, LOOPS, IN_STATE_D))
     finally:
         executor.close()
-    for run in (asleep, looping):
+    # Parked in state D on a machine with memory to spare: its own wait, not the disk's (the part
+    # would otherwise run again on the rubric's own clock, every part of every check).
+    assert "waiting for the disk" in parked.detail, parked.detail
+    for run in (asleep, looping, parked):
         assert run.status.value == "timeout" and run.starved is False, (run.status, run.detail)
         assert f"still running after {clock:g} s" in run.detail and "waited" in run.detail, run.detail
     ran = float(looping.detail.split("its ranks ran ")[1].split(" s")[0])

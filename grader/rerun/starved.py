@@ -10,7 +10,7 @@ slices). At a part's timeout the world's leader adds them up over every thread o
 
     starved  =  (wait >= clock x min(ranks, cores) / 4   and   (run < clock x min(ranks, cores) / 4
                                                              or wait >= KEPT_OUT x run))
-                or   disk > 0
+                or   (disk > 0   and   short)
 
 Both times are sums over the ranks, measured against what the world could have used at once:
 `min(ranks, cores)` CPUs for the clock. Ranks that each waited a few tenths of a second to start
@@ -28,7 +28,11 @@ a part and then slept are not starved by it, however many ranks add their waits 
   as they ran (a world given an eighth of what it asked for, or less). Starved.
 - a rank waiting for the disk (a thread in state D at the timeout: pages of torch read back on a
   machine short of memory) neither runs nor waits for a CPU, and is not the code's fault either:
-  `disk` counts those threads, and one is enough to run the part again.
+  `disk` counts those threads, and one is enough to run the part again where the machine was
+  short of memory then (`short`: tasks stalled on memory in the last ten seconds, by the kernel's
+  pressure stall information, or less than a tenth of it available where the kernel keeps none).
+  Code can put its own thread in state D (a vfork whose child sleeps) at will: on a machine with
+  memory to spare, that is its own wait, and the clock stands.
 
 A rank that never read the part's order from its pipe (the hand-in stalled it after the part
 before) never ran the part: that timeout is neither, and the part runs again alone, as any failure
@@ -65,7 +69,28 @@ def cpu_time(pids: list) -> Optional[CpuTime]:
                 run, wait, disk = run + int(ran), wait + int(waited), disk + (state == b"D")
     except (OSError, ValueError, IndexError):
         return None
-    return CpuTime(run=round(run / 1e9, 3), wait=round(wait / 1e9, 3), cores=len(os.sched_getaffinity(0)), disk=disk)
+    return CpuTime(run=round(run / 1e9, 3), wait=round(wait / 1e9, 3), cores=len(os.sched_getaffinity(0)), disk=disk,
+                   short=bool(disk) and short_of_memory())
+
+
+PRESSURE, STALLED = "/proc/pressure/memory", 1.0   # percent of the last 10 s some task stalled on memory
+
+
+def short_of_memory() -> bool:
+    """Whether the machine is short of memory now: tasks stalled on it in the last ten seconds
+    (PSI's `some avg10`), or, where the kernel keeps no such record, under a tenth of it available."""
+    try:
+        with open(PRESSURE) as f:
+            some = f.readline().split()
+        return float(dict(field.split("=") for field in some[1:])["avg10"]) >= STALLED
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) for line in f if line.split()[1:2] != []}
+        return info["MemAvailable"] < info["MemTotal"] / 10
+    except (OSError, ValueError, KeyError, IndexError):
+        return True   # nothing says: as when the times themselves cannot be read
 
 
 def starved(cpu: Optional[CpuTime], clock: float, ranks: int) -> bool:
@@ -74,7 +99,7 @@ def starved(cpu: Optional[CpuTime], clock: float, ranks: int) -> bool:
     if cpu is None:
         return True
     share = clock * min(ranks, max(cpu.cores, 1)) / 4   # a quarter of what the world could use at once
-    return (cpu.wait >= share and (cpu.run < share or cpu.wait >= KEPT_OUT * cpu.run)) or cpu.disk > 0
+    return (cpu.wait >= share and (cpu.run < share or cpu.wait >= KEPT_OUT * cpu.run)) or (cpu.disk > 0 and cpu.short)
 
 
 def said(cpu: Optional[CpuTime]) -> str:

@@ -218,11 +218,12 @@ class InfraError:
 class CpuTime:
     """What every thread of a world's ranks had of the CPU when a part ran past its clock
     (grader.rerun.starved): seconds run, seconds ready to run but waiting, the cores the world could
-    use, the threads waiting for the disk."""
+    use, the threads waiting for the disk, whether the machine was short of memory then."""
     run: float
     wait: float
     cores: int
     disk: int = 0
+    short: bool = False   # memory stalled tasks (PSI) or little was left: what makes pages be read back
 
 
 @dataclass
