@@ -97,3 +97,28 @@ def data_parallel_single_step(seed=42, device=None):
     assert runs["grad_accumulation"].status == Status.PASSED, runs["grad_accumulation"].detail
     assert runs["data_parallel"].status == Status.CRASHED and "rank 0 exited" in runs["data_parallel"].detail, \
         runs["data_parallel"].detail
+
+
+def test_a_handin_that_sleeps_as_it_loads_in_every_world_stops_at_its_own_time(tmp_path):
+    """Each world of it waits 5 s for its load: the hand-in's 6 s (timeouts.handin) end inside its
+    first check, and no world of it starts or waits past them (a check of several worlds once ran on
+    to its end, 47% past the hand-in's time; an array task is sized on that time)."""
+    import time
+
+    from grader.intake.handin import Handin
+    from grader.pipeline.grade import grade_handin
+    rubric = load_rubric(fast_rubric(tmp_path, timeouts={"handin": 6, "world_start": 30, "part": 20, "process_group": 10}))
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "assignment4.py").write_text(REFERENCE.read_text() + "\n__import__('time').sleep(5)\n")
+    executor = WarmExecutor("best", rubric.limits)
+    executor.start()
+    try:
+        started = time.monotonic()
+        result = grade_handin(Handin(name="slow", student="slow", sha256="", folder=tmp_path / "files"), rubric,
+                              executor, tmp_path)
+        took = time.monotonic() - started
+    finally:
+        executor.close()
+    said = [o.message for p in result.parts.values() for o in p.checks]
+    assert any("6 s were used up" in m for m in said), said
+    assert took < 6 + 3, took   # its 6 s, the world ended at them, and the grader's own work

@@ -57,7 +57,7 @@ def _utils_notes(student_utils: Path) -> list:
 
 
 def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=None, clock=None,
-                matter=None) -> dict:
+                matter=None, deadline=None) -> dict:
     """Re-run `parts` (those of the rubric the check runs) at `check` and judge them. A failure is
     run once more: a flip to passed is flagged flaky (the failure stands, for a person to look at).
     The second run decides where the first said nothing about the code: the machinery failed, or
@@ -66,7 +66,8 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     run again. `passed`: part -> the checks it passed already (grader.verdict.diagnose uses them).
     `clock`: each part's wall clock here, in seconds (a batch's, grader.limits.part_clock), else
     the rubric's timeouts.part. `matter`: whether each parallel part's collectives made its values,
-    by (part, kind), as the hand-in's earlier checks showed it (_collectives_matter); None: not asked."""
+    by (part, kind), as the hand-in's earlier checks showed it (_collectives_matter); None: not asked.
+    `deadline`: when the hand-in's time is up (time.monotonic()); no world of it starts after."""
     parts = [p for p in parts if p in rubric.parts_at(check)]
     measured = clock is not None and clock < rubric.timeouts.part   # else the rubric's own clock
     clocked = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock)) \
@@ -88,23 +89,24 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
             outcome = carried.hold(outcome, run, p, check, exp, say)
         return comm.handed_out(outcome, run, p, check, say)
 
-    runs = rerun.run_check(executor, code, check, clocked, scratch, parts)
+    runs = rerun.run_check(executor, code, check, clocked, scratch, parts, deadline=deadline)
     judged = {p: verdict(p, runs[p]) for p in parts}
     if measured:
         for outcome in (o for o in judged.values() if o.status == Status.TIMEOUT):
             outcome.message += f" ({CLOCK_SAID.format(clock=clock)})"
     decide = [p for p, o in judged.items() if o.status == Status.INFRA_ERROR or runs[p].starved]
     again = [p for p, o in judged.items() if o.status in RETRIED and runs[p].starved is None and p not in decide]
-    for p, second in _run_again(executor, code, check, rubric, scratch, decide, verdict).items():
+    for p, second in _run_again(executor, code, check, rubric, scratch, decide, verdict, deadline).items():
         judged[p] = second
-    for p, second in _run_again(executor, code, check, clocked, scratch, again, verdict).items():
+    for p, second in _run_again(executor, code, check, clocked, scratch, again, verdict, deadline).items():
         judged[p].flaky = second.status == Status.PASSED
     if matter is not None and check.world_size > 1:
-        _collectives_matter(executor, code, check, clocked, scratch, judged, verdict, matter, say)
+        _collectives_matter(executor, code, check, clocked, scratch, judged, verdict, matter, say, deadline)
     return judged
 
 
-def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, verdict, matter: dict, say) -> None:
+def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, verdict, matter: dict, say,
+                        deadline=None) -> None:
     """Each parallel part that passed at `check` (of several ranks) the first time at its kind, and
     at every hidden check, runs once more, in a world that changes what its collectives return
     (grader.verdict.comm): values still right there did not come from them, and the part fails
@@ -119,7 +121,8 @@ def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, ve
     for p in (p for p in passed if matter.get((p, check.kind))):
         comm.independent(judged[p], p, check, say, shown_at=matter[p, check.kind])
     unknown = [p for p in passed if (p, check.kind) not in matter or (check.hidden and not matter[p, check.kind])]
-    runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=True) if unknown else {}
+    runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=True, deadline=deadline) \
+        if unknown else {}
     for p in unknown:
         scaled = verdict(p, runs[p], carried_too=False)
         if scaled.status == Status.PASSED:
@@ -131,9 +134,9 @@ def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, ve
             comm.unshown(judged[p], p, check, say, scaled.message)
 
 
-def _run_again(executor, code, check, rubric, scratch, parts: list, verdict) -> dict:
+def _run_again(executor, code, check, rubric, scratch, parts: list, verdict, deadline=None) -> dict:
     """`parts` run once more at `check`, each judged by `verdict`: part -> its outcome."""
-    runs = rerun.run_check(executor, code, check, rubric, scratch, parts) if parts else {}
+    runs = rerun.run_check(executor, code, check, rubric, scratch, parts, deadline=deadline) if parts else {}
     return {p: verdict(p, runs[p]) for p in parts}
 
 
@@ -216,7 +219,7 @@ def _rerun_all(result: HandinResult, assignment: Path, rubric, executor, work: P
                                                f"past its clock there), so it is not run again at later checks"))
         runnable = [p for p in rubric.parts_at(check) if (p, check.kind) not in hung]
         judged = judge_check(executor, code, check, rubric, work, parts=runnable, passed=passed,
-                             clock=(clocks or {}).get(check.name), matter=matter) if runnable else {}
+                             clock=(clocks or {}).get(check.name), matter=matter, deadline=deadline) if runnable else {}
         for p, outcome in judged.items():
             outcomes[p].append(outcome)
             if outcome.status == Status.PASSED:

@@ -13,7 +13,9 @@ collective, what the others called instead (grader.rerun.hangs). At a check of s
 index at or above LOCAL_WORLD_SIZE fails the part (`_device_problem`).
 """
 
+import dataclasses
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -211,18 +213,29 @@ def _unstarted_parts(parts: list, report: WorldReport, words: Words, memory_mb: 
             for part in parts}
 
 
-def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS, scaled: bool = False) -> dict:
+def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS, scaled: bool = False,
+              deadline: float = None) -> dict:
     """Run `parts` of `code` (prepare_code's) at `check`; return part id -> PartRun, for every part
     that runs at the check's kind (a part of other kinds only is not run: it has no data there).
-    `scaled`: in worlds whose ranks change what each moving collective returns (grader.rerun.rank.hooks)."""
+    `scaled`: in worlds whose ranks change what each moving collective returns (grader.rerun.rank.hooks).
+    `deadline`: when the hand-in's time is up (time.monotonic()): no world starts after it, and none
+    may wait past it for its start or a part (a hand-in that sleeps as it loads, in every world)."""
     remaining = [p for p in parts if check.kind in BY_ID[p].kinds]
     runs = {}
     words = Words(code, check.hidden)
     config = _world_job(code, scratch, check, rubric, []).check
     while remaining:
+        left_s = None if deadline is None else deadline - time.monotonic()
+        if left_s is not None and left_s <= 0:
+            runs.update({p: PartRun(part=p, status=Status.TIMEOUT, detail=f"not run: the hand-in's "
+                                    f"{rubric.timeouts.handin:g} s were used up") for p in remaining})
+            break
         work = Path(scratch_dir("world-", scratch))
+        within = rubric if left_s is None else dataclasses.replace(rubric, timeouts=dataclasses.replace(
+            rubric.timeouts, world_start=min(rubric.timeouts.world_start, left_s),
+            part=min(rubric.timeouts.part, left_s)))
         try:
-            report = executor.run_world(_world_job(code, work, check, rubric, remaining, scaled))
+            report = executor.run_world(_world_job(code, work, check, within, remaining, scaled))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         for part in report.completed:
