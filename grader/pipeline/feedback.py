@@ -17,6 +17,7 @@ The verdict and message come first, then the evidence. `public_only` leaves the 
 results out (Gradescope shows them after the due date).
 """
 
+import re
 from pathlib import Path
 
 from grader.kit import page_template
@@ -26,6 +27,7 @@ from grader.parts import BY_ID
 TEMPLATE = Path(__file__).parent / "templates" / "feedback.html"   # its page, escaped by autoescape
 
 MARKDOWN = {"": "{}", "b": "**{}**", "code": "`{}`", "i": "*{}*"}
+HTML_START = re.compile(r"([<&])")   # what starts a tag or an entity in Markdown's HTML
 
 
 def fmt(points) -> str:
@@ -131,7 +133,10 @@ def feedback_document(result: dict, public_only: bool = False) -> list:
 
 
 def _md(spans: list) -> str:
-    return "".join(inert(text) if style == "name" else MARKDOWN[style].format(text) for style, text in spans)
+    # A message may quote the hand-in's own words (an exception's text): no HTML of theirs reaches an
+    # LMS that renders the Markdown (a backslash keeps "<" and "&" as themselves in CommonMark)
+    return "".join(inert(text) if style == "name" else MARKDOWN[style].format(
+        text if style == "code" else HTML_START.sub(r"\\\1", text)) for style, text in spans)
 
 
 def markdown(blocks: list) -> str:
