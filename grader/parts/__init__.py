@@ -139,8 +139,9 @@ class Part:
     layer: str = ""            # the class a check of a kind other than the step runs alone
     moves: tuple = ()          # Moves: the collectives a check of several ranks must see it call
     carried: dict = field(default_factory=dict)   # kind -> (exp, check, rank) -> what each of its moves of that
-                               # kind carries from rank `rank`, a tensor each (None: not said), in their order
-                               # (exp: its Judging's expected); grader.verdict.carried
+                               # kind carries from rank `rank`, in their order (exp: its Judging's expected): a
+                               # tensor each, a tuple of its right forms (any one), a list of what each of its
+                               # calls carries (one per block: every one), or None (not said); grader.verdict.carried
     at_most: tuple = ()        # collectives it must not call beyond what its `moves` say (none, where they
                                # say none): a check of several ranks fails a rank that moved more with them
     arguments: tuple = ()      # keys of the check its function is called with by name (beside seed, device)

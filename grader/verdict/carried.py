@@ -16,8 +16,11 @@ rank handed its calls of the move's collective, in call order and end to end:
 found by normalized cross-correlation (an FFT over v), then checked. Any nonzero factor c: a
 gradient of a summed or a mean loss, divided by the world size before or after the call, alike; e
 as it is or transposed (a layer on nn.Linear holds [out, in]); or e the sum of the calls of e's size
-(a gradient all-reduced micro-batch by micro-batch). A check whose moves are too large to record
-(past grader.parts.SENT_MAX) is judged on volumes alone.
+(a gradient all-reduced micro-batch by micro-batch). Where a move has several right forms (a sum of
+exponentials shifted by each token's maximum or not, padding's rows left in or zeroed, a slice of
+the sequence batch-first or sequence-first), the part lists them and any one carried is enough; a
+move made once per block lists what each of those calls carries, and every one must be found. A
+check whose moves are too large to record (past grader.parts.SENT_MAX) is judged on volumes alone.
 
 The record is the rank's own word, as its counts are (grader.verdict.comm): a forged one can say
 anything. It fails a part whose collectives carried something else; it never passes one.
@@ -51,8 +54,10 @@ def _proportional(v: torch.Tensor, e: torch.Tensor) -> bool:
     size = 1 << (total + n - 1).bit_length()
     corr = torch.fft.irfft(torch.fft.rfft(v, size) * torch.fft.rfft(e.flip(0), size), size)[n - 1:total]
     squares = torch.cat([v.new_zeros(1), torch.cumsum(v * v, 0)])
-    energy = squares[n:] - squares[:-n]
-    score = corr * corr / (energy.clamp_min(1e-300) * ee)
+    # A run of zeros (a lookup's rows of tokens held elsewhere) has no energy but the rounding of the
+    # sums and of the FFT, both of the whole's size: held at least at that, its score is none, not the largest
+    energy = (squares[n:] - squares[:-n]).clamp_min(1e-12 * float(squares[-1]) + 1e-300)
+    score = corr * corr / (energy * ee)
     for k in torch.topk(score, min(3, score.numel())).indices.tolist():
         c = float(corr[k]) / ee
         if c != 0.0 and float(torch.linalg.vector_norm(v[k:k + n] - c * e)) <= RTOL * abs(c) * ee ** 0.5:
@@ -60,8 +65,14 @@ def _proportional(v: torch.Tensor, e: torch.Tensor) -> bool:
     return False
 
 
-def holds(sent: list, want: torch.Tensor) -> bool:
-    """Whether the values a rank handed its calls (`sent`, flat tensors in call order) carry `want`."""
+def holds(sent: list, want) -> bool:
+    """Whether the values a rank handed its calls (`sent`, flat tensors in call order) carry `want`:
+    a tensor; a tuple of tensors, the move's right forms (any one of them carried is enough); or a
+    list, what it carries at each of its calls (one per block: every one of them carried)."""
+    if isinstance(want, list):
+        return all(holds(sent, w) for w in want)
+    if isinstance(want, tuple):
+        return any(holds(sent, w) for w in want)
     if not sent:
         return False
     whole = torch.cat(sent)
