@@ -60,6 +60,35 @@ def forward_and_backward(module, call, check: dict, data) -> dict:
     return tensors
 
 
+def carried(exp, check, rank: int) -> list:
+    """What rank `rank`'s collectives carry (exp: grader.verdict.transformer's Layer), the block's
+    backward started from G: Part 7's block (transformer_block.taps) on the whole sequence, each
+    value the rank's own. Its all-gathers its slice [B, S/p, d] (or sequence-first, [S/p, B, d]) of
+    LN1(X), of LN2(H), of the gradient of H, of G; its reduce-scatters its partial outputs and its
+    shares of the gradients of the gathered LN1(X) and LN2(H), [B, S, d] sequence-first (or as
+    chunks of the sequence, [p, B, S/p, d]); its all-reduces its tokens' share of the gradients of
+    the LayerNorms' weights and biases, [d] each (weight 1, bias 0: LN(x) is the normalized x)."""
+    p = check.world_size
+    x = exp.x.clone().requires_grad_(True)
+    out, t = transformer_block.taps(x, exp.weights, p, exp.heads, exp.head_dim)
+    out.backward(exp.g)
+    b, s, d = exp.x.shape
+    mine = slice(rank * s // p, (rank + 1) * s // p)
+
+    def sliced(a):
+        return transformer_block.ways(a[:, mine])
+
+    def whole(a):
+        a = a.detach()
+        return a.transpose(0, 1), a.reshape(b, p, s // p, d).transpose(0, 1)
+
+    ln = [(n.grad * n)[:, mine].sum((0, 1)).detach() if weight else n.grad[:, mine].sum((0, 1))
+          for n in (t["n1"], t["n2"]) for weight in (True, False)]
+    return [sliced(t["n1"]), sliced(t["n2"]), sliced(t["h"].grad), sliced(exp.g),
+            whole(t["attn"][rank]), whole(t["mlp"][rank]), whole(t["in1"][rank].grad), whole(t["in2"][rank].grad),
+            *ln]
+
+
 def room(check: dict, kind: str) -> int:
     """The most values one of its tensors holds: Part 7's (its slices are smaller)."""
     return block_room(check, kind)
@@ -90,6 +119,6 @@ PART = Part(
            Moves(BACKWARD, "reduce_scatter", "the gradient of the MLP's normalized input in backward", SLICE),
            *(Moves(BACKWARD, "all_reduce", f"the gradient of {what}", WIDTH)
              for what in ("LN1's weight", "LN1's bias", "LN2's weight", "LN2's bias"))),
-    at_most=("all_reduce",),
+    carried={BACKWARD: carried}, at_most=("all_reduce",),
     lab={"lab/mappings.py": "GatherFromSequenceParallelRegion and ReduceScatterToSequenceParallelRegion",
          "lab/transformer.py": "runs the block with sequence parallelism on gloo ranks"})

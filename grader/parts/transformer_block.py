@@ -140,6 +140,97 @@ def _as_shards(params: list, shapes: list, given: list):
     return out
 
 
+def attention(x, qkv, heads: int, head_dim: int):
+    """`heads` causal heads of head_dim features on x [B, S, d] with a QKV shard [d, 3 heads head_dim]
+    ([Q_r | K_r | V_r]): [B, S, heads head_dim], before W_o."""
+    import torch
+    b, s, _ = x.shape
+    q, k, v = (x @ qkv).reshape(b, s, 3, heads, -1).permute(2, 0, 3, 1, 4)
+    future = torch.ones(s, s, dtype=torch.bool).triu(1)
+    weights = (q @ k.transpose(-2, -1) / head_dim ** 0.5).masked_fill(future, float("-inf")).softmax(dim=-1)
+    return (weights @ v).transpose(1, 2).reshape(b, s, -1)
+
+
+def taps(x, weights: tuple, p: int, heads: int, head_dim: int) -> tuple:
+    """The block on x [B, S, d] (a tensor autograd tracks) with weights (W_qkv, W_o, W1, W2) whole,
+    its LayerNorms fresh, as one device computes it, with each rank's part of it apart: (the output,
+    {"n1", "h", "n2": LN1(x), H, LN2(H); "in1", "in2": each rank's copy of LN1(x) and LN2(H), whose
+    gradient is its share of what f all-reduces; "attn", "mlp": each rank's partial output, what g
+    all-reduces}). Each keeps its gradient once the output's backward has run."""
+    import torch.nn.functional as F
+    qkv, wo, w1, w2 = weights
+    d, rows, cols = x.shape[-1], wo.shape[0] // p, w1.shape[1] // p
+    n1 = F.layer_norm(x, (d,))
+    in1 = [n1.clone() for _ in range(p)]
+    attn = [attention(in1[r], qkv_shard(qkv, p, r), heads // p, head_dim) @ wo[r * rows:(r + 1) * rows]
+            for r in range(p)]
+    h = x + sum(attn)
+    n2 = F.layer_norm(h, (d,))
+    in2 = [n2.clone() for _ in range(p)]
+    mlp = [F.gelu(in2[r] @ w1[:, r * cols:(r + 1) * cols]) @ w2[r * cols:(r + 1) * cols] for r in range(p)]
+    for t in (n1, h, n2, *in1, *in2):
+        t.retain_grad()
+    return h + sum(mlp), {"n1": n1, "h": h, "n2": n2, "in1": in1, "in2": in2, "attn": attn, "mlp": mlp}
+
+
+def ways(t) -> tuple:
+    """An activation's right forms, [B, S, d] or sequence-first [S, B, d] (Megatron-LM's layout)."""
+    t = t.detach()
+    return t, t.transpose(0, 1)
+
+
+def f_share(before, grad) -> tuple:
+    """The forms of a rank's share `grad` of the gradient of LN(before) that f all-reduces: f after
+    the LayerNorm (the reference's), or before it (the share carried back through it)."""
+    import torch
+    import torch.nn.functional as F
+    leaf = before.detach().clone().requires_grad_(True)
+    back = torch.autograd.grad(F.layer_norm(leaf, (leaf.shape[-1],)), leaf, grad.reshape(leaf.shape))[0]
+    return ways(grad.reshape(leaf.shape)) + ways(back)
+
+
+def _each(tapped: list, rank: int) -> tuple:
+    """Per block (a list: every block's call carried), what rank `rank`'s g and f carry: the
+    attention's partial outputs, the MLP's, its share of the gradient of the MLP's input, of the
+    attention's."""
+    return ([ways(t["attn"][rank]) for _, t in tapped], [ways(t["mlp"][rank]) for _, t in tapped],
+            [f_share(t["h"], t["in2"][rank].grad) for _, t in tapped],
+            [f_share(x, t["in1"][rank].grad) for x, t in tapped])
+
+
+def carried_backward(exp, check, rank: int) -> list:
+    """What rank `rank`'s all-reduces carry at a backward check (exp: grader.verdict.transformer's
+    Layer), the block's backward started from G: its partial outputs (g), its shares of the
+    gradients of the normalized inputs (f), in the order of the part's moves."""
+    x = exp.x.clone().requires_grad_(True)
+    out, t = taps(x, exp.weights, check.world_size, exp.heads, exp.head_dim)
+    out.backward(exp.g)
+    return [found[0] for found in _each([(x, t)], rank)]
+
+
+def carried_step(exp, check, rank: int) -> list:
+    """...and at a step (exp: grader.verdict.transformer_step's Model): its masked lookups (g), each
+    block's four, its share of the gradient of the head's input (f), and Part 6's loss_forms."""
+    import torch
+    import torch.nn.functional as F
+    p, d = check.world_size, exp.embedding.shape[1]
+    k = exp.embedding.shape[0] // p
+    mine = vocab_parallel.lookups(exp.tokens, exp.embedding, p)
+    x, tapped = sum(mine).requires_grad_(True), []
+    for layer in exp.blocks:
+        out, t = taps(x, layer.weights, p, layer.heads, layer.head_dim)
+        tapped.append((x, t))
+        x = out
+    normed = F.layer_norm(x, (d,)).reshape(-1, d)
+    copies = [normed.clone() for _ in range(p)]
+    copies[rank].retain_grad()
+    z = [copies[r] @ exp.head[:, r * k:(r + 1) * k] for r in range(p)]
+    F.cross_entropy(torch.cat(z, dim=1), exp.targets.reshape(-1)).backward()
+    head = f_share(x, copies[rank].grad)
+    return [ways(mine[rank]), *_each(tapped, rank), head,
+            *vocab_parallel.loss_forms([t.detach() for t in z], exp.targets.reshape(-1), rank)]
+
+
 def room(check: dict, kind: str) -> int:
     """The most values one of its tensors holds: X [B, S, d], W_qkv [d, 3d], W1 [d, h]; at a step,
     every parameter of the model at one rank, flattened."""
@@ -182,5 +273,6 @@ PART = Part(
            Moves(BACKWARD, "all_reduce", "the MLP's partial outputs in g's forward", TOKENS),
            Moves(BACKWARD, "all_reduce", "the gradient of the MLP's input in f's backward", TOKENS),
            Moves(BACKWARD, "all_reduce", "the gradient of the attention's input in f's backward", TOKENS)),
+    carried={STEP: carried_step, BACKWARD: carried_backward},
     lab={"lab/gpt_parallel.py": "the attention's heads split over the ranks, between f and g",
          "lab/transformer.py": "runs lab/gpt_parallel.py's blocks, so it goes where that goes"})

@@ -71,6 +71,61 @@ def should(check: dict, kind: str, hidden: bool) -> str:
             + ("" if hidden else f", at most {room(check, kind)} values each"))
 
 
+IGNORE_INDEX = -100   # a padding target: the function's ignore_index (grader.rerun.wire.secret's)
+
+
+def loss_forms(z: list, targets, rank: int) -> tuple:
+    """What rank `rank` all-reduces for the loss, from every rank's logits z (each [N, V / p], float64)
+    and the targets [N]: (its sums of exponentials, its target logits), each a tuple of right forms.
+    A sum of exponentials shifted by each token's maximum over every rank's columns (the max
+    all-reduced), or not shifted (or by one number for every token: a factor); the target's logit
+    less that maximum, or as it is (with the logit shift); padding's rows left in or zeroed, its
+    target no rank's or id 0 (a target clamped for the lookup)."""
+    import torch
+    zr, k = z[rank], z[rank].shape[1]
+    m = torch.cat(z, dim=1).max(dim=-1).values
+    valid = targets != IGNORE_INDEX
+    sums = (torch.exp(zr - m.unsqueeze(-1)).sum(-1), torch.exp(zr - m.max()).sum(-1))
+    padded = not bool(valid.all())
+    if padded:
+        sums += tuple(s * valid for s in sums)
+    picked = ()
+    for t in (targets, torch.where(valid, targets, 0)) if padded else (targets,):
+        owned = (t >= rank * k) & (t < (rank + 1) * k)
+        at = zr.gather(-1, torch.where(owned, t - rank * k, 0).unsqueeze(-1)).squeeze(-1)
+        picked += (torch.where(owned, at - m, 0.0), torch.where(owned, at, 0.0))
+    return sums, picked
+
+
+def lookups(tokens, embedding, p: int) -> list:
+    """Every rank's masked lookup, g's input: E_r[t - r V / p] where rank r holds token t, else 0."""
+    import torch
+    k = embedding.shape[0] // p
+    out = []
+    for r in range(p):
+        owned = (tokens >= r * k) & (tokens < (r + 1) * k)
+        out.append(embedding[r * k:(r + 1) * k][torch.where(owned, tokens - r * k, 0)] * owned.unsqueeze(-1))
+    return out
+
+
+def carried(exp, check, rank: int) -> list:
+    """What rank `rank`'s all-reduces carry (exp: grader.verdict.vocab's Data): its masked lookup (g),
+    its columns' share dz_r W_r^T of the gradient of the embedding's output (f), and loss_forms'."""
+    import torch
+    p = check.world_size
+    k = exp.embedding.shape[0] // p
+    cols = [exp.head[:, r * k:(r + 1) * k] for r in range(p)]
+    mine = lookups(exp.tokens, exp.embedding, p)
+    x = sum(mine)
+    z = [x @ w + exp.shift for w in cols]
+    valid = exp.targets != IGNORE_INDEX
+    dz = torch.softmax(torch.cat(z, dim=1), dim=-1)[:, rank * k:(rank + 1) * k]
+    owned = valid & (exp.targets >= rank * k) & (exp.targets < (rank + 1) * k)
+    dz[owned, exp.targets[owned] - rank * k] -= 1.0
+    dz = dz * valid.unsqueeze(-1) / valid.sum().clamp(min=1)
+    return [mine[rank], dz @ cols[rank].T, *loss_forms(z, exp.targets, rank)]
+
+
 PART = Part(
     "vocab_parallel", "Part 6 (optional): a vocab-parallel embedding and loss", "VocabParallel", FUNCTION,
     ("vocab_slice", "VocabReduce", "VocabParallelEmbedding", "all_reduce_vocab", "VocabParallelCrossEntropy",
@@ -85,7 +140,7 @@ PART = Part(
            Moves(BACKWARD, "all_reduce", "the gradient of the embedding's output in f's backward", (B, "input_dim")),
            Moves(BACKWARD, "all_reduce", "each token's sum of exponentials", (B,)),
            Moves(BACKWARD, "all_reduce", "each token's target logit, from the rank that holds it", (B,))),
-    aliases=("vocab",),
+    carried={BACKWARD: carried}, aliases=("vocab",),
     lab={"lab/vocab_parallel.py": "the embedding split by vocabulary rows (a masked lookup, then g) and the "
                                   "cross-entropy on logits split by vocabulary columns (max, sum of "
                                   "exponentials and the target's logit all-reduced; the backward on each "

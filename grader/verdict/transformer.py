@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from grader.parts.common import as_weight, close as _same, output_gradient
-from grader.parts.transformer_block import qkv_shard
+from grader.parts.transformer_block import attention as _attention, qkv_shard   # rank r's heads, before W_o
 from grader.rerun.wire import secret
 from grader.results import CheckOutcome, Status
 from grader.verdict.compare import by_rank, output_worst
@@ -138,16 +138,6 @@ def _f(inputs: list, skip: bool) -> list:
         return inputs
     total = sum(inputs)
     return [t.detach() + (total - total.detach()) for t in inputs]
-
-
-def _attention(x, qkv, heads: int, head_dim: int):
-    """Rank r's heads on x [B, S, d] with its QKV shard [d, 3d/p] cut into `heads` heads:
-    [B, S, d/p], before W_o."""
-    b, s, _ = x.shape
-    q, k, v = (x @ qkv).reshape(b, s, 3, heads, -1).permute(2, 0, 3, 1, 4)
-    future = torch.ones(s, s, dtype=torch.bool).triu(1)
-    weights = (q @ k.transpose(-2, -1) / head_dim ** 0.5).masked_fill(future, float("-inf")).softmax(dim=-1)
-    return (weights @ v).transpose(1, 2).reshape(b, s, -1)
 
 
 def _shards(layer: Layer, p: int, mistake: Mistake) -> list:
