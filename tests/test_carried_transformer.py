@@ -71,6 +71,31 @@ def test_the_references_collectives_carry_what_parts_6_to_8_say(worlds, name):
         assert carried.uncarried(part, check, run, exp) == [], (name, part)
 
 
+# Part 6 in other right forms: no max subtracted (the sums of exponentials and the target's logit
+# as they are) and the padding targets clamped to id 0 (rank 0 picks its column 0 there, masked
+# out of the loss after).
+OTHER_FORMS = (
+    ("        shifted = logits - all_reduce_vocab(logits.max(dim=-1).values, dist.ReduceOp.MAX).unsqueeze(-1)",
+     "        shifted = logits.clone()\n        targets = targets.clamp(min=0)"),
+    ("        valid = targets != ignore_index", "        valid = ctx.valid"),
+    ("    def forward(ctx, logits, targets, world_size, rank, ignore_index):",
+     "    def forward(ctx, logits, targets, world_size, rank, ignore_index):\n        ctx.valid = targets != ignore_index"))
+
+
+def test_a_vocab_parallel_loss_in_other_right_forms_carries_what_it_must(worlds):
+    executor, rubric, checks, tmp = worlds
+    text = REFERENCE.read_text()
+    for old, new in OTHER_FORMS:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp / "other-forms.py"
+    path.write_text(text)
+    for name in ("backward-2", "layer-backward-2"):   # no logit shift: the loss stays finite without the max
+        outcome = judge_check(executor, prepare_code(path), checks[name], rubric, tmp, ["vocab_parallel"],
+                              matter={})["vocab_parallel"]
+        assert outcome.status == Status.PASSED, (name, outcome.message)
+
+
 # Part 6 all-reducing its rows of E and columns of W (zeros elsewhere, padded to the moves' volume)
 # and taking the loss whole; Parts 7 and 8 all-gathering their shards and computing the whole block
 # (the whole model at the step) alone, their g, f, reduce-scatters and the LayerNorms' all-reduce made

@@ -79,22 +79,29 @@ def loss_forms(z: list, targets, rank: int) -> tuple:
     and the targets [N]: (its sums of exponentials, its target logits), each a tuple of right forms.
     A sum of exponentials shifted by each token's maximum over every rank's columns (the max
     all-reduced), or not shifted (or by one number for every token: a factor); the target's logit
-    less that maximum, or as it is (with the logit shift); padding's rows left in or zeroed, its
-    target no rank's or id 0 (a target clamped for the lookup)."""
+    less that maximum, or as it is (with the logit shift). What a padding target's row holds is the
+    hand-in's to choose (left in, zeroed, the logit of whatever id the target was clamped to): with
+    padding, each form is said on the longest run of rows of real targets alone."""
     import torch
     zr, k = z[rank], z[rank].shape[1]
     m = torch.cat(z, dim=1).max(dim=-1).values
-    valid = targets != IGNORE_INDEX
+    owned = (targets >= rank * k) & (targets < (rank + 1) * k)
+    at = zr.gather(-1, torch.where(owned, targets - rank * k, 0).unsqueeze(-1)).squeeze(-1)
+    rows = _real_rows(targets != IGNORE_INDEX)
     sums = (torch.exp(zr - m.unsqueeze(-1)).sum(-1), torch.exp(zr - m.max()).sum(-1))
-    padded = not bool(valid.all())
-    if padded:
-        sums += tuple(s * valid for s in sums)
-    picked = ()
-    for t in (targets, torch.where(valid, targets, 0)) if padded else (targets,):
-        owned = (t >= rank * k) & (t < (rank + 1) * k)
-        at = zr.gather(-1, torch.where(owned, t - rank * k, 0).unsqueeze(-1)).squeeze(-1)
-        picked += (torch.where(owned, at - m, 0.0), torch.where(owned, at, 0.0))
-    return sums, picked
+    picked = (torch.where(owned, at - m, 0.0), torch.where(owned, at, 0.0))
+    return tuple(t[rows] for t in sums), tuple(t[rows] for t in picked)
+
+
+def _real_rows(valid) -> slice:
+    """The longest run of rows whose targets are real (not padding): all of them without padding."""
+    best, start = (0, 0), None
+    for i, real in enumerate([*valid.tolist(), False]):
+        if real and start is None:
+            start = i
+        elif not real and start is not None:
+            best, start = max(best, (i - start, start)), None
+    return slice(best[1], best[1] + best[0])
 
 
 def lookups(tokens, embedding, p: int) -> list:

@@ -17,7 +17,7 @@ found by normalized cross-correlation (an FFT over v), then checked. Any nonzero
 gradient of a summed or a mean loss, divided by the world size before or after the call, alike; e
 as it is or transposed (a layer on nn.Linear holds [out, in]); or e the sum of the calls of e's size
 (a gradient all-reduced micro-batch by micro-batch). Where a move has several right forms (a sum of
-exponentials shifted by each token's maximum or not, padding's rows left in or zeroed, a slice of
+exponentials shifted by each token's maximum or not, a target's logit less it or not, a slice of
 the sequence batch-first or sequence-first), the part lists them and any one carried is enough; a
 move made once per block lists what each of those calls carries, and every one must be found. A
 check whose moves are too large to record (past grader.parts.SENT_MAX) is judged on volumes alone.
