@@ -22,6 +22,7 @@ from grader.results import Status
 from grader.rubric import load_rubric
 from grader.verdict import carried
 from grader.verdict.judging import judging
+from grader.verdict.say import Say
 from tests.corpus import REFERENCE, ROOT, fast_rubric, with_part8, without_optional
 
 PARTS = ("vocab_parallel", "transformer_block", "sequence_parallel")
@@ -276,3 +277,22 @@ def test_ranks_that_move_the_weights_as_handed_and_compute_alone_fail_on_what_th
         outcome = judged[part]
         assert outcome.status == Status.FAILED and not outcome.comm_ok, (name, part, outcome.message)
         assert "other values than" in outcome.comm_message, (name, part, outcome.comm_message)
+
+
+def test_a_scaled_world_leaves_every_parallel_parts_reference_wrong(worlds):
+    """Every parallel part's reference, Parts 5 to 8 among them, in a world that scales what its
+    collectives return: its values come out wrong, as values its collectives carried must."""
+    from grader.parts import PARALLEL_PART_IDS
+    executor, rubric, checks, tmp = worlds
+    path = tmp / "reference.py"
+    path.write_text(REFERENCE.read_text())
+    for name in ("step-2", "backward-2"):
+        check = checks[name]
+        parts = [p for p in PARALLEL_PART_IDS if p in rubric.parts_at(check)]
+        runs = run_check(executor, prepare_code(path), check, rubric, tmp, parts, scaled=True)
+        for part, run in runs.items():
+            assert run.status == Status.PASSED, (name, part, run.detail)
+            way = judging(part, check.kind)
+            judged = way.judge(run, way.expected(check, rubric.learning_rate, run.data, part), part, check,
+                               rubric.tolerance, Say(check), ())
+            assert judged.status == Status.FAILED, (name, part, judged.message)

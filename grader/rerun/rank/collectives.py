@@ -31,11 +31,11 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gathe
 
 # What a scaled world multiplies the k-th moving collective's output by (k modulo their number).
 SCALES = (1.5, 1.25, 1.75, 2.0)
-SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
-          "reduce_scatter_tensor", "_reduce_scatter_base", "all_gather_object")
+SCALED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single",
+          "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single", "all_gather_object")
+# What a part's moves call each (grader.parts.Moves.collective): what the rank hands each is recorded.
 FAMILY = {name: "all_reduce" if name == "all_reduce" else "reduce_scatter" if "reduce_scatter" in name else "all_gather"
-          for name in (*SCALED, "all_gather_single", "reduce_scatter_single")}   # what a part's moves call each
-# (grader.parts.Moves.collective): what the rank hands each is recorded (torch's newer names too)
+          for name in SCALED}
 OUTPUT_NAMES = ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list",   # the first argument's names
                 "tensors", "output_tensors", "outputTensor", "object_list")
 
