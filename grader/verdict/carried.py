@@ -32,7 +32,7 @@ import torch
 
 from grader.parts import BY_ID, sent_budget
 from grader.results import Status
-from grader.verdict.comm import GATHERS, SAID, SCATTERS, SUMMING
+from grader.verdict.comm import GATHERS, SAID, SCATTERS, SUMMING, failed_for, short_name
 from grader.verdict.say import Say
 
 RTOL = 1e-3   # float32 on the rank's side, float64 here, sums in other orders: far below any other content
@@ -111,7 +111,7 @@ def hold(outcome, run, part_id: str, check, exp, say: Say = None):
     if not missing:
         return outcome
     say = say or Say(check)
-    name = BY_ID[part_id].title.split(':')[0].split(' (')[0]
+    name = short_name(part_id)
     clauses = []
     for move, ranks in missing:
         _, verb, done = SAID[move.collective]
@@ -119,8 +119,4 @@ def hold(outcome, run, part_id: str, check, exp, say: Say = None):
     verbs = " and ".join(dict.fromkeys(f"{SAID[m.collective][1]} {m.what}" for m, _ in missing))
     text = (f"{'; '.join(clauses)}: {name} must {verbs}, and values made right by collectives that carried "
             f"something else (the batch, the targets, the weights as handed) are not its algorithm and earn nothing")
-    outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
-    outcome.diagnosis = text
-    outcome.failing_ranks = sorted({r for _, ranks in missing for r in ranks})
-    outcome.message = f"{outcome.message}, but {text}"
-    return outcome
+    return failed_for(outcome, text, sorted({r for _, ranks in missing for r in ranks}))

@@ -174,6 +174,20 @@ def explain(part_id: str, check, short: dict, total: int, say: Say) -> str:
     return "; ".join(clauses) + " (the part's points come with its algorithm's collectives, not with right values alone)"
 
 
+def short_name(part_id: str) -> str:
+    """A part as a failure names it: "Part 3", "Part 5"."""
+    return BY_ID[part_id].title.split(':')[0].split(' (')[0]
+
+
+def failed_for(outcome, text: str, ranks: list):
+    """`outcome` (a CheckOutcome whose values were right) failed on its part's communication:
+    `text` says why, `ranks` which ranks."""
+    outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
+    outcome.diagnosis, outcome.failing_ranks = text, ranks
+    outcome.message = f"{outcome.message}, but {text}"
+    return outcome
+
+
 def hold(outcome, run, part_id: str, check, say: Say = None):
     """`outcome` (a CheckOutcome) failed where its values are right but a rank of `run` (the
     PartRun) did not call the part's collectives with the values they move; else as it was."""
@@ -184,10 +198,7 @@ def hold(outcome, run, part_id: str, check, say: Say = None):
     if not short:
         return outcome
     text = explain(part_id, check, short, len(run.ranks), say)
-    outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
-    outcome.diagnosis, outcome.failing_ranks = text, sorted({r for ranks in short.values() for r in ranks})
-    outcome.message = f"{outcome.message}, but {text}"
-    return outcome
+    return failed_for(outcome, text, sorted({r for ranks in short.values() for r in ranks}))
 
 
 def independent(outcome, part_id: str, check, say: Say = None, shown_at: str = ""):
@@ -197,30 +208,22 @@ def independent(outcome, part_id: str, check, say: Say = None, shown_at: str = "
     say = say or Say(check)
     part = BY_ID[part_id]
     verbs = sorted({SAID[m.collective][1] for m in part.moves if m.kind == check.kind})
-    name = part.title.split(':')[0].split(' (')[0]
+    name = short_name(part_id)
     where = f" at {shown_at}" if shown_at else ""
     text = (f"{name}'s values came out right{where} even when what its {' and '.join(v + 's' for v in verbs)} "
             f"returned was changed (each result multiplied by 1.25 to 2): its ranks did not get their values "
             f"from those collectives (right values without the part's collectives earn nothing)")
-    outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
-    outcome.diagnosis, outcome.failing_ranks = text, list(range(check.world_size))
-    outcome.message = f"{outcome.message}, but {text}"
-    return outcome
+    return failed_for(outcome, text, list(range(check.world_size)))
 
 
 def unshown(outcome, part_id: str, check, say: Say = None, why: str = ""):
     """`outcome` (a CheckOutcome whose values were right) failed: the world that scales what its
     collectives return did not run to the end (`why`: what it ended with), so nothing showed that its
     values came from them; the next check of the kind tries again."""
-    say = say or Say(check)
-    name = BY_ID[part_id].title.split(':')[0].split(' (')[0]
-    text = (f"{name} did not run to the end in a world that multiplied what its collectives returned by 1.25 to 2 "
-            f"({why or 'it stopped'}): right values count only where that world shows they came from the "
-            f"collectives, and code that works checks neither their results nor the world it runs in")
-    outcome.status, outcome.comm_ok, outcome.comm_message = Status.FAILED, False, text
-    outcome.diagnosis, outcome.failing_ranks = text, list(range(check.world_size))
-    outcome.message = f"{outcome.message}, but {text}"
-    return outcome
+    text = (f"{short_name(part_id)} did not run to the end in a world that multiplied what its collectives "
+            f"returned by 1.25 to 2 ({why or 'it stopped'}): right values count only where that world shows they "
+            f"came from the collectives, and code that works checks neither their results nor the world it runs in")
+    return failed_for(outcome, text, list(range(check.world_size)))
 
 
 HANDED = ("broadcast", "scatter")   # one rank's tensors sent to the others
