@@ -19,8 +19,11 @@ as it is or transposed (a layer on nn.Linear holds [out, in]); or e the sum of t
 (a gradient all-reduced micro-batch by micro-batch). Where a move has several right forms (a sum of
 exponentials shifted by each token's maximum or not, a target's logit less it or not, a slice of
 the sequence batch-first or sequence-first), the part lists them and any one carried is enough; a
-move made once per block lists what each of those calls carries, and every one must be found. A
-check whose moves are too large to record (past grader.parts.SENT_MAX) is judged on volumes alone.
+move made once per block lists what each of those calls carries, and every one must be found.
+Where what the part's moves send is more than grader.parts.SENT_MAX values a rank (a transformer's
+step), the rank keeps every s-th value it hands them, counted end to end (grader.parts.sent_stride),
+and e is sought as every s-th of its values from each of its first s: the report stays small, and a
+few thousand values still pin what a move carried (the sum of calls is then not tried).
 
 The record is the rank's own word, as its counts are (grader.verdict.comm): a forged one can say
 anything. It fails a part whose collectives carried something else; it never passes one.
@@ -30,7 +33,7 @@ import dataclasses
 
 import torch
 
-from grader.parts import BY_ID, sent_budget
+from grader.parts import BY_ID, sent_budget, sent_stride
 from grader.results import Status
 from grader.verdict.comm import GATHERS, SAID, SCATTERS, SUMMING, failed_for, short_name
 from grader.verdict.say import Say
@@ -65,22 +68,24 @@ def _proportional(v: torch.Tensor, e: torch.Tensor) -> bool:
     return False
 
 
-def holds(sent: list, want) -> bool:
-    """Whether the values a rank handed its calls (`sent`, flat tensors in call order) carry `want`:
-    a tensor; a tuple of tensors, the move's right forms (any one of them carried is enough); or a
-    list, what it carries at each of its calls (one per block: every one of them carried)."""
+def holds(sent: list, want, stride: int = 1) -> bool:
+    """Whether the values a rank handed its calls (`sent`, flat tensors in call order, every
+    `stride`-th of what it handed) carry `want`: a tensor; a tuple of tensors, the move's right forms
+    (any one of them carried is enough); or a list, what it carries at each of its calls (one per
+    block: every one of them carried). Kept every `stride`-th, a run of `want` at an unknown place
+    is every stride-th of its values, from one of `stride` first ones: each is tried."""
     if isinstance(want, list):
-        return all(holds(sent, w) for w in want)
+        return all(holds(sent, w, stride) for w in want)
     if isinstance(want, tuple):
-        return any(holds(sent, w) for w in want)
+        return any(holds(sent, w, stride) for w in want)
     if not sent:
         return False
     whole = torch.cat(sent)
     for e in (want, want.T) if want.dim() == 2 else (want,):
         flat = e.reshape(-1).to(torch.float64)
-        if _proportional(whole, flat):
+        if any(_proportional(whole, flat[first::stride]) for first in range(min(stride, flat.numel()))):
             return True
-        alike = [s for s in sent if s.numel() == flat.numel()]
+        alike = [s for s in sent if s.numel() == flat.numel()] if stride == 1 else []
         if len(alike) > 1 and _proportional(torch.stack(alike).sum(0), flat):
             return True
     return False
@@ -90,14 +95,16 @@ def uncarried(part_id: str, check, run, exp) -> list:
     """[(move, ranks)]: each move of the part at `check` that some ranks' calls did not carry."""
     part, p = BY_ID[part_id], check.world_size
     say_carried = part.carried.get(check.kind)
-    if say_carried is None or p <= 1 or not sent_budget(part_id, dataclasses.asdict(check), p):
+    mapping = dataclasses.asdict(check)
+    if say_carried is None or p <= 1 or not sent_budget(part_id, mapping, p):
         return []
+    stride = sent_stride(part_id, mapping, p)
     moves = [m for m in part.moves if m.kind == check.kind]
     missing = {}
     for rank, r in sorted(run.ranks.items()):
         for move, want in zip(moves, say_carried(exp, check, rank)):
             sent = [s for c, s in zip(r.comm, r.sent) if s is not None and _of(c, move.collective)]
-            if want is not None and not holds(sent, want):
+            if want is not None and not holds(sent, want, stride):
                 missing.setdefault(move, []).append(rank)
     return list(missing.items())
 

@@ -196,7 +196,8 @@ class CommRecorder:
         self.inside = False
         self.scaled = False    # a scaled world's (see the module docstring)
         self.moved = 0         # the part's moving collectives so far
-        self.budget = {}       # how many more of the values handed to each kind of them to keep
+        self.budget = {}       # how many more of the values handed to each kind of them to read
+        self.stride, self.streamed = 1, {}   # every stride-th kept; how many of each kind read so far
 
     def install(self) -> None:
         """This recorder is the rank's: every collective's wrapper and kernel hands it the call."""
@@ -236,13 +237,20 @@ class CommRecorder:
         finally:
             self.inside = False
 
-    def _note_sent(self, call: dict, family: str, sent) -> None:
-        """The values the rank handed a moving collective, as far as the part's budget for its kind
-        of collective goes (float32, base64: grader.verdict.carried reads what each carried)."""
-        if sent is not None and sent.numel():
-            left = self.budget[family]
-            call["sent"] = base64.b64encode(sent[:left].to(torch.float32).numpy().tobytes()).decode("ascii")
-            self.budget[family] = left - min(left, sent.numel())
+    def _note_sent(self, call: dict, family: str, handed: list) -> None:
+        """The values the rank handed a moving collective (`handed`, flat tensors), as far as the
+        part's budget for its kind of collective goes: every `stride`-th of them, counted over
+        everything the part handed that kind (float32, base64: grader.verdict.carried)."""
+        kept, at, left = [], self.streamed.get(family, 0), self.budget[family]
+        for flat in handed:
+            n = min(flat.numel(), left)
+            if n <= 0:
+                break
+            kept.append(flat[(-at) % self.stride:n:self.stride].to(torch.float32))
+            at, left = at + n, left - n
+        self.streamed[family], self.budget[family] = at, left
+        if kept:
+            call["sent"] = base64.b64encode(torch.cat(kept).numpy().tobytes()).decode("ascii")
 
     def _scale_result(self, entry: str, result, given: tuple, kwargs: dict) -> None:
         """Multiply what a moving collective returned by the part's next factor, once it is done."""
@@ -288,11 +296,13 @@ class CommRecorder:
             self.devices.append(index)
 
     @contextlib.contextmanager
-    def recording(self, calls: list, devices: list = None, part: str = "", scaled: bool = False, budget=None):
+    def recording(self, calls: list, devices: list = None, part: str = "", scaled: bool = False, budget=None,
+                  stride: int = 1):
         """Record the part's calls into `calls` (and the GPUs it asks for into `devices`); `budget`: how
-        many of the values it hands each kind of moving collective to keep (grader.parts.sent_budget)."""
+        many of the values it hands each kind of moving collective to read, every `stride`-th of
+        them kept (grader.parts.sent_budget and sent_stride)."""
         self.calls, self.devices, self.part = calls, devices, part
-        self.scaled, self.moved, self.budget = scaled, 0, dict(budget or {})
+        self.scaled, self.moved, self.budget, self.stride, self.streamed = scaled, 0, dict(budget or {}), stride, {}
         if self.progress:
             self._write_progress("", os.O_TRUNC)   # the file holds the current part's calls only
         try:

@@ -36,7 +36,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from grader.parts import BY_ID, OWN_SIZES, kind_of, sent_budget
+from grader.parts import BY_ID, OWN_SIZES, kind_of, sent_budget, sent_stride
 from grader.rerun.wire import bounds, protocol, secret
 from grader.rerun.sandbox import environment
 from grader.rerun.rank.errors import collective_failed, said, text_of
@@ -149,7 +149,8 @@ def run_part(module, part_id: str, check: dict, comm: CommRecorder, view: secret
     result = protocol.Result(part=part_id, status=RankStatus.OK)
     try:
         with CudaOnCpu(comm), comm.recording(calls, devices, part_id, scaled=bool(check.get("scaled")),
-                                                    budget=sent_budget(part_id, check, dist.get_world_size())):
+                                                    budget=sent_budget(part_id, check, dist.get_world_size()),
+                                                    stride=sent_stride(part_id, check, dist.get_world_size())):
             tensors = run(module, call, check, view.data)
         # Its answer first (the weight, or the output of a layer run alone), refused past what the
         # part may return, then the rest.

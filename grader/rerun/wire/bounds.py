@@ -19,7 +19,7 @@ clock, with the grader's own words (`refusal`: the sizes at a public check, none
 never as a report too large to carry. Whatever is the hand-in's doing costs that part only.
 """
 
-from grader.parts import BY_ID, kind_of, sent_budget
+from grader.parts import BY_ID, kind_of, sent_budget, sent_stride
 from grader.rerun.wire import channel, protocol
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus, Result, WorldReport
 
@@ -92,7 +92,8 @@ def _call(call) -> dict:
 def _calls(calls: list, part: str, check: dict, world_size: int) -> list:
     """A rank's record of its collectives, each within bounds, and the values it handed them
     (`sent`, base64 float32) within the part's budget (grader.parts.sent_budget) in all."""
-    kept, room = [], 4 * ((4 * sum(sent_budget(part, check, world_size).values()) + 2) // 3)   # the budget's float32 bytes, in base64
+    kept_values = sum(sent_budget(part, check, world_size).values()) // sent_stride(part, check, world_size) + COMM
+    kept, room = [], 4 * ((4 * kept_values + 2) // 3)   # that many float32 values, in base64
     for call in (c for c in calls[:COMM] if isinstance(c, dict)):
         kept.append(_call(call))
         sent = call.get("sent")
