@@ -57,6 +57,10 @@ SAYS = {
                         "    raise _Unreadable()", Status.CRASHED, "_Unreadable"),
     "prints_memory_error": ("    _sys.stderr.write('MemoryError: std::allocate memory\\n')\n    _sys.stderr.flush()\n"
                             "    _os._exit(1)", Status.CRASHED, "exited before it finished"),
+    # A tensor of a billion values that holds one (expanded): the recorder reads no further into what
+    # a rank hands than its budget (a copy of it whole would be 4 GB of the rank's memory), so what
+    # the part meets is gloo's own failure on it (raised, or its rank aborted), never out of memory.
+    "expanded_tensor": ("    dist.all_reduce(torch.zeros(1).expand(10 ** 9))", Status.CRASHED, ""),
     "deep_frame": ("    body = ('{\"type\":\"result\",\"x\":' + '[' * 200000 + ']' * 200000 + '}').encode()\n"
                    "    _os.write(3, _struct.pack('>I', len(body)) + body)", Status.CRASHED, "malformed"),
 }

@@ -135,14 +135,14 @@ SECOND_NAMES = ("tensor", "input_tensor", "obj", "input_list", "input", "input_t
 
 
 def handed(name: str, entry: str, given: tuple, kwargs: dict) -> list:
-    """What the rank hands a moving collective, its floating-point tensors each flat (views where
-    they can be): an all-reduce's tensors, a functional op's input (its first argument); an
-    all-gather's shard, a reduce-scatter's input (their second: the first is where the result
-    goes); all_gather_object's object's tensors. Read before the call: an all-reduce works in place."""
+    """What the rank hands a moving collective, its floating-point tensors: an all-reduce's tensors,
+    a functional op's input (its first argument); an all-gather's shard, a reduce-scatter's input
+    (their second: the first is where the result goes); all_gather_object's object's tensors. Read
+    before the call: an all-reduce works in place."""
     first = name == "all_reduce" or entry == OP
     value = given[0 if first else 1] if len(given) > (0 if first else 1) else \
         next((kwargs[n] for n in (FIRST_NAMES if first else SECOND_NAMES) if n in kwargs), None)
-    return [t.detach().reshape(-1) for t in _tensors(value) if t.is_floating_point()]
+    return [t.detach() for t in _tensors(value) if t.is_floating_point()]
 
 
 def _tensors(value) -> list:

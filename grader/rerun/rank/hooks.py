@@ -238,14 +238,16 @@ class CommRecorder:
             self.inside = False
 
     def _note_sent(self, call: dict, family: str, handed: list) -> None:
-        """The values the rank handed a moving collective (`handed`, flat tensors), as far as the
+        """The values the rank handed a moving collective (`handed`, its tensors), as far as the
         part's budget for its kind of collective goes: every `stride`-th of them, counted over
         everything the part handed that kind (float32, base64: grader.verdict.carried)."""
         kept, at, left = [], self.streamed.get(family, 0), self.budget[family]
-        for flat in handed:
-            n = min(flat.numel(), left)
-            if n <= 0:
+        for tensor in handed:
+            n = min(tensor.numel(), left)
+            if n <= 0 or not tensor.is_contiguous() and tensor.numel() > left:
+                left = 0   # flattening it would copy all of it (an expanded tensor's, say): past the budget anyway
                 break
+            flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
             kept.append(flat[(-at) % self.stride:n:self.stride].to(torch.float32))
             at, left = at + n, left - n
         self.streamed[family], self.budget[family] = at, left
