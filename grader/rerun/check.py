@@ -139,9 +139,9 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
     # fell out of step only where it came out of a collective the rank called (its record says so),
     # and a timeout only where the rank also waited the process group's timeout out; else it is a
     # crash, whatever it says. Read from its words, which a hidden check does not keep.
-    inside = [r for r in waited if r.comm and r.comm[-1].get("raised")]
+    inside = {r.rank for r in waited if r.comm and r.comm[-1].get("raised")}
     timed_out = any(m.error is not None and any(s in m.error.exception.lower() for s in ("timed out", "timeout"))
-                    and m.seconds >= 0.8 * pg_timeout for r, m in results.items() if r in {w.rank for w in inside})
+                    and m.seconds >= 0.8 * pg_timeout for r, m in results.items() if r in inside)
     codes = {r: c for r, c in report.exit_codes.items() if c not in (0, None)}
     output = _output_text(report)
     returned = {r.rank for r in ranks.values() if r.status == "ok"}
