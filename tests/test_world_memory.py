@@ -21,7 +21,7 @@ import time
 import pytest
 import yaml
 
-from grader.limits import RANK_OPEN_FILES, TMP_FILES_PER_MB
+from grader.limits import RANK_OPEN_FILES, SOCKETS_SHARE, TMP_FILES_PER_MB
 from grader.rerun.rank import syscalls
 from grader.rerun.sandbox import cgroup, memory, outside, sockets
 from tests import tas
@@ -172,6 +172,57 @@ def test_memory_the_watchdog_could_not_count_is_refused_to_every_rank(memory_wor
 @pytest.mark.timeout(700)
 def test_a_rank_cannot_force_socket_buffers_or_open_files_past_its_bounds(memory_worlds):
     assert memory_worlds["bounded"]["status"] == "passed", memory_worlds["bounded"]
+
+
+# Every connection made first, then filled at once as fast as loopback takes it: hundreds of MB can
+# be queued between two of the watchdog's readings (20 ms apart), which alone then stop the world
+# only once they have been lent.
+TCP_BURST = (
+    "import socket, time\nheld, chunk, queued = [], bytes(1 << 16), 0\n"
+    "listener = socket.socket()\nlistener.bind(('127.0.0.1', 0))\nlistener.listen(128)\n"
+    "for _ in range(100):\n"
+    "    client = socket.create_connection(listener.getsockname())\n    server, _ = listener.accept()\n"
+    "    client.setblocking(False)\n    held += [client, server]\n"
+    "for client in held[0::2]:\n"
+    "    try:\n        while queued < {hog_mb} << 20:\n            queued += client.send(chunk)\n"
+    "    except BlockingIOError:\n        pass\n")
+
+
+def _v1_tcp_limit() -> bool:
+    """Whether a root world here gets a cgroup v1 memory folder with a TCP limit."""
+    made = cgroup.WorldCgroup.make() if os.geteuid() == 0 else None
+    try:
+        return bool(made and made.version == 1 and "memory" in made.folders
+                    and os.path.exists(os.path.join(made.folders["memory"], "memory.kmem.tcp.limit_in_bytes")))
+    finally:
+        made and made.remove()
+
+
+@pytest.mark.timeout(600)
+def test_a_burst_of_tcp_memory_stays_within_the_worlds_share_where_its_cgroup_holds_tcp(tmp_path):
+    """Root on cgroup v1: the world's memory cgroup holds its TCP sockets to their share of its
+    limit in the kernel (memory.kmem.tcp.limit_in_bytes), however fast they are filled: the
+    machine's TCP memory grows by about that share, never the 1200 MB two ranks tried to queue."""
+    if not _v1_tcp_limit():
+        pytest.skip("no cgroup v1 memory folder with a TCP limit for a world here (cgroup v2 charges "
+                    "sockets to memory.max; an ordinary user's world has its watchdog alone)")
+    code = inject(REFERENCE.read_text(), TCP_BURST.format(hog_mb=HOG_MB) + f"time.sleep({HOLD_S})\n")
+    before, peak, done = sockets._tcp_memory(), [0], threading.Event()
+
+    def sample():
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], sockets._tcp_memory())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        found = run_worlds("root", {"tcp_burst": code}, tmp_path)["tcp_burst"]
+    finally:
+        done.set()
+        sampler.join()
+    share_mb = MEMORY_LIMIT_MB // SOCKETS_SHARE
+    assert found["status"] in ("passed", "oom"), found
+    assert 0 < (peak[0] - before) >> 20 < 2 * share_mb, ((peak[0] - before) >> 20, share_mb)
 
 
 # ---- the readings themselves, in this process --------------------------------------------------

@@ -5,6 +5,10 @@
 
     memory.max (v2) / memory.limit_in_bytes (v1) = limits.memory_mb, swap none where it can be said
     pids.max                                    = limits.processes + LEADER_TASKS (its leader and init)
+    memory.kmem.tcp.limit_in_bytes (v1)         = limits.memory_mb / SOCKETS_SHARE, where the kernel has it
+
+v1 charges no socket buffer to the memory limit; its TCP limit holds the world's TCP sockets where
+the watchdog, reading every 20 ms, is outrun (loopback queues hundreds of MB between two readings).
 
 Each world's leader moves itself into every folder (`join`) before it forks anything, so all the
 world starts is counted, and nothing else. When the kernel's out-of-memory killer acts there, the
@@ -29,11 +33,13 @@ Everywhere else (an ordinary user without delegation, a laptop) the watchdog alo
 import os
 import secrets
 
+from grader.limits import SOCKETS_SHARE
 from grader.rerun.sandbox import sweep
 
 CGROUP = "/a4-cgroup"   # where the world's folders are bound inside the sandbox: /a4-cgroup/0, /a4-cgroup/1
 LEADER_TASKS = 4        # the world's leader, its watchdog thread, its PID namespace's init: counted beside the world
-V1_LIMITS = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"), "pids": ("pids.max",)}
+V1_LIMITS = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"),
+             "pids": ("pids.max",)}
 V2_LIMITS = ("memory.max", "memory.swap.max", "pids.max")
 OOM_SCORE_ADJ = 1000    # a rank's, the most: the out-of-memory killer picks it (and all it starts) before any other
 
@@ -102,7 +108,8 @@ class WorldCgroup:
         """Before a world: at most `memory_mb` of memory (no swap where that can be said) and `tasks`
         processes and threads for everything in the folders."""
         values = {"memory.max": memory_mb << 20, "memory.limit_in_bytes": memory_mb << 20,
-                  "memory.swap.max": 0, "memory.memsw.limit_in_bytes": memory_mb << 20, "pids.max": tasks}
+                  "memory.swap.max": 0, "memory.memsw.limit_in_bytes": memory_mb << 20, "pids.max": tasks,
+                  "memory.kmem.tcp.limit_in_bytes": memory_mb // SOCKETS_SHARE << 20}
         present = self.controllers
         for controller, folder in self.folders.items():
             # v2: a parent may give its children memory and not pids (a GPU node's /process_api);
@@ -115,7 +122,7 @@ class WorldCgroup:
                 path = os.path.join(folder, name)
                 if name in ("memory.max", "memory.limit_in_bytes", "pids.max"):
                     _write(path, str(values[name]))
-                else:   # swap accounting may be off: the memory limit alone then holds
+                else:   # swap accounting may be off, a kernel may have no TCP limit: the memory limit alone then holds
                     _try(path, str(values[name]))
 
     def remove(self) -> None:
