@@ -64,6 +64,24 @@ def test_each_refused_call_fails_with_eperm_in_the_filtered_process_its_threads_
     assert in_filtered_child(body) == ""
 
 
+def test_a_filtered_process_and_its_children_stay_in_their_session():
+    """setsid would make a scheduling group as heavy as the executor's whole session (autogroup):
+    refused, where a process of the same kind without the filter may (setsid's own EPERM, for a
+    process group's leader, ruled out)."""
+    def body(filtered: bool):
+        def run():
+            if filtered:
+                syscalls.check()
+            pid = os.fork()
+            if pid == 0:
+                assert os.getpgrp() != os.getpid()
+                os._exit(0 if refused(os.setsid) == filtered else 1)
+            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        return run
+    assert namespaces.in_child(body(filtered=False)) == ""
+    assert namespaces.in_child(body(filtered=True)) == ""
+
+
 def test_a_thread_started_before_the_filter_is_filtered_too():
     """seccomp(2)'s TSYNC: a thread a rank had before its filter (torch's pools) is held as well."""
     def run():

@@ -1,6 +1,6 @@
 """The system calls a rank is refused, by a seccomp filter: those that make memory no process's Pss
-shows and that its world's watchdog could not count, and those that would take a rank out of the
-world's view.
+shows and that its world's watchdog could not count, those that would take a rank out of the
+world's view, and one that would take it more than its world's share of the CPU.
 
 - memfd_create, memfd_secret: a memory file. The watchdog counts the memfds a world's processes hold
   open (grader.rerun.sandbox.outside), but not one only a unix message in flight holds
@@ -20,6 +20,12 @@ world's view.
   or open sockets in a network namespace of its own, which the watchdog does not dump. clone3 fails
   with ENOSYS, not EPERM: its flags are in memory a filter cannot read, and the C library then falls
   back to clone, whose flags it can.
+- setsid: where the kernel shares the CPU between sessions (autogroup, on by default), a process in a
+  session of its own weighs as much as the executor's whole session, every world in it. A world's
+  children each in a session of their own (80 spinners on 2 cores) took the cores from every other
+  world and from their own world's watchdog thread, whose readings then came late enough for the
+  world's sockets to queue 726 MB against its 256 MB share before it was stopped. Refused, a rank
+  and its children stay in their world's session, one scheduling group among the executor's.
 - fcntl's record locks (F_SETLK, F_SETLKW, the open file description's F_OFD_SETLK and F_OFD_SETLKW,
   and 32-bit F_SETLK64 and F_SETLKW64): each locked byte range is a kernel object (about 200 bytes),
   as many as a process asks for on one open file, charged to a cgroup but in no process's resident
@@ -99,10 +105,10 @@ class Calls:
 
 
 # memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, setns, mount, pivot_root,
-# inotify_init (where there is one), inotify_init1, fanotify_init, and the new mount API (open_tree,
+# inotify_init (where there is one), inotify_init1, fanotify_init, setsid, and the new mount API (open_tree,
 # move_mount, fsopen, fsmount, fspick: the same numbers everywhere)
 _MOUNT_API = (428, 429, 430, 432, 433)
-_X86_64 = Calls(refused=(319, 447, 29, 68, 425, 321, 308, 165, 155, 253, 294, 300) + _MOUNT_API, clone3=(435,),
+_X86_64 = Calls(refused=(319, 447, 29, 68, 425, 321, 308, 165, 155, 253, 294, 300, 112) + _MOUNT_API, clone3=(435,),
                 unshare=(272,), clone=(56,), sockets=(41, 53), fcntl=(72,))
 
 
@@ -115,17 +121,17 @@ def _x32(calls: Calls) -> Calls:
 # socketcall(2): both refused whole)
 REFUSED = {
     "x86_64": {0xC000003E: _x32(_X86_64),
-               0x40000003: Calls(refused=(356, 447, 395, 399, 425, 357, 346, 21, 217, 291, 332, 338, 117, 102)
+               0x40000003: Calls(refused=(356, 447, 395, 399, 425, 357, 346, 21, 217, 291, 332, 338, 66, 117, 102)
                                  + _MOUNT_API,
                                  clone3=(435,), unshare=(310,), clone=(120,), sockets=(359, 360), fcntl=(55, 221))},
-    "aarch64": {0xC00000B7: Calls(refused=(279, 447, 194, 186, 425, 280, 268, 40, 41, 26, 262) + _MOUNT_API,
+    "aarch64": {0xC00000B7: Calls(refused=(279, 447, 194, 186, 425, 280, 268, 40, 41, 26, 262, 157) + _MOUNT_API,
                                   clone3=(435,), unshare=(97,), clone=(220,), sockets=(198, 199), fcntl=(25,)),
-                0x40000028: Calls(refused=(385, 447, 307, 303, 425, 386, 375, 21, 218, 316, 360, 367) + _MOUNT_API,
+                0x40000028: Calls(refused=(385, 447, 307, 303, 425, 386, 375, 21, 218, 316, 360, 367, 66) + _MOUNT_API,
                                   clone3=(435,), unshare=(337,), clone=(120,), sockets=(281, 288), fcntl=(55, 221))},
 }
 SECCOMP_CALL = {"x86_64": 317, "aarch64": 277}
 CALLS = ("memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, inotify, new namespaces, mounts, "
-         "record locks and sockets but unix, TCP, UDP and netlink routing")
+         "new sessions, record locks and sockets but unix, TCP, UDP and netlink routing")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
