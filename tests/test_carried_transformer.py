@@ -55,6 +55,9 @@ def test_a_move_found_in_any_of_its_forms_and_in_each_of_its_calls():
     assert carried.holds(sent, sums) and carried.holds(sent, (sums.flip(0), sums))
     assert not carried.holds(sent, (sums.flip(0), sums + 1))
     assert carried.holds(sent, [sums, lookup[8:12]]) and not carried.holds(sent, [sums, sums.flip(0)])
+    picked = torch.tensor([0.5, -1.0, 2.0, 0.75], dtype=torch.float64)
+    fused = [lookup, torch.stack((3 * sums, 3 * picked), dim=-1).reshape(-1)]   # two moves, one call, value by value
+    assert carried.holds(fused, [sums, picked]) and not carried.holds(fused, sums.flip(0))
 
 
 @pytest.mark.parametrize("name", ["step-2", "step-4", "backward-2", "backward-4", "layer-backward-2",
@@ -92,6 +95,29 @@ def test_a_vocab_parallel_loss_in_other_right_forms_carries_what_it_must(worlds)
     path = tmp / "other-forms.py"
     path.write_text(text)
     for name in ("backward-2", "layer-backward-2"):   # no logit shift: the loss stays finite without the max
+        outcome = judge_check(executor, prepare_code(path), checks[name], rubric, tmp, ["vocab_parallel"],
+                              matter={})["vocab_parallel"]
+        assert outcome.status == Status.PASSED, (name, outcome.message)
+
+
+# Part 6 fusing its two all-reduces of the loss into one, value by value (the sums of exponentials
+# and the target logits stacked on the last dimension).
+FUSED = (
+    "        picked = all_reduce_vocab(torch.where(owned, picked, torch.zeros_like(picked)), dist.ReduceOp.SUM)\n"
+    "        exp = shifted.exp()\n"
+    "        sum_exp = all_reduce_vocab(exp.sum(dim=-1), dist.ReduceOp.SUM)\n",
+    "        exp = shifted.exp()\n"
+    "        both = torch.stack((exp.sum(dim=-1), torch.where(owned, picked, torch.zeros_like(picked))), dim=-1)\n"
+    "        sum_exp, picked = all_reduce_vocab(both, dist.ReduceOp.SUM).unbind(-1)\n")
+
+
+def test_a_vocab_parallel_loss_that_fuses_its_sums_and_target_logits_in_one_call_passes(worlds):
+    executor, rubric, checks, tmp = worlds
+    text = REFERENCE.read_text()
+    assert text.count(FUSED[0]) == 1
+    path = tmp / "fused.py"
+    path.write_text(text.replace(*FUSED))
+    for name in ("backward-2", "backward-4", "layer-backward-4"):
         outcome = judge_check(executor, prepare_code(path), checks[name], rubric, tmp, ["vocab_parallel"],
                               matter={})["vocab_parallel"]
         assert outcome.status == Status.PASSED, (name, outcome.message)

@@ -16,7 +16,9 @@ rank handed its calls of the move's collective, in call order and end to end:
 found by normalized cross-correlation (an FFT over v), then checked. Any nonzero factor c: a
 gradient of a summed or a mean loss, divided by the world size before or after the call, alike; e
 as it is or transposed (a layer on nn.Linear holds [out, in]); or e the sum of the calls of e's size
-(a gradient all-reduced micro-batch by micro-batch). Where a move has several right forms (a sum of
+(a gradient all-reduced micro-batch by micro-batch), or e interleaved value by value with up to
+INTERLEAVED - 1 other moves in one call (a softmax's sums and target logits fused as
+`torch.stack((sums, logits), dim=-1)`: e is then a run of every q-th value). Where a move has several right forms (a sum of
 exponentials shifted by each token's maximum or not, a target's logit less it or not, a slice of
 the sequence batch-first or sequence-first), the part lists them and any one carried is enough; a
 move made once per block lists what each of those calls carries, and every one must be found.
@@ -39,6 +41,7 @@ from grader.verdict.comm import GATHERS, SAID, SCATTERS, SUMMING, failed_for, sh
 from grader.verdict.say import Say
 
 RTOL = 1e-3   # float32 on the rank's side, float64 here, sums in other orders: far below any other content
+INTERLEAVED = 4   # moves fused in one call, value by value, that a move is still found among
 
 
 def _of(call: dict, collective: str) -> bool:
@@ -81,9 +84,15 @@ def holds(sent: list, want, stride: int = 1) -> bool:
     if not sent:
         return False
     whole = torch.cat(sent)
+    # Fused value by value with others, e is a run of every q-th value; sampled every stride-th,
+    # the two are not told apart, so only an unsampled record is de-interleaved
+    strands = [whole]
+    if stride == 1:
+        strands += [whole[first::q] for q in range(2, INTERLEAVED + 1) for first in range(q)]
     for e in (want, want.T) if want.dim() == 2 else (want,):
         flat = e.reshape(-1).to(torch.float64)
-        if any(_proportional(whole, flat[first::stride]) for first in range(min(stride, flat.numel()))):
+        if any(_proportional(strand, flat[first::stride]) for strand in strands
+               for first in range(min(stride, flat.numel()))):
             return True
         alike = [s for s in sent if s.numel() == flat.numel()] if stride == 1 else []
         if len(alike) > 1 and _proportional(torch.stack(alike).sum(0), flat):
