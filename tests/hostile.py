@@ -270,6 +270,18 @@ FILES_REPLACED = (
 )
 ATTACKS["files_replaced"] = Attack(FILES_REPLACED)
 
+# Lower the scheduling weight of its session (autogroup: the kernel shares the CPU between sessions),
+# after making its /proc files its own again: were the session the executor's, every hand-in graded
+# after it on that executor would run at a fraction of its share. It must succeed in its own world.
+SESSION_NICE = "/proc/self/autogroup"
+LOWER_SESSION = (
+    "import ctypes, time\nctypes.CDLL(None).prctl(4, 1, 0, 0, 0)   # PR_SET_DUMPABLE\n"
+    "for _ in range(50):   # the kernel takes one change of any session's nice a tenth of a second\n"
+    f"    try:\n        with open('{SESSION_NICE}', 'w') as f:\n            f.write('19')\n        break\n"
+    "    except BlockingIOError:\n        time.sleep(0.02)\n"
+    f"assert open('{SESSION_NICE}').read().split()[-1] == '19', open('{SESSION_NICE}').read()\n")
+ATTACKS["lower_its_sessions_priority"] = Attack(LOWER_SESSION)
+
 
 TOP_LEVEL = f"_ = __import__('os').system('touch /tmp/{MARKER}-shell /dev/shm/{MARKER}-shell')\n"
 

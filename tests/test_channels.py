@@ -19,7 +19,7 @@ import pytest
 
 from tests import tas
 from tests.corpus import REFERENCE, ROOT
-from tests.hostile import OUTLIVE, build
+from tests.hostile import OUTLIVE, SESSION_NICE, build, inject
 from tests.test_sandbox import CONFIG_PARAMS, _ta_or_skip, leftover_processes, ta_for
 
 pytestmark = pytest.mark.hostile   # make test-hostile runs these; make test leaves them out
@@ -91,6 +91,25 @@ def test_ranks_share_no_file_and_no_memory_but_torch_distributed(config, tmp_pat
             tas.remove(ta)
     assert run["status"] == "passed", run["detail"]
     assert run["isolation"]["scratch"] == "a new /tmp and /dev/shm per world and per rank, the code read only"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["auto", "off"])
+@pytest.mark.parametrize("config", CONFIG_PARAMS)
+def test_a_world_that_lowers_its_sessions_share_of_the_cpu_lowers_no_later_worlds(config, mode, tmp_path_factory):
+    """A rank lowers its session's weight (nice 19 in /proc/self/autogroup: the kernel shares the
+    CPU between sessions). Its world is a session of its own, so the hand-in graded next on the same
+    executor starts at nice 0 again, with the sandbox and without."""
+    ta = ta_for(config) if mode == "off" else _ta_or_skip(config)
+    looks = inject(REFERENCE.read_text(), f"assert open('{SESSION_NICE}').read().split()[-1] == '0', "
+                                          f"'LEAK ' + open('{SESSION_NICE}').read()\n")
+    try:
+        runs = grade_in_order(config, tmp_path_factory, [_code("lower_its_sessions_priority"), looks, looks],
+                              mode=mode, ta=ta)
+    finally:
+        if ta is not None:
+            tas.remove(ta)
+    assert [r["status"] for r in runs] == ["passed"] * 3, [r["detail"] for r in runs]
 
 
 def _left_behind() -> list:

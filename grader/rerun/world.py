@@ -218,6 +218,10 @@ def lead_world(job: WorldJob, isolation, reply, read_key=None, uid=None, cgroups
     report, began = None, time.monotonic()
     try:
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
+        # A session of the world's own: where the kernel shares the CPU by session (autogroup), what
+        # a rank does to its session's share (/proc/self/autogroup's nice) ends with its world, not
+        # with the executor's every later world
+        os.setsid()
         limits = Limits(**job.limits)
         uid = namespaces.world_uid(isolation) if uid is None else uid
         cgroups = cgroups or isolation.cgroups

@@ -21,11 +21,10 @@ world's view, and one that would take it more than its world's share of the CPU.
   with ENOSYS, not EPERM: its flags are in memory a filter cannot read, and the C library then falls
   back to clone, whose flags it can.
 - setsid: where the kernel shares the CPU between sessions (autogroup, on by default), a process in a
-  session of its own weighs as much as the executor's whole session, every world in it. A world's
-  children each in a session of their own (80 spinners on 2 cores) took the cores from every other
-  world and from their own world's watchdog thread, whose readings then came late enough for the
-  world's sockets to queue 726 MB against its 256 MB share before it was stopped. Refused, a rank
-  and its children stay in their world's session, one scheduling group among the executor's.
+  session of its own weighs as much as its whole world (each world is a session of its own,
+  grader.rerun.world.lead_world): 90 children each in a session of their own took the cores from
+  every other world. Refused, a rank and its children stay in their world's session, one
+  scheduling group among the others.
 - fcntl's record locks (F_SETLK, F_SETLKW, the open file description's F_OFD_SETLK and F_OFD_SETLKW,
   and 32-bit F_SETLK64 and F_SETLKW64): each locked byte range is a kernel object (about 200 bytes),
   as many as a process asks for on one open file, charged to a cgroup but in no process's resident
