@@ -126,3 +126,16 @@ def test_a_handin_that_sleeps_as_it_loads_in_every_world_stops_at_its_own_time(t
     said = [o.message for p in result.parts.values() for o in p.checks]
     assert any("6 s were used up" in m for m in said), said
     assert took < 6 + 3, took   # its 6 s, the world ended at them, and the grader's own work
+
+
+def test_a_world_whose_leader_cannot_read_its_job_is_the_machinerys_failure(step_check):
+    """A job the world's leader cannot decode (a check value of a type the protocol does not carry)
+    is the grader's own failure: infra_error, run again, never a part charged to the hand-in."""
+    from grader.rerun.check import _world_job
+    from grader.rerun.wire.protocol import StopReason
+    executor, rubric, check, tmp = step_check
+    job = _world_job(prepare_code(REFERENCE), tmp, check, rubric, ["baseline"])
+    job.check["targets"] = {"not": "a scalar"}
+    report = executor.run_world(job)
+    assert report.abort is not None and report.abort.reason == StopReason.INFRA_ERROR, report.abort
+    assert "exited with status 1" in report.abort.detail, report.abort.detail

@@ -204,8 +204,11 @@ def leader_ended(code: int, cgroups: list, kills: int) -> WorldReport:
     """In the zygote, which never reads a job: the report of a world whose leader ended with `code`
     before it reported. Out of memory where the kernel killed it for the world's `cgroups` (their
     out-of-memory kills past `kills`, counted before it was forked: a hand-in's memory the kernel
-    shows in no rank, such as files in the world's /dev/shm, outlives the ranks it killed first),
-    else lost."""
+    shows in no rank, such as files in the world's /dev/shm, outlives the ranks it killed first);
+    the machinery's failure where it exited with a status of its own (a leader reports whatever
+    happens, then exits 0: only the grader's own Python, reading its job, exits otherwise); else lost."""
+    if code > 0:
+        return infra_report(None, f"the world's leader exited with status {code} before its world began")
     return killed_report(None, "the world's leader", code, bool(cgroups) and cgroup.oom_kills(cgroups) > kills)
 
 
