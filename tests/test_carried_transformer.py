@@ -75,6 +75,20 @@ def test_the_references_collectives_carry_what_parts_6_to_8_say(worlds, name):
         assert carried.uncarried(part, check, run, exp) == [], (name, part)
 
 
+@pytest.mark.parametrize("name", ["step-2", "backward-4", "layer-backward-2"])
+def test_the_references_parts_6_to_8_are_shown_to_get_their_values_from_what_their_moves_carried(worlds, name):
+    """Judged as a hand-in is, with its scaled world: where a part's all-reduced moves were placed in
+    its calls, only those values are changed there (grader.verdict.carried.targets), and the
+    reference's values still come out wrong: every part passes, shown to need its collectives."""
+    executor, rubric, checks, tmp = worlds
+    check, matter = checks[name], {}
+    parts = [p for p in ("megatron_mlp", *PARTS) if p in rubric.parts_at(check)]
+    judged = judge_check(executor, prepare_code(REFERENCE), check, rubric, tmp, parts, matter=matter)
+    assert {p: o.status for p, o in judged.items()} == {p: Status.PASSED for p in parts}, \
+        {p: o.message for p, o in judged.items()}
+    assert matter == {(p, check.kind): "" for p in parts}, matter
+
+
 # Part 6 in other right forms: no max subtracted (the sums of exponentials and the target's logit
 # as they are) and the padding targets clamped to id 0 (rank 0 picks its column 0 there, masked
 # out of the loss after).

@@ -143,6 +143,60 @@ def test_collectives_that_carry_nothing_of_the_algorithm_fail_at_every_check(wor
                 assert "other values than" in outcome.comm_message, (name, check.name, outcome.comm_message)
 
 
+# Part 3 all-reducing, in one call, the gradient of its own rows (what the part's move carries) and
+# its slice of the batch (zeros elsewhere); the reduced gradient dropped, every rank steps alone on
+# the gathered batch. A scaled world that multiplied the whole call would leave it wrong.
+BESIDE = '''
+
+def data_parallel_single_step(seed=42, device=None):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rows = slice(rank * (global_batch_size // size), (rank + 1) * (global_batch_size // size))
+    x, y = create_batch(global_batch_size, input_dim, output_dim, seed=seed, device="cpu")
+    torch.manual_seed(seed)
+    w0 = torch.randn(input_dim, output_dim)
+    own = CustomLinearLayer(w0.clone())
+    nn.MSELoss()(own(x[rows]), y[rows]).backward()
+    both = torch.zeros(global_batch_size, input_dim + output_dim)
+    both[rows, :input_dim], both[rows, input_dim:] = x[rows], y[rows]
+    fused = torch.cat([own.W.grad.reshape(-1), both.reshape(-1)])
+    dist.all_reduce(fused)
+    both = fused[w0.numel():].reshape(both.shape)
+    x, y = both[:, :input_dim], both[:, input_dim:]
+    return w0 - learning_rate * 2.0 / (x.shape[0] * y.shape[1]) * x.T @ (x @ w0 - y)
+'''
+
+# Right ways to all-reduce the gradient that put other values in its calls: the loss beside it in
+# one call (for a log line), and the gradient all-reduced twice, the second copy used.
+FUSED_RIGHT = (
+    ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n",
+     "        fused = torch.cat([param.grad.reshape(-1), local_loss.detach().reshape(1)])\n"
+     "        dist.all_reduce(fused, op=dist.ReduceOp.SUM)\n"
+     "        param.grad.copy_(fused[:-1].view_as(param.grad))\n"),
+    ("        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n",
+     "        first, second = param.grad.clone(), param.grad.clone()\n"
+     "        dist.all_reduce(first, op=dist.ReduceOp.SUM)\n"
+     "        dist.all_reduce(second, op=dist.ReduceOp.SUM)\n"
+     "        param.grad.copy_(second)\n"))
+
+
+def test_data_carried_beside_the_move_in_one_call_fails_and_other_values_beside_it_do_not(worlds):
+    """The scaled world multiplies only where the part's moves lay in the calls of the run it passed
+    (grader.verdict.carried.targets): ranks whose values came from the batch carried beside the
+    gradient come out right there, and fail; right code whose calls carry the loss beside the
+    gradient, or the gradient twice, comes out wrong there, and passes."""
+    executor, rubric, step, _, tmp = worlds
+    beside = judge_check(executor, _code(tmp, "beside", REFERENCE.read_text() + BESIDE), step, rubric, tmp,
+                         ["data_parallel"], matter={})["data_parallel"]
+    assert beside.status == Status.FAILED and "values came out right even when" in beside.comm_message, beside.message
+    text = REFERENCE.read_text()
+    for i, (old, new) in enumerate(FUSED_RIGHT):
+        assert text.count(old) == 1, old
+        matter = {}
+        right = judge_check(executor, _code(tmp, f"right{i}", text.replace(old, new)), step, rubric, tmp,
+                            ["data_parallel"], matter=matter)["data_parallel"]
+        assert right.status == Status.PASSED and matter == {("data_parallel", "step"): ""}, (i, right.message)
+
+
 # Part 3 all-reducing the batch (each rank its own rows, zeros elsewhere) and Part 4 all-gathering
 # the targets' columns, then the layer's weights: every rank holds the whole and steps alone.
 BATCH_MOVED = '''
@@ -330,9 +384,9 @@ PROBED = '''
 
 def _probed(step):
     def run(*args, **kwargs):
-        ones = torch.ones(1)
-        dist.all_reduce(ones)
-        assert ones.item() == dist.get_world_size(), "the collectives' results are not the sums"
+        got = [torch.empty(1) for _ in range(dist.get_world_size())]
+        dist.all_gather(got, torch.ones(1))
+        assert all(g.item() == 1 for g in got), "the collectives' results are not what was handed"
         return step(*args, **kwargs)
     return run
 
@@ -343,6 +397,11 @@ full_column_parallel_single_step = _probed(full_column_parallel_single_step)
 
 
 def test_a_scaled_world_the_code_crashes_in_shows_nothing_and_the_next_check_of_its_kind_scales_again(worlds):
+    """The store swap with collectives for show, and a probe of known values (an all-gather of
+    ones) that fails where they come back changed. Part 4's all-gathers are its moves, scaled whole:
+    the probe crashes its scaled world, which shows nothing, and the next check scales again. Part
+    3's moves are all-reduces, and its scaled world changes only where they lay in its calls: the
+    probe comes back as it was, and its values come out right there."""
     executor, rubric, step, _, tmp = worlds
     code, matter = _code(tmp, "probed", REFERENCE.read_text() + SHOWN + PROBED), {}
     for check in (step, dataclasses.replace(step, name="again", seed=7)):
@@ -353,9 +412,11 @@ def test_a_scaled_world_the_code_crashes_in_shows_nothing_and_the_next_check_of_
         for part in ("data_parallel", "tensor_parallel"):
             outcome = judged[part]
             assert outcome.status == Status.FAILED and not outcome.comm_ok, outcome.message
-            assert "did not run to the end in a world that multiplied what its collectives returned" \
-                   in outcome.comm_message and "AssertionError" in outcome.comm_message, outcome.comm_message
-        assert matter == {}, matter
+        crashed = judged["tensor_parallel"].comm_message
+        assert "did not run to the end in a world that multiplied what its collectives returned" in crashed \
+            and "AssertionError" in crashed, crashed
+        assert "values came out right" in judged["data_parallel"].comm_message, judged["data_parallel"].comm_message
+        assert matter == {("data_parallel", "step"): "check 'default'"}, matter
 
 
 # The reference at the public check's seed, the store swap with collectives for show at any other.

@@ -74,6 +74,7 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
         if clock is not None else rubric
     say = Say(check, [c for c in rubric.checks if not c.hidden])
     passed = passed or {}
+    judged_on = {}   # part -> (the run, the values expected) its outcome here was judged on
 
     def verdict(p, run, carried_too=True):
         # Each part is judged as its record says for this kind of check (grader.verdict.judging); the
@@ -87,6 +88,7 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
         outcome = comm.hold(outcome, run, p, check, say)
         if carried_too:
             outcome = carried.hold(outcome, run, p, check, exp, say)
+            judged_on[p] = run, exp
         return comm.handed_out(outcome, run, p, check, say)
 
     runs = rerun.run_check(executor, code, check, clocked, scratch, parts, deadline=deadline)
@@ -101,12 +103,12 @@ def judge_check(executor, code, check, rubric, scratch, parts=PART_IDS, passed=N
     for p, second in _run_again(executor, code, check, clocked, scratch, again, verdict, deadline).items():
         judged[p].flaky = second.status == Status.PASSED
     if matter is not None and check.world_size > 1:
-        _collectives_matter(executor, code, check, clocked, scratch, judged, verdict, matter, say, deadline)
+        _collectives_matter(executor, code, check, clocked, scratch, judged, verdict, matter, say, deadline, judged_on)
     return judged
 
 
 def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, verdict, matter: dict, say,
-                        deadline=None) -> None:
+                        deadline=None, judged_on=None) -> None:
     """Each parallel part that passed at `check` (of several ranks) the first time at its kind, and
     at every hidden check, runs once more, in a world that changes what its collectives return
     (grader.verdict.comm): values still right there did not come from them, and the part fails
@@ -116,12 +118,16 @@ def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, ve
     timeout, out of memory) shows nothing: the part fails here for it, and the next check of the
     kind scales again; one the machine failed, or kept from the CPU, shows nothing either way.
     `matter`: (part, kind) -> "" where its collectives were shown to make its values, else where
-    they were shown not to."""
+    they were shown not to. Where the part's all-reduced moves were placed in the calls of the run
+    it passed (`judged_on`: part -> (run, values expected); grader.verdict.carried.targets), only
+    those values are changed: data carried beside a move in the same call stays as it was."""
     passed = [p for p, o in judged.items() if o.status == Status.PASSED and BY_ID[p].moves]
     for p in (p for p in passed if matter.get((p, check.kind))):
         comm.independent(judged[p], p, check, say, shown_at=matter[p, check.kind])
     unknown = [p for p in passed if (p, check.kind) not in matter or (check.hidden and not matter[p, check.kind])]
-    runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=True, deadline=deadline) \
+    placed = {p: carried.targets(p, check, *judged_on[p]) for p in unknown if p in (judged_on or {})}
+    scaling = {p: where for p, where in placed.items() if where is not None} or True
+    runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=scaling, deadline=deadline) \
         if unknown else {}
     for p in unknown:
         scaled = verdict(p, runs[p], carried_too=False)

@@ -14,6 +14,7 @@ index at or above LOCAL_WORLD_SIZE fails the part (`_device_problem`).
 """
 
 import dataclasses
+import json
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -181,10 +182,12 @@ def _failed_part(part: str, report: WorldReport, words: Words, memory_mb: int = 
     return PartRun(part=part, status=status, ranks=ranks, detail=detail, output=words.output(output))
 
 
-def _world_job(code: dict, work: Path, check, rubric, parts: list, scaled: bool = False) -> WorldJob:
+def _world_job(code: dict, work: Path, check, rubric, parts: list, scaled=False) -> WorldJob:
     config = {k: v for k, v in asdict(check).items() if k not in ("name", "hidden", "weight", "world_size")}
     if scaled:   # the ranks change what each moving collective returns (grader.rerun.rank.hooks)
         config["scaled"] = True
+        if isinstance(scaled, dict):   # ... where each part's moves lay (grader.verdict.carried.targets), as JSON
+            config["targets"] = json.dumps({p: scaled[p] for p in parts if p in scaled})
     return WorldJob(work_dir=str(work), code=code, store=str(work / "store"),
                     world_size=check.world_size, parts=list(parts), check=config,
                     pg_timeout=rubric.timeouts.process_group, limits=asdict(rubric.limits),
@@ -213,11 +216,12 @@ def _unstarted_parts(parts: list, report: WorldReport, words: Words, memory_mb: 
             for part in parts}
 
 
-def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS, scaled: bool = False,
+def run_check(executor, code: dict, check, rubric, scratch: Path, parts=PART_IDS, scaled=False,
               deadline: float = None) -> dict:
     """Run `parts` of `code` (prepare_code's) at `check`; return part id -> PartRun, for every part
     that runs at the check's kind (a part of other kinds only is not run: it has no data there).
-    `scaled`: in worlds whose ranks change what each moving collective returns (grader.rerun.rank.hooks).
+    `scaled`: in worlds whose ranks change what each moving collective returns (grader.rerun.rank.hooks);
+    a dict (part -> grader.verdict.carried.targets) changes, for each part in it, only where its moves lay.
     `deadline`: when the hand-in's time is up (time.monotonic()): no world starts after it, and none
     may wait past it for its start or a part (a hand-in that sleeps as it loads, in every world)."""
     remaining = [p for p in parts if check.kind in BY_ID[p].kinds]

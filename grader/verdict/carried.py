@@ -32,6 +32,7 @@ anything. It fails a part whose collectives carried something else; it never pas
 """
 
 import dataclasses
+import itertools
 
 import torch
 
@@ -40,6 +41,7 @@ from grader.results import Status
 from grader.verdict.comm import GATHERS, SAID, SCATTERS, SUMMING, failed_for, short_name
 from grader.verdict.say import Say
 
+CANDIDATES = 64   # runs of a move looked at in one record (every copy of it a rank handed, to a scaled world)
 RTOL = 1e-3   # float32 on the rank's side, float64 here, sums in other orders: far below any other content
 INTERLEAVED = 4   # moves fused in one call, value by value, that a move is still found among
 
@@ -51,12 +53,15 @@ def _of(call: dict, collective: str) -> bool:
     return call.get("op") in (GATHERS if collective == "all_gather" else SCATTERS)
 
 
-def _proportional(v: torch.Tensor, e: torch.Tensor) -> bool:
-    """Whether some run of `v` is a nonzero multiple of `e` (both flat, float64)."""
+def _proportional(v: torch.Tensor, e: torch.Tensor):
+    """The starts k of the runs v[k : k + n] that are nonzero multiples of `e` (both flat, float64):
+    a list, empty where `e` is all zeros (nothing to find); None where there is none."""
     n, total = e.numel(), v.numel()
     ee = float(e @ e)
-    if n == 0 or total < n or ee == 0.0:
-        return n == 0 or ee == 0.0 and total >= n   # nothing to find: nothing a collective must carry
+    if n == 0 or ee == 0.0:
+        return [] if total >= n else None   # nothing to find: nothing a collective must carry
+    if total < n:
+        return None
     size = 1 << (total + n - 1).bit_length()
     corr = torch.fft.irfft(torch.fft.rfft(v, size) * torch.fft.rfft(e.flip(0), size), size)[n - 1:total]
     squares = torch.cat([v.new_zeros(1), torch.cumsum(v * v, 0)])
@@ -64,11 +69,45 @@ def _proportional(v: torch.Tensor, e: torch.Tensor) -> bool:
     # sums and of the FFT, both of the whole's size: held at least at that, its score is none, not the largest
     energy = (squares[n:] - squares[:-n]).clamp_min(1e-12 * float(squares[-1]) + 1e-300)
     score = corr * corr / (energy * ee)
-    for k in torch.topk(score, min(3, score.numel())).indices.tolist():
+    top = torch.topk(score, min(CANDIDATES, score.numel()))
+    found = []
+    for s, k in zip(top.values.tolist(), top.indices.tolist()):
+        if s < 1 / (1 + 4 * RTOL * RTOL):   # a run within RTOL scores at least 1 / (1 + RTOL^2); none past here
+            break
         c = float(corr[k]) / ee
         if c != 0.0 and float(torch.linalg.vector_norm(v[k:k + n] - c * e)) <= RTOL * abs(c) * ee ** 0.5:
-            return True
-    return False
+            found.append(k)
+    return found or None
+
+
+def _found(sent: list, want, stride: int = 1):
+    """Where the values a rank handed its calls (`sent`, flat tensors in call order, every
+    `stride`-th of what it handed) carry `want` (see `holds`): runs (start, count, step) of those
+    values end to end, [] where `want` asks for nothing, None where it was not carried."""
+    if isinstance(want, (list, tuple)):
+        found = [_found(sent, w, stride) for w in want]
+        kept = [f for f in found if f is not None]
+        if len(kept) < len(found) if isinstance(want, list) else not kept:
+            return None   # a list: every one must be carried; a tuple: any one form is enough
+        return [run for f in kept for run in f]
+    if not sent:
+        return None
+    whole = torch.cat(sent)
+    # Fused value by value with others, e is a run of every q-th value; sampled every stride-th,
+    # the two are not told apart, so only an unsampled record is de-interleaved
+    strands = [(0, 1)] + ([(first, q) for q in range(2, INTERLEAVED + 1) for first in range(q)] if stride == 1 else [])
+    for e in (want, want.T) if want.dim() == 2 else (want,):
+        flat = e.reshape(-1).to(torch.float64)
+        for (first, q), offset in itertools.product(strands, range(min(stride, flat.numel()))):
+            sought = flat[offset::stride]
+            starts = _proportional(whole[first::q], sought)
+            if starts is not None:
+                return [(first + q * k, sought.numel(), q) for k in starts]
+        ends = list(itertools.accumulate(s.numel() for s in sent))
+        alike = [(end - s.numel(), s) for end, s in zip(ends, sent) if s.numel() == flat.numel()] if stride == 1 else []
+        if len(alike) > 1 and _proportional(torch.stack([s for _, s in alike]).sum(0), flat) is not None:
+            return [(start, s.numel(), 1) for start, s in alike]
+    return None
 
 
 def holds(sent: list, want, stride: int = 1) -> bool:
@@ -77,27 +116,7 @@ def holds(sent: list, want, stride: int = 1) -> bool:
     (any one of them carried is enough); or a list, what it carries at each of its calls (one per
     block: every one of them carried). Kept every `stride`-th, a run of `want` at an unknown place
     is every stride-th of its values, from one of `stride` first ones: each is tried."""
-    if isinstance(want, list):
-        return all(holds(sent, w, stride) for w in want)
-    if isinstance(want, tuple):
-        return any(holds(sent, w, stride) for w in want)
-    if not sent:
-        return False
-    whole = torch.cat(sent)
-    # Fused value by value with others, e is a run of every q-th value; sampled every stride-th,
-    # the two are not told apart, so only an unsampled record is de-interleaved
-    strands = [whole]
-    if stride == 1:
-        strands += [whole[first::q] for q in range(2, INTERLEAVED + 1) for first in range(q)]
-    for e in (want, want.T) if want.dim() == 2 else (want,):
-        flat = e.reshape(-1).to(torch.float64)
-        if any(_proportional(strand, flat[first::stride]) for strand in strands
-               for first in range(min(stride, flat.numel()))):
-            return True
-        alike = [s for s in sent if s.numel() == flat.numel()] if stride == 1 else []
-        if len(alike) > 1 and _proportional(torch.stack(alike).sum(0), flat):
-            return True
-    return False
+    return _found(sent, want, stride) is not None
 
 
 def uncarried(part_id: str, check, run, exp) -> list:
@@ -116,6 +135,47 @@ def uncarried(part_id: str, check, run, exp) -> list:
             if want is not None and not holds(sent, want, stride):
                 missing.setdefault(move, []).append(rank)
     return list(missing.items())
+
+
+def _placed(into: dict, indexed: list, start: int, count: int, step: int) -> None:
+    """Add to `into` (call index -> [[start, stop, step]]) where the run of `count` values every
+    `step`-th from `start`, in the values of `indexed` ([(call index, its values)]) end to end, lies."""
+    last, at = start + step * (count - 1), 0
+    for index, values in indexed:
+        low, high, at = at, at + values.numel(), at + values.numel()
+        first = start + max(0, -(-(low - start) // step)) * step   # the run's first value at or past `low`
+        if first < high and first <= last:
+            into.setdefault(str(index), []).append([first - low, min(high - 1, last) - low + 1, step])
+
+
+def targets(part_id: str, check, run, exp):
+    """Where each rank's calls carried the part's all-reduced moves at `check`, for a world that
+    multiplies only those values (grader.rerun.rank.hooks): {"families": the kinds of collective
+    scaled there only where they carried a move, "calls": {rank: {call index: [[start, stop, step],
+    ...]}}} (each in the values the rank handed that call, end to end). A rank whose all-reduces
+    carry its data beside its move, and whose values come from the data, then keeps them right.
+    None where some move was not placed (a record sampled every s-th value, or none): every call
+    is then scaled whole. An all-gather's or a reduce-scatter's moves are scaled whole."""
+    part, p = BY_ID[part_id], check.world_size
+    say_carried = part.carried.get(check.kind)
+    mapping = dataclasses.asdict(check)
+    if say_carried is None or p <= 1 or not sent_budget(part_id, mapping, p) or sent_stride(part_id, mapping, p) != 1:
+        return None
+    moves = [m for m in part.moves if m.kind == check.kind]
+    families = sorted({"all_reduce", "all_gather", "reduce_scatter"} - {m.collective for m in moves})
+    placed = {}
+    for rank, r in sorted(run.ranks.items()):
+        mine = placed.setdefault(str(rank), {})
+        indexed = [(i, s) for i, (c, s) in enumerate(zip(r.comm, r.sent)) if s is not None and _of(c, "all_reduce")]
+        for move, want in zip(moves, say_carried(exp, check, rank)):
+            if move.collective != "all_reduce":
+                continue
+            found = None if want is None else _found([s for _, s in indexed], want)
+            if found is None:
+                return None
+            for start, count, step in found:
+                _placed(mine, indexed, start, count, step)
+    return {"families": ["all_reduce", *families], "calls": placed}
 
 
 def hold(outcome, run, part_id: str, check, exp, say: Say = None):

@@ -25,7 +25,10 @@ Calls of the right sizes are not yet the exchange: ranks that swap their data so
 process group's store, a socket) can call them on zeros for show. So the values must also come from
 them. Once a part passed a check of several ranks of a kind (a step, a layer's backward), it runs
 there once more in a world whose ranks change what each of its moving collectives returns, each
-result multiplied by a factor of 1.25 to 2 as it returns (grader.rerun.rank.collectives: SCALES). Values
+result multiplied by a factor of 1.25 to 2 as it returns (grader.rerun.rank.collectives: SCALES);
+where the part's all-reduced moves were placed in the calls of the run it passed, only those values
+(grader.verdict.carried.targets: data carried beside a move in one call, or a probe of known
+values, comes back as it was). Values
 that the collectives carried come out wrong there; values that still come out right did not come
 from them (`independent`), and the part fails at that check and every later check of several ranks
 of that kind. The test runs at the first such check of each kind and again at every hidden one (the
@@ -211,7 +214,8 @@ def independent(outcome, part_id: str, check, say: Say = None, shown_at: str = "
     name = short_name(part_id)
     where = f" at {shown_at}" if shown_at else ""
     text = (f"{name}'s values came out right{where} even when what its {' and '.join(v + 's' for v in verbs)} "
-            f"returned was changed (each result multiplied by 1.25 to 2): its ranks did not get their values "
+            f"returned was changed (what carried the part's moves multiplied by 1.25 to 2): its ranks did not get "
+            f"their values "
             f"from those collectives (right values without the part's collectives earn nothing)")
     return failed_for(outcome, text, list(range(check.world_size)))
 

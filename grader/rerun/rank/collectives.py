@@ -123,6 +123,36 @@ def scale(value, factor: float) -> None:
             scale(item, factor)
 
 
+def scale_runs(value, runs: list, factor: float) -> None:
+    """Multiply in place, as `scale` does, only the values of `value` (a tensor, or a list or tuple
+    of them, end to end) at each run [start, stop, step] of `runs`: every step-th from start, before
+    stop (an all-reduce's result lies where what was handed to it did)."""
+    tensors = [value] if isinstance(value, torch.Tensor) else \
+        [t for t in value if isinstance(t, torch.Tensor)] if isinstance(value, (list, tuple)) else []
+    at = 0
+    for tensor in tensors:
+        n = tensor.numel()
+        for start, stop, step in runs if tensor.is_floating_point() else ():
+            low, high = max(start, at), min(stop, at + n)
+            low += (start - low) % step   # the run's first value at or past `low`
+            if low < high:
+                flat = tensor.data.view(-1) if tensor.is_contiguous() else tensor.data.reshape(-1)
+                flat[low - at:high - at:step].mul_(factor)
+                if not tensor.is_contiguous():   # reshape copied it: the values go back in place
+                    tensor.data.copy_(flat.view_as(tensor))
+        at += n
+
+
+def scale_placed(value, factor: float, targets, name: str, index) -> None:
+    """Scale what the `index`-th call of the part (a call of `name`) returned: where `targets`
+    (grader.verdict.carried.targets, this rank's) place the part's moves, in a call of the kinds
+    they hold, only the values there (none of a call they do not place); else all of it."""
+    if targets and FAMILY[name] in targets["families"]:
+        scale_runs(value, targets["calls"].get(str(index), []) if index is not None else [], factor)
+    else:
+        scale(value, factor)
+
+
 def output(args: tuple, kwargs: dict):
     """What a moving collective writes its result into: its first argument, by position or by name."""
     if args:

@@ -19,7 +19,8 @@ agree). A part whose ranks exchange their data through these calls then comes ou
 ranks swap it some other way and call them for show comes out right anyway, and
 grader.verdict.comm fails it. The factors differ from call to call so that no ratio of two
 collectives' results (a gradient summed, divided by a count summed) undoes them. An asynchronous
-call (async_op=True) is waited for at once, then scaled: the handle it returns is done."""
+call (async_op=True) is waited for at once, then scaled: the handle it returns is done. Where the
+grader placed the part's moves in its calls (`targets`), only those values are multiplied."""
 
 import base64
 import contextlib
@@ -33,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from grader.rerun.rank import collectives
 from grader.rerun.rank.collectives import (COLLECTIVES, FUNCTION, FUNCTIONAL_OPS, GROUP_METHODS, METHOD, OP, SCALED, SCALES,
-                                           functional_numel, numel, object_numel, output, reduce_name, reduce_op, scale)
+                                           functional_numel, numel, object_numel, output, reduce_name, reduce_op, scale_placed)
 
 
 def _is_cuda(device) -> bool:
@@ -195,6 +196,7 @@ class CommRecorder:
         self.part = ""
         self.inside = False
         self.scaled = False    # a scaled world's (see the module docstring)
+        self.targets = None    # ... and where the part's moves lay in its calls, if placed
         self.moved = 0         # the part's moving collectives so far
         self.budget = {}       # how many more of the values handed to each kind of them to read
         self.stride, self.streamed = 1, {}   # every stride-th kept; how many of each kind read so far
@@ -228,7 +230,7 @@ class CommRecorder:
         try:
             result = original(*args, **kwargs)
             if self.scaled and name in SCALED:
-                self._scale_result(entry, result, given, kwargs)
+                self._scale_result(name, entry, result, given, kwargs, len(self.calls) - 1 if recorded else None)
             return result
         except BaseException:
             if recorded is not None:   # it failed inside the collective (a peer gone, a timeout): not raised by the code
@@ -254,8 +256,10 @@ class CommRecorder:
         if kept:
             call["sent"] = base64.b64encode(torch.cat(kept).numpy().tobytes()).decode("ascii")
 
-    def _scale_result(self, entry: str, result, given: tuple, kwargs: dict) -> None:
-        """Multiply what a moving collective returned by the part's next factor, once it is done."""
+    def _scale_result(self, name: str, entry: str, result, given: tuple, kwargs: dict, index) -> None:
+        """Multiply what a moving collective returned by the part's next factor, once it is done: all
+        of it, or where the grader placed the part's moves (`targets`: the values at those runs of
+        the `index`-th call, none of a call not placed)."""
         if entry == OP:   # what the op returns, its collective perhaps still running
             for tensor in result if isinstance(result, (list, tuple)) else [result]:
                 torch.ops._c10d_functional.wait_tensor(tensor)
@@ -269,7 +273,7 @@ class CommRecorder:
                 if hasattr(work, "wait"):
                     work.wait()
             written = output(given, kwargs)
-        scale(written, SCALES[self.moved % len(SCALES)])
+        scale_placed(written, SCALES[self.moved % len(SCALES)], self.targets, name, index)
         self.moved += 1
 
     def _note_progress(self, call: dict) -> None:
@@ -299,16 +303,17 @@ class CommRecorder:
 
     @contextlib.contextmanager
     def recording(self, calls: list, devices: list = None, part: str = "", scaled: bool = False, budget=None,
-                  stride: int = 1):
+                  stride: int = 1, targets: dict = None):
         """Record the part's calls into `calls` (and the GPUs it asks for into `devices`); `budget`: how
         many of the values it hands each kind of moving collective to read, every `stride`-th of
-        them kept (grader.parts.sent_budget and sent_stride)."""
-        self.calls, self.devices, self.part = calls, devices, part
+        them kept (grader.parts.sent_budget and sent_stride); `targets`: in a scaled world, where
+        this rank's calls carried the part's moves (grader.verdict.carried.targets), or None."""
+        self.calls, self.devices, self.part, self.targets = calls, devices, part, targets
         self.scaled, self.moved, self.budget, self.stride, self.streamed = scaled, 0, dict(budget or {}), stride, {}
         if self.progress:
             self._write_progress("", os.O_TRUNC)   # the file holds the current part's calls only
         try:
             yield calls
         finally:
-            self.calls = self.devices = None
+            self.calls = self.devices = self.targets = None
             self.scaled = False

@@ -84,7 +84,8 @@ class WorldJob:
     check: dict[str, bool | int | float | str]   # global_batch_size, input_dim, output_dim, seed,
                                        # accumulation_steps, hidden_dim, nodes (the world's layout), kind
                                        # (grader.parts.KINDS), and the keys only an optional part reads
-                                       # (a part's own_sizes: a switch, a number such as a shift)
+                                       # (a part's own_sizes: a switch, a number such as a shift); a
+                                       # scaled world's "scaled" and "targets" (JSON: grader.verdict.carried)
     pg_timeout: float                  # how long a collective waits for a missing rank
     limits: dict[str, int]             # grader.rubric.Limits, as a mapping
     timeouts: Timeouts = field(default_factory=Timeouts)
