@@ -39,7 +39,9 @@ ATTACKS = {
         "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(10 ** 6)\n",
         ("timeout",), "did not finish"),
     "daemon_that_escapes_its_group": Attack(
-        "import os, time\nif dist.get_rank() == 0:\n    pid = os.fork()\n    if pid == 0:\n        os.setsid()\n"
+        "import os, time\nif dist.get_rank() == 0:\n    pid = os.fork()\n    if pid == 0:\n"
+        "        try:\n            os.setsid()\n        except PermissionError:   # refused to ranks: a daemon all the same\n"
+        "            pass\n"
         "        if os.fork() == 0:\n            time.sleep(10 ** 6)\n        os._exit(0)\n    os.waitpid(pid, 0)\n"),
     # 2. exhaust the machine
     "fork_bomb": Attack("import os\nwhile True:\n    os.fork()\n", ("crashed", "timeout", "oom")),   # oom: its processes together past the world's memory
@@ -238,7 +240,10 @@ OUTLIVE_WORLD = (
     "        except OSError:\n            pass\n"
     "    pid = os.fork()\n"
     "    if pid == 0:\n"
-    "        os.setsid()\n"
+    "        try:\n"
+    "            os.setsid()\n"
+    "        except PermissionError:\n"   # refused to ranks (grader.rerun.rank.syscalls): a daemon all the same
+    "            pass\n"
     "        if os.fork() == 0:\n"
     "            hold = bytearray({hold_mb} << 20)\n"
     "            for _ in range(400):\n"
