@@ -34,6 +34,11 @@ IN_STATE_D = """    import ctypes as _c, mmap as _m, os as _o
 LOOPS = "    while True:\n        pass\n"
 
 
+def _seconds(detail: str, after: str) -> float:
+    """The seconds a timeout's message says right after `after` ("its ranks ran 0.5 s ...")."""
+    return float(detail.split(after)[1].split(" s")[0])
+
+
 def baseline_with(tmp_path, body: str) -> dict:
     """The reference whose Part 1 (single_step) first runs `body`."""
     text = REFERENCE.read_text()
@@ -84,11 +89,25 @@ def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of
     rubric = load_rubric()
     clock = 1.5
     clocked = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock))
+    cores = min(4, len(os.sched_getaffinity(0)))
     executor = WarmExecutor("auto", rubric.limits)
+
+    def hung(body: str):
+        # Beside the suite's other tests (make test runs two at once) a world may truly be kept from
+        # the CPU, and is then starved by its own times, never by the disk alone: tried again, as
+        # the grader runs such a part again, until it ran on a quiet enough machine
+        for _ in range(4):
+            run = run_check(executor, baseline_with(tmp_path, body), rubric.default_check, clocked, tmp_path,
+                            parts=["baseline"])["baseline"]
+            if not run.starved:
+                return run
+            numbers = CpuTime(run=_seconds(run.detail, "its ranks ran "), wait=_seconds(run.detail, " and waited "),
+                              cores=len(os.sched_getaffinity(0)))
+            assert starved(numbers, clock, 4), ("starved, though its ranks had the CPU they wanted", run.detail)
+        return run
+
     try:
-        asleep, looping, parked = (run_check(executor, baseline_with(tmp_path, body), rubric.default_check, clocked,
-                                             tmp_path, parts=["baseline"])["baseline"]
-                                   for body in (SLEEPS, LOOPS, IN_STATE_D))
+        asleep, looping, parked = (hung(body) for body in (SLEEPS, LOOPS, IN_STATE_D))
     finally:
         executor.close()
     # Parked in state D on a machine with memory to spare: its own wait, not the disk's (the part
@@ -97,7 +116,6 @@ def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of
     for run in (asleep, looping, parked):
         assert run.status.value == "timeout" and run.starved is False, (run.status, run.detail)
         assert f"still running after {clock:g} s" in run.detail and "waited" in run.detail, run.detail
-    ran = float(looping.detail.split("its ranks ran ")[1].split(" s")[0])
-    slept = float(asleep.detail.split("its ranks ran ")[1].split(" s")[0])
+    ran, slept = _seconds(looping.detail, "its ranks ran "), _seconds(asleep.detail, "its ranks ran ")
     # Looping ranks ran at least a quarter of what the cores could give; sleeping ones hardly at all.
-    assert ran >= clock * min(4, len(os.sched_getaffinity(0))) / 4 and slept < clock / 4, (looping.detail, asleep.detail)
+    assert ran >= clock * cores / 4 and slept < clock / 4, (looping.detail, asleep.detail)
