@@ -82,22 +82,29 @@ def _proportional(v: torch.Tensor, e: torch.Tensor):
     return found or None
 
 
-def _found(sent: list, want, stride: int = 1):
+def _found(sent: list, want, stride: int = 1, every: bool = False, fused: bool = False):
     """Where the values a rank handed its calls (`sent`, flat tensors in call order, every
     `stride`-th of what it handed) carry `want` (see `holds`): runs (start, count, step) of those
-    values end to end, [] where `want` asks for nothing, None where it was not carried."""
+    values end to end, [] where `want` asks for nothing, None where it was not carried. `every`:
+    each of a move's right forms that was carried, not only the first; `fused`: a vector sought
+    every q-th value too (moves fused value by value in one call), not only as a run."""
     if isinstance(want, (list, tuple)):
-        found = [_found(sent, w, stride) for w in want]
+        found = []
+        for w in want:
+            found.append(_found(sent, w, stride, every, fused))
+            if isinstance(want, tuple) and found[-1] is not None and not every:
+                break   # a tuple: any one form is enough
         kept = [f for f in found if f is not None]
         if len(kept) < len(found) if isinstance(want, list) else not kept:
-            return None   # a list: every one must be carried; a tuple: any one form is enough
+            return None   # a list: every one must be carried
         return [run for f in kept for run in f]
     if not sent:
         return None
     whole = torch.cat(sent)
-    # Fused value by value with others, e is a run of every q-th value; sampled every stride-th,
-    # the two are not told apart, so only an unsampled record is de-interleaved
-    strands = [(0, 1)] + ([(first, q) for q in range(2, INTERLEAVED + 1) for first in range(q)] if stride == 1 else [])
+    # Fused value by value with others, a vector is a run of every q-th value; sampled every
+    # stride-th, the two are not told apart, so only an unsampled record is de-interleaved
+    strands = [(0, 1)] + ([(first, q) for q in range(2, INTERLEAVED + 1) for first in range(q)]
+                          if fused and want.dim() <= 1 else [])
     for e in (want, want.T) if want.dim() == 2 else (want,):
         flat = e.reshape(-1).to(torch.float64)
         for (first, q), offset in itertools.product(strands, range(min(stride, flat.numel()))):
@@ -106,10 +113,20 @@ def _found(sent: list, want, stride: int = 1):
             if starts is not None:
                 return [(first + q * k, sought.numel(), q) for k in starts]
         ends = list(itertools.accumulate(s.numel() for s in sent))
-        alike = [(end - s.numel(), s) for end, s in zip(ends, sent) if s.numel() == flat.numel()] if stride == 1 else []
-        if len(alike) > 1 and _proportional(torch.stack([s for _, s in alike]).sum(0), flat) is not None:
+        alike = [(end - s.numel(), s) for end, s in zip(ends, sent) if s.numel() == flat.numel()]
+        if not fused and stride == 1 and len(alike) > 1 and \
+                _proportional(torch.stack([s for _, s in alike]).sum(0), flat) is not None:
             return [(start, s.numel(), 1) for start, s in alike]
     return None
+
+
+def _carried(sent: list, want, stride: int = 1, every: bool = False):
+    """_found; then, where that found nothing in an unsampled record, with vectors sought fused
+    too (only code that fails pays for the search)."""
+    found = _found(sent, want, stride, every)
+    if found is None and stride == 1:
+        found = _found(sent, want, stride, every, fused=True)
+    return found
 
 
 def holds(sent: list, want, stride: int = 1) -> bool:
@@ -118,7 +135,7 @@ def holds(sent: list, want, stride: int = 1) -> bool:
     (any one of them carried is enough); or a list, what it carries at each of its calls (one per
     block: every one of them carried). Kept every `stride`-th, a run of `want` at an unknown place
     is every stride-th of its values, from one of `stride` first ones: each is tried."""
-    return _found(sent, want, stride) is not None
+    return _carried(sent, want, stride) is not None
 
 
 def uncarried(part_id: str, check, run, exp) -> list:
@@ -172,7 +189,7 @@ def targets(part_id: str, check, run, exp):
         for move, want in zip(moves, say_carried(exp, check, rank)):
             if move.collective != "all_reduce":
                 continue
-            found = None if want is None else _found([s for _, s in indexed], want)
+            found = None if want is None else _carried([s for _, s in indexed], want, every=True)
             if found is None:
                 return None
             for start, count, step in found:
