@@ -122,7 +122,8 @@ def test_collectives_for_show_beside_a_swap_fail_where_shown_and_at_the_next_che
                 outcome.comm_message
             assert outcome.comm_message in outcome.message
     layer = judge_check(executor, code, backward, rubric, tmp, PARTS, matter=matter)["tensor_parallel"]
-    assert layer.status == Status.FAILED and "all-gathers and all-reduces returned" in layer.comm_message, layer.message
+    assert layer.status == Status.FAILED and ("what its all-gathers returned for the layer's output columns in "
+                                              "GatherParallel was changed") in layer.comm_message, layer.message
     assert matter == {("data_parallel", "step"): "check 'default'", ("tensor_parallel", "step"): "check 'default'",
                       ("tensor_parallel", "backward"): "check 'default-backward'"}
 
@@ -396,27 +397,121 @@ full_column_parallel_single_step = _probed(full_column_parallel_single_step)
 '''
 
 
-def test_a_scaled_world_the_code_crashes_in_shows_nothing_and_the_next_check_of_its_kind_scales_again(worlds):
+def test_a_probe_of_known_values_beside_the_moves_is_left_as_it_was_in_a_scaled_world(worlds):
     """The store swap with collectives for show, and a probe of known values (an all-gather of
-    ones) that fails where they come back changed. Part 4's all-gathers are its moves, scaled whole:
-    the probe crashes its scaled world, which shows nothing, and the next check scales again. Part
-    3's moves are all-reduces, and its scaled world changes only where they lay in its calls: the
-    probe comes back as it was, and its values come out right there."""
+    ones) that fails where they come back changed. A scaled world changes only the calls that
+    carried a part's moves (an all-reduce's values where they lay in it, an all-gather's whole):
+    the probe carries none, comes back as it was, and the values come out right there."""
     executor, rubric, step, _, tmp = worlds
     code, matter = _code(tmp, "probed", REFERENCE.read_text() + SHOWN + PROBED), {}
-    for check in (step, dataclasses.replace(step, name="again", seed=7)):
+    for check, where in ((step, ""), (dataclasses.replace(step, name="again", seed=7), " at check 'default'")):
         before = executor.worlds
         judged = judge_check(executor, code, check, rubric, tmp, PARTS, matter=matter)
-        assert executor.worlds == before + 2, "the check, then its scaled world"
+        assert executor.worlds == before + (2 if not where else 1), "the check, then (at the first) its scaled world"
         assert judged["baseline"].status == Status.PASSED and judged["grad_accumulation"].status == Status.PASSED
         for part in ("data_parallel", "tensor_parallel"):
             outcome = judged[part]
             assert outcome.status == Status.FAILED and not outcome.comm_ok, outcome.message
+            assert f"values came out right{where}" in outcome.comm_message, outcome.comm_message
+        assert matter == {("data_parallel", "step"): "check 'default'", ("tensor_parallel", "step"): "check 'default'"}
+
+
+# The reference, checking that its own columns come back from the gather as it handed them: true
+# in every world but the scaled one, which it then crashes.
+SELF_CHECKED = '''
+
+_gather_forward = GatherParallel.forward
+
+
+def _checked_forward(ctx, x):
+    out = _gather_forward(ctx, x)
+    cols, rank = x.shape[-1], dist.get_rank()
+    assert torch.equal(out[..., rank * cols:(rank + 1) * cols], x), "my own columns came back changed"
+    return out
+
+
+GatherParallel.forward = staticmethod(_checked_forward)
+'''
+
+
+def test_a_scaled_world_the_code_crashes_in_shows_nothing_and_the_next_check_of_its_kind_scales_again(worlds):
+    """Part 4 crashes where its output's gather comes back changed: that world shows nothing, the
+    part fails there (its weight's gather, changed in a world of its own, did make its values), and
+    the next check of the kind scales again."""
+    executor, rubric, step, _, tmp = worlds
+    code, matter = _code(tmp, "self_checked", REFERENCE.read_text() + SELF_CHECKED), {}
+    for check in (step, dataclasses.replace(step, name="again", seed=7)):
+        before = executor.worlds
+        judged = judge_check(executor, code, check, rubric, tmp, ["tensor_parallel"], matter=matter)
+        assert executor.worlds == before + 3, "the check, then a scaled world for each of its two moves"
         crashed = judged["tensor_parallel"].comm_message
+        assert judged["tensor_parallel"].status == Status.FAILED, judged["tensor_parallel"].message
         assert "did not run to the end in a world that multiplied what its collectives returned" in crashed \
-            and "AssertionError" in crashed, crashed
-        assert "values came out right" in judged["data_parallel"].comm_message, judged["data_parallel"].comm_message
-        assert matter == {("data_parallel", "step"): "check 'default'"}, matter
+            and "my own columns came back changed" in crashed, crashed
+        assert matter == {}, matter
+
+
+# Part 4's layer with f for show: its output gathered and used, f all-reducing each rank's share of
+# the gradient of X and dropping it, that gradient computed alone from the whole W, which went
+# through an all-reduce of the padded columns (a call that carries no move).
+F_DROPPED = '''
+_forged_state = {}
+
+
+class _ShowF(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, share):
+        if dist.get_world_size() == 1:
+            return share
+        show = share.contiguous().clone()
+        dist.all_reduce(show, op=dist.ReduceOp.SUM)          # f, for show: dropped
+        return _forged_state["G"] @ _forged_state["W"].T     # the whole gradient of X, alone
+
+
+class FullColumnParallelLinear(nn.Module):
+    def __init__(self, weight, world_size, rank):
+        super().__init__()
+        self.in_dim, self.out_dim = weight.shape
+        self.world_size, self.rank = world_size, rank
+        self.local_out_dim = divide(self.out_dim, world_size, "out_dim", "world_size")
+        start = rank * self.local_out_dim
+        self.W = nn.Parameter(weight[:, start:start + self.local_out_dim].clone().contiguous())
+
+    def forward(self, X):
+        p, r, k = self.world_size, self.rank, self.local_out_dim
+        if p == 1:
+            return X @ self.W
+        X = _ShowF.apply(X)
+        local_out = torch.einsum("bi,ij->bj", X, self.W).contiguous()
+        out = GatherParallel.apply(local_out)                 # the output's all-gather: used
+        whole = torch.zeros(self.in_dim, self.out_dim)
+        whole[:, r * k:(r + 1) * k] = self.W.detach()
+        dist.all_reduce(whole, op=dist.ReduceOp.SUM)          # the whole W: not a move, never scaled
+        _forged_state["W"] = whole
+        if out.requires_grad:
+            out.register_hook(lambda G: _forged_state.__setitem__("G", G.detach()))
+        return out
+'''
+
+
+def test_one_move_whose_result_is_used_does_not_cover_for_another_dropped(worlds):
+    """Each move is changed alone, in a world of its own: at the backward check the output's gather
+    makes the output, but f's all-reduce reaches nothing, and the part fails naming it; the
+    reference's every move reaches its values."""
+    executor, rubric, _, backward, tmp = worlds
+    forged = judge_check(executor, _code(tmp, "f_dropped", REFERENCE.read_text() + F_DROPPED), backward, rubric, tmp,
+                         ["tensor_parallel"], matter={})["tensor_parallel"]
+    assert forged.status == Status.FAILED and ("what its all-reduces returned for the gradient of X in "
+                                               "BroadcastParallel's backward was changed") in forged.comm_message, \
+        forged.message
+    matter = {}
+    honest = judge_check(executor, _code(tmp, "reference", REFERENCE.read_text()), backward, rubric, tmp,
+                         ["tensor_parallel"], matter=matter)["tensor_parallel"]
+    assert honest.status == Status.PASSED and matter == {("tensor_parallel", "backward"): ""}, honest.message
 
 
 # The reference at the public check's seed, the store swap with collectives for show at any other.
@@ -427,7 +522,17 @@ _reference = {name: globals()[name] for name in ("data_parallel_single_step", "f
 
 def _at_the_public_check(name):
     swapped = globals()[name]
-    return lambda seed=42, device=None: (_reference[name] if seed == 42 else swapped)(seed=seed, device=device)
+
+    def run(seed=42, device=None):   # the reference whole at the public check (its layer too), else the swap
+        global FullColumnParallelLinear
+        if seed != 42:
+            return swapped(seed=seed, device=device)
+        forged, FullColumnParallelLinear = FullColumnParallelLinear, _HonestLayer
+        try:
+            return _reference[name](seed=seed, device=device)
+        finally:
+            FullColumnParallelLinear = forged
+    return run
 
 
 data_parallel_single_step = _at_the_public_check("data_parallel_single_step")

@@ -84,6 +84,11 @@ def move_values(move: Moves, size: Callable) -> int:
     return total
 
 
+# In a scaled world's targets (grader.verdict.carried.targets, grader.rerun.rank.collectives.scale_placed):
+# a call whose every returned value is scaled (an all-gather's or a reduce-scatter's that carried a move).
+WHOLE_CALL = "whole"
+
+
 def sent_budget(part_id: str, check: dict, world_size: int) -> dict:
     """How many of the values a rank hands its moving collectives in one part are read
     (grader.rerun.rank.hooks, for grader.verdict.carried), at a check mapping of a world of

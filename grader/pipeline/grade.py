@@ -9,6 +9,7 @@ the grader itself is `error` (no score; its traceback in grading.json's `grader_
 import dataclasses
 import difflib
 import hashlib
+import random
 import shutil
 import time
 import traceback
@@ -118,26 +119,49 @@ def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, ve
     timeout, out of memory) shows nothing: the part fails here for it, and the next check of the
     kind scales again; one the machine failed, or kept from the CPU, shows nothing either way.
     `matter`: (part, kind) -> "" where its collectives were shown to make its values, else where
-    they were shown not to. Where the part's all-reduced moves were placed in the calls of the run
-    it passed (`judged_on`: part -> (run, values expected); grader.verdict.carried.targets), only
-    those values are changed: data carried beside a move in the same call stays as it was."""
+    they were shown not to. Where the part's moves were placed in the calls of the run it passed
+    (`judged_on`: part -> (run, values expected); grader.verdict.carried.move_targets), each move
+    is changed alone, in a world of its own (the parts share them: as many worlds as the part with
+    most moves has, at most MOVE_WORLDS): every move's result must reach the values, so one move
+    whose result is used does not cover for others computed and dropped, and data carried beside a
+    move, or in calls that carry none, stays as it was. Elsewhere one world changes every call."""
     passed = [p for p, o in judged.items() if o.status == Status.PASSED and BY_ID[p].moves]
     for p in (p for p in passed if matter.get((p, check.kind))):
         comm.independent(judged[p], p, check, say, shown_at=matter[p, check.kind])
     unknown = [p for p in passed if (p, check.kind) not in matter or (check.hidden and not matter[p, check.kind])]
-    placed = {p: carried.targets(p, check, *judged_on[p]) for p in unknown if p in (judged_on or {})}
-    scaling = {p: where for p, where in placed.items() if where is not None} or True
-    runs = rerun.run_check(executor, code, check, rubric, scratch, unknown, scaled=scaling, deadline=deadline) \
-        if unknown else {}
+    rounds = {p: _rounds(p, check, *judged_on[p]) if p in (judged_on or {}) else [None] for p in unknown}
+    shown = {p: [] for p in unknown}   # part -> (move's index or None, its outcome in the world that changed it)
+    for j in range(max(map(len, rounds.values()), default=0)):
+        now = [p for p in unknown if j < len(rounds[p]) and not any(o.status == Status.PASSED for _, o, _ in shown[p])]
+        scaling = {p: rounds[p][j][1] for p in now if rounds[p][j][1] is not None} or True
+        runs = rerun.run_check(executor, code, check, rubric, scratch, now, scaled=scaling, deadline=deadline) if now else {}
+        for p in now:
+            shown[p].append((rounds[p][j][0], verdict(p, runs[p], carried_too=False), runs[p].starved))
     for p in unknown:
-        scaled = verdict(p, runs[p], carried_too=False)
-        if scaled.status == Status.PASSED:
+        right = next((move for move, o, _ in shown[p] if o.status == Status.PASSED), False)
+        if right is not False:
             matter[p, check.kind] = _named(check)
-            comm.independent(judged[p], p, check, say)
-        elif scaled.status == Status.FAILED:   # wrong values: they came through the collectives
+            comm.independent(judged[p], p, check, say, move=right)
+        elif all(o.status == Status.FAILED for _, o, _ in shown[p]):   # wrong values: they came through the collectives
             matter[p, check.kind] = ""
-        elif scaled.status != Status.INFRA_ERROR and not runs[p].starved:
-            comm.unshown(judged[p], p, check, say, scaled.message)
+        else:
+            failed = next((o for _, o, starved in shown[p] if o.status not in (Status.FAILED, Status.INFRA_ERROR)
+                           and not starved), None)
+            if failed is not None:
+                comm.unshown(judged[p], p, check, say, failed.message)
+
+
+MOVE_WORLDS = 3   # worlds that each change one move of a part at one check (of those it has, drawn)
+
+
+def _rounds(part_id: str, check, run, exp) -> list:
+    """[(the index of the move changed alone, or None: all; its targets, or None: every call
+    whole)], one per scaled world the part needs at `check`. More moves than MOVE_WORLDS: a few,
+    drawn afresh at every check, so no move is known to be left as it was."""
+    each = carried.move_targets(part_id, check, run, exp)
+    if not each:
+        return [(None, None)]
+    return each if len(each) <= MOVE_WORLDS else sorted(random.sample(each, MOVE_WORLDS), key=lambda m: m[0])
 
 
 def _run_again(executor, code, check, rubric, scratch, parts: list, verdict, deadline=None) -> dict:

@@ -36,7 +36,7 @@ import itertools
 
 import torch
 
-from grader.parts import BY_ID, sent_budget, sent_stride
+from grader.parts import BY_ID, WHOLE_CALL, sent_budget, sent_stride
 from grader.results import Status
 from grader.verdict.comm import GATHERS, SAID, SCATTERS, SUMMING, failed_for, short_name
 from grader.verdict.say import Say
@@ -44,6 +44,7 @@ from grader.verdict.say import Say
 CANDIDATES = 64   # runs of a move looked at in one record (every copy of it a rank handed, to a scaled world)
 RTOL = 1e-3   # float32 on the rank's side, float64 here, sums in other orders: far below any other content
 INTERLEAVED = 4   # moves fused in one call, value by value, that a move is still found among
+FAMILIES = ("all_gather", "all_reduce", "reduce_scatter")   # the kinds of collective a scaled world changes
 
 
 def _of(call: dict, collective: str) -> bool:
@@ -167,34 +168,48 @@ def _placed(into: dict, indexed: list, start: int, count: int, step: int) -> Non
             into.setdefault(str(index), []).append([first - low, min(high - 1, last) - low + 1, step])
 
 
-def targets(part_id: str, check, run, exp):
-    """Where each rank's calls carried the part's all-reduced moves at `check`, for a world that
-    multiplies only those values (grader.rerun.rank.hooks): {"families": the kinds of collective
-    scaled there only where they carried a move, "calls": {rank: {call index: [[start, stop, step],
-    ...]}}} (each in the values the rank handed that call, end to end). A rank whose all-reduces
-    carry its data beside its move, and whose values come from the data, then keeps them right.
-    None where some move was not placed (a record sampled every s-th value, or none): every call
-    is then scaled whole. An all-gather's or a reduce-scatter's moves are scaled whole."""
+def targets(part_id: str, check, run, exp, only: int = None):
+    """Where each rank's calls carried the part's moves at `check`, for a world that multiplies only
+    those values (grader.rerun.rank.hooks): {"families": the kinds of collective scaled only where
+    they carried a move, "calls": {rank: {call index: [[start, stop, step], ...]}}}: an all-reduce's
+    runs in the values the rank handed that call, end to end; every value of an all-gather's or a
+    reduce-scatter's call that carried one (its result is laid out otherwise than what was handed).
+    A rank whose calls carry its data beside its all-reduced move, or in calls that carry no move,
+    then keeps it right. `only`: the index of one move, among the part's moves at the check's kind,
+    to place alone (the others' calls are left as they are). None where some move was not placed (a
+    record sampled every s-th value, or none): every call is then scaled whole."""
     part, p = BY_ID[part_id], check.world_size
     say_carried = part.carried.get(check.kind)
     mapping = dataclasses.asdict(check)
     if say_carried is None or p <= 1 or not sent_budget(part_id, mapping, p) or sent_stride(part_id, mapping, p) != 1:
         return None
     moves = [m for m in part.moves if m.kind == check.kind]
-    families = sorted({"all_reduce", "all_gather", "reduce_scatter"} - {m.collective for m in moves})
     placed = {}
     for rank, r in sorted(run.ranks.items()):
         mine = placed.setdefault(str(rank), {})
-        indexed = [(i, s) for i, (c, s) in enumerate(zip(r.comm, r.sent)) if s is not None and _of(c, "all_reduce")]
-        for move, want in zip(moves, say_carried(exp, check, rank)):
-            if move.collective != "all_reduce":
+        for j, (move, want) in enumerate(zip(moves, say_carried(exp, check, rank))):
+            if only is not None and j != only:
                 continue
+            indexed = [(i, s) for i, (c, s) in enumerate(zip(r.comm, r.sent)) if s is not None and _of(c, move.collective)]
             found = None if want is None else _carried([s for _, s in indexed], want, every=True)
             if found is None:
                 return None
+            into = mine if move.collective == "all_reduce" else {}
             for start, count, step in found:
-                _placed(mine, indexed, start, count, step)
-    return {"families": ["all_reduce", *families], "calls": placed}
+                _placed(into, indexed, start, count, step)
+            mine.update({index: WHOLE_CALL for index in into if into is not mine})
+    return {"families": list(FAMILIES), "calls": placed}
+
+
+def move_targets(part_id: str, check, run, exp) -> list:
+    """[(j, targets() of the part's j-th move at `check` alone)], for each move a rank handed (one
+    of zeros changes nothing); [] where some move was not placed (then one world scales every call
+    whole)."""
+    count = sum(m.kind == check.kind for m in BY_ID[part_id].moves)
+    each = [targets(part_id, check, run, exp, only=j) for j in range(count)]
+    if not each or any(t is None for t in each):
+        return []
+    return [(j, t) for j, t in enumerate(each) if any(t["calls"].values())]
 
 
 def hold(outcome, run, part_id: str, check, exp, say: Say = None):

@@ -204,19 +204,26 @@ def hold(outcome, run, part_id: str, check, say: Say = None):
     return failed_for(outcome, text, sorted({r for ranks in short.values() for r in ranks}))
 
 
-def independent(outcome, part_id: str, check, say: Say = None, shown_at: str = ""):
+def independent(outcome, part_id: str, check, say: Say = None, shown_at: str = "", move: int = None):
     """`outcome` (a CheckOutcome whose values were right) failed: at a world whose collectives'
     results were scaled, the part's values came out right all the same. `shown_at`: where that was
-    shown, when not at `check` itself (a later check of the same kind fails for it too)."""
+    shown, when not at `check` itself (a later check of the same kind fails for it too); `move`:
+    the index, among the part's moves at the check's kind, of the one move changed there alone."""
     say = say or Say(check)
     part = BY_ID[part_id]
-    verbs = sorted({SAID[m.collective][1] for m in part.moves if m.kind == check.kind})
+    moves = [m for m in part.moves if m.kind == check.kind]
     name = short_name(part_id)
     where = f" at {shown_at}" if shown_at else ""
-    text = (f"{name}'s values came out right{where} even when what its {' and '.join(v + 's' for v in verbs)} "
-            f"returned was changed (what carried the part's moves multiplied by 1.25 to 2): its ranks did not get "
-            f"their values "
-            f"from those collectives (right values without the part's collectives earn nothing)")
+    if move is None:
+        verbs = sorted({SAID[m.collective][1] for m in moves})
+        changed = f"what its {' and '.join(v + 's' for v in verbs)} returned was changed (what carried the part's moves"
+        own = "from those collectives"
+    else:
+        changed = (f"what its {SAID[moves[move].collective][1]}s returned for {moves[move].what} was changed "
+                   f"(those values alone")
+        own = f"from that {SAID[moves[move].collective][1]}, though they handed it {moves[move].what}"
+    text = (f"{name}'s values came out right{where} even when {changed} multiplied by 1.25 to 2): its ranks did "
+            f"not get their values {own} (right values without the part's collectives earn nothing)")
     return failed_for(outcome, text, list(range(check.world_size)))
 
 

@@ -23,6 +23,8 @@ wrappers alone see them.
 import torch
 import torch.distributed as dist
 
+from grader.parts import WHOLE_CALL
+
 # The collectives a part may call; each call is recorded with its element count.
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single",
                "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single", "broadcast",
@@ -146,11 +148,15 @@ def scale_runs(value, runs: list, factor: float) -> None:
 def scale_placed(value, factor: float, targets, name: str, index) -> None:
     """Scale what the `index`-th call of the part (a call of `name`) returned: where `targets`
     (grader.verdict.carried.targets, this rank's) place the part's moves, in a call of the kinds
-    they hold, only the values there (none of a call they do not place); else all of it."""
-    if targets and FAMILY[name] in targets["families"]:
-        scale_runs(value, targets["calls"].get(str(index), []) if index is not None else [], factor)
-    else:
+    they hold, only the values there (none of a call they do not place, all of one they mark
+    WHOLE_CALL); else all of it."""
+    if not (targets and FAMILY[name] in targets["families"]):
+        return scale(value, factor)
+    where = targets["calls"].get(str(index), []) if index is not None else []
+    if where == WHOLE_CALL:
         scale(value, factor)
+    else:
+        scale_runs(value, where, factor)
 
 
 def output(args: tuple, kwargs: dict):
