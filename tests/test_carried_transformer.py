@@ -114,6 +114,29 @@ def test_a_vocab_parallel_loss_in_other_right_forms_carries_what_it_must(worlds)
         assert outcome.status == Status.PASSED, (name, outcome.message)
 
 
+# Part 6 shifted by one maximum for the whole batch (not each token's), all-reducing the target's
+# softmax numerator (its exponential) in place of its logit: the same loss, the same calls.
+NUMERATOR = (
+    ("        shifted = logits - all_reduce_vocab(logits.max(dim=-1).values, dist.ReduceOp.MAX).unsqueeze(-1)",
+     "        shifted = logits - all_reduce_vocab(logits.max(), dist.ReduceOp.MAX)"),
+    ("        picked = all_reduce_vocab(torch.where(owned, picked, torch.zeros_like(picked)), dist.ReduceOp.SUM)",
+     "        picked = all_reduce_vocab(torch.where(owned, picked.exp(), torch.zeros_like(picked)), dist.ReduceOp.SUM).log()"))
+
+
+def test_a_vocab_parallel_loss_shifted_by_one_maximum_that_reduces_the_targets_exponential_passes(worlds):
+    executor, rubric, checks, tmp = worlds
+    text = REFERENCE.read_text()
+    for old, new in NUMERATOR:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp / "numerator.py"
+    path.write_text(text)
+    for name in ("backward-2", "layer-backward-4"):
+        outcome = judge_check(executor, prepare_code(path), checks[name], rubric, tmp, ["vocab_parallel"],
+                              matter={})["vocab_parallel"]
+        assert outcome.status == Status.PASSED, (name, outcome.message)
+
+
 # Part 6 fusing its two all-reduces of the loss into one, value by value (the sums of exponentials
 # and the target logits stacked on the last dimension).
 FUSED = (

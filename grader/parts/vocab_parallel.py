@@ -79,7 +79,9 @@ def loss_forms(z: list, targets, rank: int) -> tuple:
     and the targets [N]: (its sums of exponentials, its target logits), each a tuple of right forms.
     A sum of exponentials shifted by each token's maximum over every rank's columns (the max
     all-reduced), or not shifted (or by one number for every token: a factor); the target's logit
-    less that maximum, or as it is (with the logit shift). What a padding target's row holds is the
+    less that maximum, or less one number for every token, or as it is (with the logit shift); or
+    the target's exponential, its softmax's numerator, shifted either way (log S less its log is
+    the loss alike). What a padding target's row holds is the
     hand-in's to choose (left in, zeroed, the logit of whatever id the target was clamped to): with
     padding, each form is said on the longest run of rows of real targets alone."""
     import torch
@@ -89,7 +91,8 @@ def loss_forms(z: list, targets, rank: int) -> tuple:
     at = zr.gather(-1, torch.where(owned, targets - rank * k, 0).unsqueeze(-1)).squeeze(-1)
     rows = _real_rows(targets != IGNORE_INDEX)
     sums = (torch.exp(zr - m.unsqueeze(-1)).sum(-1), torch.exp(zr - m.max()).sum(-1))
-    picked = (torch.where(owned, at - m, 0.0), torch.where(owned, at, 0.0))
+    picked = (torch.where(owned, at - m, 0.0), torch.where(owned, at, 0.0), torch.where(owned, at - m.max(), 0.0),
+              torch.where(owned, torch.exp(at - m), 0.0), torch.where(owned, torch.exp(at - m.max()), 0.0))
     return tuple(t[rows] for t in sums), tuple(t[rows] for t in picked)
 
 
