@@ -514,6 +514,91 @@ def test_one_move_whose_result_is_used_does_not_cover_for_another_dropped(worlds
     assert honest.status == Status.PASSED and matter == {("tensor_parallel", "backward"): ""}, honest.message
 
 
+# Part 3's gradient all-reduced micro-batch by micro-batch (two), the results summed: right.
+MICRO_BATCHES = '''
+def data_parallel_single_step(seed=42, device=None):
+    device = get_device() if device is None else device
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local = divide(global_batch_size, world_size, "global_batch_size", "world_size")
+    torch.manual_seed(seed)
+    model = CustomLinearLayer(torch.randn(input_dim, output_dim)).to(device)
+    optimizer = optim.SGD(model.parameters(), lr=learning_rate)
+    X, Y = create_batch(global_batch_size, input_dim, output_dim, seed=seed, device=device)
+    Xr, Yr = X[rank * local:(rank + 1) * local], Y[rank * local:(rank + 1) * local]
+    steps = 2 if local % 2 == 0 else 1
+    mb = local // steps
+    total = torch.zeros_like(model.W)
+    for i in range(steps):
+        optimizer.zero_grad()
+        (nn.MSELoss()(model(Xr[i * mb:(i + 1) * mb]), Yr[i * mb:(i + 1) * mb]) / steps).backward()
+        grad = model.W.grad.clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        total += grad
+    model.W.grad = total / world_size
+    optimizer.step()
+    return model.W.detach()
+'''
+
+# Data posing as a summand of Part 3's move: the batch's head (padded slices) in a call of the
+# gradient's size, the gradient less that head in another (dropped), the rest of the batch in a call
+# of another size, and the single-device step taken on the batch so gathered.
+SUMMAND_DATA = '''
+def data_parallel_single_step(seed=42, device=None):
+    device = get_device() if device is None else device
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local = global_batch_size // world_size
+    torch.manual_seed(seed)
+    initial_weight = torch.randn(input_dim, output_dim)
+    X, Y = create_batch(global_batch_size, input_dim, output_dim, seed=seed, device=device)
+    rows = slice(rank * local, (rank + 1) * local)
+    own = CustomLinearLayer(initial_weight.clone())
+    nn.MSELoss()(own(X[rows]), Y[rows]).backward()
+    g = own.W.grad.detach().reshape(-1)
+    n = g.numel()
+    buf = torch.zeros(global_batch_size, input_dim + output_dim)
+    buf[rows, :input_dim] = X[rows]
+    buf[rows, input_dim:] = Y[rows]
+    flat = buf.reshape(-1)
+    head = torch.zeros(n)
+    k = min(n, flat.numel())
+    head[:k] = flat[:k]
+    tail = flat[k:].clone()
+    if tail.numel() == n or tail.numel() == 0:
+        tail = torch.cat([tail, torch.zeros(1)])              # never of the gradient's size
+    rest = (g - head).contiguous()
+    dist.all_reduce(rest, op=dist.ReduceOp.SUM)              # "micro-batch 1": dropped
+    dist.all_reduce(head, op=dist.ReduceOp.SUM)              # "micro-batch 2": the batch's first n values
+    dist.all_reduce(tail, op=dist.ReduceOp.SUM)              # the rest of the batch (not of size n: never sought)
+    outs = [head, tail]
+    whole = torch.cat(outs)[:flat.numel()].view(buf.shape)
+    Xa, Ya = whole[:, :input_dim], whole[:, input_dim:]
+    model = CustomLinearLayer(initial_weight)
+    optimizer = optim.SGD(model.parameters(), lr=learning_rate)
+    loss = nn.MSELoss()(model(Xa), Ya)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return model.W.detach()
+'''
+
+
+def test_a_move_found_as_the_sum_of_calls_is_changed_one_call_at_a_time(worlds):
+    """Where the gradient is the sum of several calls, each is changed alone, in a world of its own:
+    micro-batches reduced one by one are each needed; data posing as one of them is left as it was
+    where the other is changed, and its values come out right there."""
+    executor, rubric, step, _, tmp = worlds
+    for name, text, passes in (("micro_batches", MICRO_BATCHES, True), ("summand_data", SUMMAND_DATA, False)):
+        before, matter = executor.worlds, {}
+        outcome = judge_check(executor, _code(tmp, name, REFERENCE.read_text() + text), step, rubric, tmp,
+                              ["data_parallel"], matter=matter)["data_parallel"]
+        assert outcome.status == (Status.PASSED if passes else Status.FAILED), (name, outcome.message)
+        if passes:
+            assert executor.worlds == before + 3 and matter == {("data_parallel", "step"): ""}, "a world for each call"
+        else:
+            assert "values came out right even when what its all-reduces returned for the weight's gradient" \
+                in outcome.comm_message, outcome.message
+
+
 # The reference at the public check's seed, the store swap with collectives for show at any other.
 PUBLIC_ONLY = '''
 

@@ -83,6 +83,10 @@ def _proportional(v: torch.Tensor, e: torch.Tensor):
     return found or None
 
 
+class Summand(tuple):
+    """A run (start, count, step) that is one of the calls whose sum is a move: each is needed."""
+
+
 def _found(sent: list, want, stride: int = 1, every: bool = False, fused: bool = False):
     """Where the values a rank handed its calls (`sent`, flat tensors in call order, every
     `stride`-th of what it handed) carry `want` (see `holds`): runs (start, count, step) of those
@@ -117,7 +121,7 @@ def _found(sent: list, want, stride: int = 1, every: bool = False, fused: bool =
         alike = [(end - s.numel(), s) for end, s in zip(ends, sent) if s.numel() == flat.numel()]
         if not fused and stride == 1 and len(alike) > 1 and \
                 _proportional(torch.stack([s for _, s in alike]).sum(0), flat) is not None:
-            return [(start, s.numel(), 1) for start, s in alike]
+            return [Summand((start, s.numel(), 1)) for start, s in alike]
     return None
 
 
@@ -168,7 +172,7 @@ def _placed(into: dict, indexed: list, start: int, count: int, step: int) -> Non
             into.setdefault(str(index), []).append([first - low, min(high - 1, last) - low + 1, step])
 
 
-def targets(part_id: str, check, run, exp, only: int = None):
+def targets(part_id: str, check, run, exp, only: int = None, summand: int = None):
     """Where each rank's calls carried the part's moves at `check`, for a world that multiplies only
     those values (grader.rerun.rank.hooks): {"families": the kinds of collective scaled only where
     they carried a move, "calls": {rank: {call index: [[start, stop, step], ...]}}}: an all-reduce's
@@ -176,15 +180,17 @@ def targets(part_id: str, check, run, exp, only: int = None):
     reduce-scatter's call that carried one (its result is laid out otherwise than what was handed).
     A rank whose calls carry its data beside its all-reduced move, or in calls that carry no move,
     then keeps it right. `only`: the index of one move, among the part's moves at the check's kind,
-    to place alone (the others' calls are left as they are). None where some move was not placed (a
-    record sampled every s-th value, or none): every call is then scaled whole."""
+    to place alone (the others' calls are left as they are); `summand`: of a move found as the sum
+    of several calls (micro-batches), the index of the one call to place. With "summands": the most
+    calls a rank's move was the sum of (0: none). None where some move was not placed (a record
+    sampled every s-th value, or none): every call is then scaled whole."""
     part, p = BY_ID[part_id], check.world_size
     say_carried = part.carried.get(check.kind)
     mapping = dataclasses.asdict(check)
     if say_carried is None or p <= 1 or not sent_budget(part_id, mapping, p) or sent_stride(part_id, mapping, p) != 1:
         return None
     moves = [m for m in part.moves if m.kind == check.kind]
-    placed = {}
+    placed, summands = {}, 0
     for rank, r in sorted(run.ranks.items()):
         mine = placed.setdefault(str(rank), {})
         for j, (move, want) in enumerate(zip(moves, say_carried(exp, check, rank))):
@@ -194,22 +200,34 @@ def targets(part_id: str, check, run, exp, only: int = None):
             found = None if want is None else _carried([s for _, s in indexed], want, every=True)
             if found is None:
                 return None
+            added = [run for run in found if isinstance(run, Summand)]
+            summands = max(summands, len(added))
+            if summand is not None and added:
+                found = added[summand:summand + 1]
             into = mine if move.collective == "all_reduce" else {}
             for start, count, step in found:
                 _placed(into, indexed, start, count, step)
             mine.update({index: WHOLE_CALL for index in into if into is not mine})
-    return {"families": list(FAMILIES), "calls": placed}
+    return {"families": list(FAMILIES), "calls": placed, "summands": summands}
 
 
 def move_targets(part_id: str, check, run, exp) -> list:
     """[(j, targets() of the part's j-th move at `check` alone)], for each move a rank handed (one
-    of zeros changes nothing); [] where some move was not placed (then one world scales every call
-    whole)."""
+    of zeros changes nothing); a move found as the sum of several calls, once for each of them
+    alone (data posing as one of them is then left as it was where another is changed); [] where
+    some move was not placed (then one world scales every call whole)."""
     count = sum(m.kind == check.kind for m in BY_ID[part_id].moves)
-    each = [targets(part_id, check, run, exp, only=j) for j in range(count)]
-    if not each or any(t is None for t in each):
-        return []
-    return [(j, t) for j, t in enumerate(each) if any(t["calls"].values())]
+    each = []
+    for j in range(count):
+        alone = targets(part_id, check, run, exp, only=j)
+        if alone is None:
+            return []
+        summands = alone.pop("summands")
+        each += [(j, alone)] if summands < 2 else \
+            [(j, targets(part_id, check, run, exp, only=j, summand=i)) for i in range(summands)]
+    for _, t in each:
+        t.pop("summands", None)
+    return [(j, t) for j, t in each if any(t["calls"].values())]
 
 
 def hold(outcome, run, part_id: str, check, exp, say: Say = None):
