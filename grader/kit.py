@@ -181,13 +181,15 @@ def fit_text(text: str) -> str:
 def atomic_write(path: Path, text) -> None:
     """Write `text` (str, or bytes written as they are) to `path` through a temporary file and a
     rename: a reader sees the old file or the new one, never half of one. The file gets the mode the
-    user's umask gives new files, so a shared grading folder stays readable to the other TAs."""
+    user's umask gives new files, so a shared grading folder stays readable to the other TAs. Text
+    is written as UTF-8, a lone surrogate as "?" (a file name's undecodable byte, or a hand-in's
+    exception text, must not stop a page from being written)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
-        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8", newline="")) as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8", errors="replace", newline="")) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

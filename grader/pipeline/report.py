@@ -150,6 +150,6 @@ def fit_page(data: dict) -> str:
     at the loosest of kit.LEVELS whose page fits (else the tightest)."""
     for chars, items in LEVELS:
         page = feedback_html(bounded(data, chars, items))
-        if len(page.encode()) <= FILE_BYTES:
+        if len(page.encode("utf-8", "replace")) <= FILE_BYTES:
             break
     return page

@@ -15,6 +15,7 @@ another world's.
 import base64
 import functools
 import json
+import re
 import os
 import struct
 import zlib
@@ -85,9 +86,29 @@ def send_framed(fd: int, world: int, message: dict = None, body: bytes = None) -
     _write_all(fd, FRAME.pack(MARK, world, len(body), zlib.crc32(body)) + body)
 
 
+# A lone UTF-16 surrogate written as a JSON escape (any case): what a hand-in's exception text may
+# hold, and no file's encoding can write.
+LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(value):
+    """`value` (a decoded message, or a part of it) with every lone surrogate of its strings, keys
+    too, replaced by U+FFFD: a grader's page, CSV or log written from it cannot fail on it."""
+    if isinstance(value, str):
+        return SURROGATES.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): without_lone_surrogates(v) for k, v in value.items()}
+    return value
+
+
 def _message(body: bytes) -> dict:
     try:
         message = json.loads(body)
+        if LONE_SURROGATE.search(body):   # a pair of escapes is one character once read: what stays is lone
+            message = without_lone_surrogates(message)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ChannelError(f"message is not JSON ({e})") from e
     except RecursionError:   # nested deeper than the parser's stack: a frame no sender of ours writes
@@ -163,7 +184,7 @@ class FramedReader:
         self._searched = 1    # the buffer before this offset holds no other frame's mark
         self.skipped = 0
 
-    def _whole(self, start: int):
+    def without_lone_surrogates(self, start: int):
         """(world, body, end) of a whole, intact frame at `start`; None if there is none (yet)."""
         if len(self._buffer) < start + FRAME.size:
             return None
@@ -180,7 +201,7 @@ class FramedReader:
             return self._buffer[start:start + len(MARK)] != MARK[:len(self._buffer) - start]
         mark, _, length, _ = FRAME.unpack_from(self._buffer, start)
         return mark != MARK or length > MAX_MESSAGE_BYTES or \
-            (len(self._buffer) >= start + FRAME.size + length and self._whole(start) is None)
+            (len(self._buffer) >= start + FRAME.size + length and self.without_lone_surrogates(start) is None)
 
     def _drop_to_next_frame(self) -> bool:
         """Drop the bytes before the next whole frame after the start; whether there was one. (A
@@ -188,7 +209,7 @@ class FramedReader:
         at = self._buffer.find(MARK, max(1, self._searched))
         pending = None          # the first mark whose frame may still be completed
         while at != -1:
-            if self._whole(at) is not None:
+            if self.without_lone_surrogates(at) is not None:
                 del self._buffer[:at]
                 self._searched, self.skipped = 1, self.skipped + 1
                 return True
@@ -202,7 +223,7 @@ class FramedReader:
         self._buffer += data
         pairs = []
         while self._buffer:
-            frame = self._whole(0)
+            frame = self.without_lone_surrogates(0)
             if frame is None:
                 if self._drop_to_next_frame():
                     continue
