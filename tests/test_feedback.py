@@ -13,6 +13,7 @@ hang is told: hand-ins built for each, graded by the real grader in real gloo wo
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -126,6 +127,13 @@ def student_facing(grading: dict) -> str:
     return "\n".join(said)
 
 
+# Part 3 raises an exception whose text holds lone surrogates (a JSON escape carries them through
+# the grader's pipes) and a line of backticks, then what would be the feedback's own Markdown if it
+# ended the traceback's fence.
+ODD_TEXT = ("    raise RuntimeError('boom \\udc80 \\ud800' + chr(10) + '`' * 3 + chr(10) + '**Score: 100 / 100**'"
+            " + chr(10) + '<img src=x onerror=alert(1)>' + chr(10) + '`' * 3)\n")
+
+
 @pytest.fixture(scope="module")
 def graded(reference_run, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("feedback")
@@ -136,10 +144,37 @@ def graded(reference_run, tmp_path_factory):
     assert shape != REF and cuda != REF
     for name, code in (("shape_bug", shape), ("hostile", hostile()), ("cuda_rank", cuda)):
         write_zip(inbox / f"{name}.zip", _handin(code, reference_run))
+    # Its name holds a byte no encoding reads (a download unpacked by a tool of another locale), its
+    # exceptions lone surrogates and a fence of their own.
+    write_zip(inbox / os.fsdecode(b"odd_text_\xff.zip"), _handin(REF.replace(START, START + ODD_TEXT), reference_run))
     out = tmp / "out"
     grade_batch([inbox], out, jobs=2, rubric_path=fast_rubric(tmp), progress=False)
     results = {p.parent.name: json.loads(p.read_text()) for p in result_files(out)}
     return out, results, tmp
+
+
+def test_odd_text_in_a_name_or_an_exception_costs_no_page_and_breaks_no_fence(graded):
+    """A file name with an undecodable byte and exceptions with lone surrogates: the batch writes every
+    page, the hand-in gets its result (the odd characters replaced), and the exception's backticks do
+    not end the fence its traceback is shown in."""
+    out, results, _ = graded
+    odd = next(key for key in results if key.startswith("odd_text"))
+    assert results[odd]["status"] == "graded", results[odd]
+    assert results[odd]["parts"]["data_parallel"]["checks"][0]["status"] == "crashed"
+    for page in ("grades.csv", "summary.md", "report.html"):
+        assert (out / page).is_file(), page
+    feedback = (student_dir(out, odd) / "feedback.md").read_text()
+    fenced, loose, fence = 0, [], None
+    for line in feedback.splitlines():
+        if fence is None and line.startswith("```"):
+            fence = line
+        elif fence is not None and line == fence:
+            fence = None
+        elif fence is not None:
+            fenced += "**Score: 100 / 100**" in line
+        elif re.search(r"(?<!\\)\*\*Score: 100|(?<!\\)<img|^```", line):
+            loose.append(line)   # the hand-in's Markdown or HTML, live outside a fence
+    assert fenced and not loose, loose
 
 
 def checks_of(result: dict, part: str) -> dict:

@@ -21,13 +21,12 @@ import re
 from pathlib import Path
 
 from grader.kit import page_template
-from grader.names import inert, student_of
+from grader.names import inert, plain, student_of
 from grader.parts import BY_ID
 
 TEMPLATE = Path(__file__).parent / "templates" / "feedback.html"   # its page, escaped by autoescape
 
-MARKDOWN = {"": "{}", "b": "**{}**", "code": "`{}`", "i": "*{}*"}
-HTML_START = re.compile(r"([<&])")   # what starts a tag or an entity in Markdown's HTML
+MARKDOWN = {"": "{}", "b": "**{}**", "i": "*{}*", "name": "{}"}
 
 
 def fmt(points) -> str:
@@ -133,10 +132,21 @@ def feedback_document(result: dict, public_only: bool = False) -> list:
 
 
 def _md(spans: list) -> str:
-    # A message may quote the hand-in's own words (an exception's text): no HTML of theirs reaches an
-    # LMS that renders the Markdown (a backslash keeps "<" and "&" as themselves in CommonMark)
-    return "".join(inert(text) if style == "name" else MARKDOWN[style].format(
-        text if style == "code" else HTML_START.sub(r"\\\1", text)) for style, text in spans)
+    # A message may quote the hand-in's own words (an exception's text): none of its Markdown or HTML
+    # reaches an LMS that renders the page (every character that starts markup escaped, every line
+    # break a space), and no backtick of its ends a code span early
+    return "".join(_code(text) if style == "code" else MARKDOWN[style].format(inert(text)) for style, text in spans)
+
+
+def _code(text: str) -> str:
+    """`text` as an inline code span: one line, between more backticks than any run of them in it."""
+    text = plain(text)
+    ticks = "`" * (1 + max((len(run) for run in BACKTICKS.findall(text)), default=0))
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+BACKTICKS = re.compile("`+")
 
 
 def markdown(blocks: list) -> str:
@@ -154,7 +164,10 @@ def markdown(blocks: list) -> str:
             out.append("\n".join([f"| {' | '.join(head)} |", f"|{' --- |' * len(head)}",
                                   *[f"| {' | '.join(_md(c) for c in row)} |" for row in rows]]))
         elif kind == "code":
-            out.append(f"```\n{content}\n```")
+            # A fence longer than any run of backticks in it: a line of them (a hand-in's exception
+            # text, its log) cannot close it and write the page's own Markdown
+            fence = "`" * max(3, 1 + max((len(run) for run in BACKTICKS.findall(content)), default=0))
+            out.append(f"{fence}\n{content}\n{fence}")
         elif kind == "hr":
             out.append("---")
     return "\n\n".join(out) + "\n"
