@@ -46,6 +46,7 @@ def test_each_refused_call_fails_with_eperm_in_the_filtered_process_its_threads_
         assert refused(lambda: os.memfd_create("a4"))
         assert refused(lambda: libc.shmget(0, 4096, 0o600))
         assert refused(lambda: libc.msgget(0, 0o600))
+        assert refused(lambda: libc.semget(0, 32000, 0o600))   # a set of semaphores: 2 MB of the kernel's
         assert refused(lambda: libc.syscall(ctypes.c_long(IO_URING_SETUP), 8, ctypes.create_string_buffer(120)))
         with tempfile.TemporaryFile() as f:   # a record lock: every byte range one more kernel object
             assert refused(lambda: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0))

@@ -6,8 +6,10 @@ world's view, and one that would take it more than its world's share of the CPU.
   open (grader.rerun.sandbox.outside), but not one only a unix message in flight holds
   (SCM_RIGHTS: up to RANK_OPEN_FILES of them per user, each as large as a file may be), nor one
   whose descriptor was closed while a page of it stays mapped.
-- shmget, msgget: SysV shared memory and message queues. A segment nobody maps any longer, or a
-  queue nobody reads, lives on in its IPC namespace; each rank's own (grader.rerun.sandbox.scratch
+- shmget, msgget, semget: SysV shared memory, message queues and semaphores. A segment nobody maps
+  any longer, or a queue nobody reads, lives on in its IPC namespace, and a set of 32,000 semaphores
+  holds 2 MB of the kernel's that no process shows (hundreds of sets a rank took gigabytes past an
+  ordinary user's world's limit); each rank's own (grader.rerun.sandbox.scratch
   .rank_view) is one the world's leader cannot read.
 - io_uring_setup: each ring's queues (up to 5 MB, 200 rings a gigabyte) are the kernel's, in no
   process's resident set.
@@ -103,11 +105,11 @@ class Calls:
     fcntl: tuple = ()       # fcntl and fcntl64: the command is args[1]
 
 
-# memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, setns, mount, pivot_root,
+# memfd_create, memfd_secret, shmget, msgget, semget, io_uring_setup, bpf, setns, mount, pivot_root,
 # inotify_init (where there is one), inotify_init1, fanotify_init, setsid, and the new mount API (open_tree,
 # move_mount, fsopen, fsmount, fspick: the same numbers everywhere)
 _MOUNT_API = (428, 429, 430, 432, 433)
-_X86_64 = Calls(refused=(319, 447, 29, 68, 425, 321, 308, 165, 155, 253, 294, 300, 112) + _MOUNT_API, clone3=(435,),
+_X86_64 = Calls(refused=(319, 447, 29, 68, 64, 425, 321, 308, 165, 155, 253, 294, 300, 112) + _MOUNT_API, clone3=(435,),
                 unshare=(272,), clone=(56,), sockets=(41, 53), fcntl=(72,))
 
 
@@ -120,16 +122,16 @@ def _x32(calls: Calls) -> Calls:
 # socketcall(2): both refused whole)
 REFUSED = {
     "x86_64": {0xC000003E: _x32(_X86_64),
-               0x40000003: Calls(refused=(356, 447, 395, 399, 425, 357, 346, 21, 217, 291, 332, 338, 66, 117, 102)
+               0x40000003: Calls(refused=(356, 447, 395, 399, 393, 425, 357, 346, 21, 217, 291, 332, 338, 66, 117, 102)
                                  + _MOUNT_API,
                                  clone3=(435,), unshare=(310,), clone=(120,), sockets=(359, 360), fcntl=(55, 221))},
-    "aarch64": {0xC00000B7: Calls(refused=(279, 447, 194, 186, 425, 280, 268, 40, 41, 26, 262, 157) + _MOUNT_API,
+    "aarch64": {0xC00000B7: Calls(refused=(279, 447, 194, 186, 190, 425, 280, 268, 40, 41, 26, 262, 157) + _MOUNT_API,
                                   clone3=(435,), unshare=(97,), clone=(220,), sockets=(198, 199), fcntl=(25,)),
-                0x40000028: Calls(refused=(385, 447, 307, 303, 425, 386, 375, 21, 218, 316, 360, 367, 66) + _MOUNT_API,
+                0x40000028: Calls(refused=(385, 447, 307, 303, 299, 425, 386, 375, 21, 218, 316, 360, 367, 66) + _MOUNT_API,
                                   clone3=(435,), unshare=(337,), clone=(120,), sockets=(281, 288), fcntl=(55, 221))},
 }
 SECCOMP_CALL = {"x86_64": 317, "aarch64": 277}
-CALLS = ("memfd_create, memfd_secret, shmget, msgget, io_uring_setup, bpf, inotify, new namespaces, mounts, "
+CALLS = ("memfd_create, memfd_secret, shmget, msgget, semget, io_uring_setup, bpf, inotify, new namespaces, mounts, "
          "new sessions, record locks and sockets but unix, TCP, UDP and netlink routing")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -218,7 +220,7 @@ def note(isolation) -> None:
 
 def check() -> None:
     """In a process of its own, which it leaves filtered: the filter installed, memfd_create,
-    shmget, a new user namespace, a UDP-Lite socket and a record lock are refused; OSError where one
+    shmget, semget, a new user namespace, a UDP-Lite socket and a record lock are refused; OSError where one
     is not so."""
     namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
     refuse()
@@ -232,6 +234,7 @@ def check() -> None:
 
     still_works(lambda: os.close(os.memfd_create("a4-probe")), "memfd_create")
     still_works(lambda: _libc.shmget(0, 4096, 0o600), "shmget")
+    still_works(lambda: _libc.semget(0, 1, 0o600), "semget")
     still_works(lambda: _libc.unshare(0x10000000), "unshare(CLONE_NEWUSER)")
     still_works(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 136).close(), "a UDP-Lite socket")
     with tempfile.TemporaryFile() as f:
