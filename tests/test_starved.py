@@ -7,12 +7,13 @@ a machine whose every core is busy is in tests/test_hangs.py (make test-scale)."
 
 import dataclasses
 import os
+import time
 
 import pytest
 
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
-from grader.rerun.starved import cpu_time, said, starved
+from grader.rerun.starved import at_its_limit, cpu_time, said, starved
 from grader.rerun.wire.protocol import CpuTime
 from grader.rubric import load_rubric
 from tests.corpus import REFERENCE
@@ -82,6 +83,48 @@ def test_this_process_times_are_read_from_every_thread():
     spinner.join()
     assert after.run - before.run >= 0.1 and after.cores == len(os.sched_getaffinity(0)), (before, after)
     assert cpu_time([]) is None and cpu_time([2 ** 22 + 7]) is None   # nothing, or a process that is gone
+
+
+def test_threads_a_rank_makes_queued_behind_each_other_are_not_a_machine_that_kept_it_out(monkeypatch):
+    """A process of 32 threads hashing at once (the hash lets go of the interpreter's lock) on this
+    machine's cores: its threads wait many seconds in all, behind each other, but it waited only
+    as long as its thread that waited most. It had the CPU: not starved."""
+    pid = os.fork()
+    if pid == 0:   # the rank: its threads hash until it is killed
+        import hashlib
+        import threading
+        block = bytes(1 << 20)
+        for _ in range(32):
+            threading.Thread(target=lambda: [hashlib.sha256(block).digest() for _ in iter(int, 1)], daemon=True).start()
+        time.sleep(60)
+        os._exit(0)
+    try:
+        time.sleep(1.0)
+        cpu = cpu_time([pid])
+        # A thread that ended between the listing of its process's threads and the reading of its
+        # own times is passed by, not taken for times the kernel does not keep (which would count
+        # as starved).
+        listed = os.listdir
+        monkeypatch.setattr(os, "listdir", lambda path: listed(path) + (["999999999"] if path.endswith("/task") else []))
+        assert cpu_time([pid]) is not None
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert cpu.run > 0.5 and cpu.wait <= 1.5, cpu
+    assert not starved(cpu, 0.3, 1), cpu
+
+
+def test_a_worlds_cgroup_at_its_limit_makes_its_memory_stalls_its_own(tmp_path):
+    for version, used, limit in ((2, "memory.current", "memory.max"), (1, "memory.usage_in_bytes", "memory.limit_in_bytes")):
+        folder = tmp_path / f"v{version}"
+        folder.mkdir()
+        (folder / limit).write_text(f"{1 << 30}\n")
+        (folder / used).write_text(f"{(1 << 30) - (1 << 20)}\n")
+        assert at_its_limit([str(folder)])
+        (folder / used).write_text(f"{1 << 29}\n")
+        assert not at_its_limit([str(folder)])
+    (tmp_path / "v2" / "memory.max").write_text("max\n")
+    assert not at_its_limit([str(tmp_path / "v2")]) and not at_its_limit([])
 
 
 @pytest.mark.timeout(300)

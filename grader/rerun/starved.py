@@ -13,8 +13,11 @@ slices). At a part's timeout the world's leader adds them up over every thread o
                 or   (disk > 0   and   short)
 
 Both times are sums over the ranks, measured against what the world could have used at once:
-`min(ranks, cores)` CPUs for the clock. Ranks that each waited a few tenths of a second to start
-a part and then slept are not starved by it, however many ranks add their waits up.
+`min(ranks, cores)` CPUs for the clock; a rank's wait is its thread's that waited most, since
+threads a rank makes queue behind each other on cores the world has anyway (dozens of threads of
+its own would otherwise read as a machine that kept them out). Ranks that each waited a few tenths
+of a second to start a part and then slept are not starved by it, however many ranks add their
+waits up.
 
 - a rank asleep, or waiting in a collective: it neither runs nor waits for the CPU. Not starved.
 - a loop that never ends: it runs (with more ranks than cores its ranks wait for each other, and
@@ -32,14 +35,17 @@ a part and then slept are not starved by it, however many ranks add their waits 
   short of memory then (`short`: tasks stalled on memory in the last ten seconds, by the kernel's
   pressure stall information, or less than a tenth of it available where the kernel keeps none).
   Code can put its own thread in state D (a vfork whose child sleeps) at will: on a machine with
-  memory to spare, that is its own wait, and the clock stands.
+  memory to spare, that is its own wait, and the clock stands; so is it where the world's own
+  cgroup is at its limit (code that reads files past it stalls on its own reclaim, which the
+  machine's record counts too).
 
 A rank that never read the part's order from its pipe (the hand-in stalled it after the part
 before) never ran the part: that timeout is neither, and the part runs again alone, as any failure
 does (grader.rerun.supervise notes those ranks, `Abort.unread`).
 
 Where the kernel does not keep these times (no /proc, a kernel without schedstats) or a rank's
-cannot be read, the world counts as starved: the part is run again, as if the clock had said
+cannot be read (not a thread that ended as they were read: it is passed by), the world counts as
+starved: the part is run again, as if the clock had said
 nothing, and the grader's report says so (`SOURCE`).
 """
 
@@ -53,26 +59,51 @@ KEPT_OUT = 8   # waited this many times as long as it ran: kept from the CPU, wh
 READABLE = os.path.exists(SOURCE)
 
 
-def cpu_time(pids: list) -> Optional[CpuTime]:
-    """The time every thread of processes `pids` (as this /proc numbers them) ran and waited for a
-    CPU, in seconds, and the cores this process may use; None where one of them cannot be read."""
+def cpu_time(pids: list, cgroups: list = ()) -> Optional[CpuTime]:
+    """The time every thread of processes `pids` (as this /proc numbers them) ran, and the time each
+    of them waited for a CPU, in seconds (by its thread that waited most: its own threads queued
+    behind each other are not the machine's doing), and the cores this process may use; None where
+    one of them cannot be read. A thread that ended meanwhile is passed by. `cgroups`: the world's,
+    whose memory at its limit makes its stalls its own, not the machine's (`short`)."""
     if not pids:
         return None
     run = wait = disk = 0
     try:
         for pid in pids:
+            waits = [0]
             for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                    ran, waited = f.read().split()[:2]
-                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
-                run, wait, disk = run + int(ran), wait + int(waited), disk + (state == b"D")
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                        ran, waited = f.read().split()[:2]
+                    with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                        state = f.read().rsplit(b")", 1)[1].split()[0]
+                except (FileNotFoundError, ProcessLookupError):
+                    continue   # the thread ended since the folder was listed
+                run, disk = run + int(ran), disk + (state == b"D")
+                waits.append(int(waited))
+            wait += max(waits)
     except (OSError, ValueError, IndexError):
         return None
     return CpuTime(run=round(run / 1e9, 3), wait=round(wait / 1e9, 3), cores=len(os.sched_getaffinity(0)), disk=disk,
-                   short=bool(disk) and short_of_memory())
+                   short=bool(disk) and short_of_memory() and not at_its_limit(cgroups))
 
 
+def at_its_limit(cgroups: list) -> bool:
+    """Whether a world's memory cgroup holds nearly all it may (FULL of memory.max, v2, or of
+    memory.limit_in_bytes, v1, page cache too): memory stalls then are the world reclaiming its own
+    pages (code that reads files past its limit), which the machine-wide record counts too."""
+    for folder in cgroups:
+        for used, limit in (("memory.current", "memory.max"), ("memory.usage_in_bytes", "memory.limit_in_bytes")):
+            try:
+                with open(os.path.join(folder, used)) as f, open(os.path.join(folder, limit)) as g:
+                    if int(f.read()) >= FULL * int(g.read()):
+                        return True
+            except (OSError, ValueError):   # no such file here (the other version's), or "max"
+                continue
+    return False
+
+
+FULL = 0.9
 PRESSURE, STALLED = "/proc/pressure/memory", 1.0   # percent of the last 10 s some task stalled on memory
 
 

@@ -131,7 +131,7 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
     own = isolation is not None and isolation.per_world
     with memory.Watchdog(limits.memory_mb, outputs, limits.processes, cgroups, pids, own) as watchdog:
         report = supervise(job, fds, orders, pids, pgid, draw_secrets(job, key),
-                           cpu_time=lambda: starved.cpu_time(watchdog.rank_pids()))
+                           cpu_time=lambda: starved.cpu_time(watchdog.rank_pids(), cgroups))
         report.timeline["forked"] = forked
         if not job.compiled and prepared["code"] is not None:   # for the next world of this code
             report.compiled = compiled_blob(prepared["code"], prepared["skipped"], prepared["utils"])
