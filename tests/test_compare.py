@@ -125,6 +125,13 @@ def test_the_local_rank_where_the_global_rank_belongs_on_four_nodes():
     assert "LOCAL_RANK" not in diagnose(e.step(slice(0, 2)), e, "data_parallel", nodes, 1, TOL)
 
 
+def test_an_update_right_but_for_rounding_is_said_to_be_rounded_not_one_times_the_reference():
+    e = expected(CHECK, 0.5)
+    said = diagnose(e.w0 + 1.0007 * (e.w1 - e.w0), e, "data_parallel", CHECK, 0, TOL)
+    assert said.startswith("the update is the reference's but for rounding") and "float16" in said, said
+    assert "1.5 times" in diagnose(e.w0 + 1.5 * (e.w1 - e.w0), e, "data_parallel", CHECK, 0, TOL)
+
+
 def test_a_hidden_checks_numbers_are_never_said():
     e = expected(HIDDEN, 0.5)
     for got, part in [(e.w0 + 0.75 * (e.w1 - e.w0), "baseline"), (e.w1 + 0.1, "baseline"),

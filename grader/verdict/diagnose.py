@@ -68,9 +68,15 @@ def _factor(k, part, check, say, passed) -> str:
     for factor, message in known:
         if abs(k - factor) <= 1e-3 * max(1.0, abs(factor)):
             return message
+    if abs(k - 1.0) < NEARLY:   # its length right to a few parts in a thousand: rounded, not scaled
+        return ("the update is the reference's but for rounding past the tolerance (values made in lower "
+                "precision on the way: a gradient cast to float16 or bfloat16 for its collective, say)")
     if say.hidden:
         return "the update points the right way but is the wrong length (a constant factor off the reference's)"
     return f"the update points the right way but is {k:.4g} times the reference's"
+
+
+NEARLY = 5e-3
 
 
 def diagnose(got, exp, part: str, check, rank: int, tol, say: Say = None, passed=(), weights=None) -> str:
