@@ -587,13 +587,16 @@ def test_a_move_found_as_the_sum_of_calls_is_changed_one_call_at_a_time(worlds):
     micro-batches reduced one by one are each needed; data posing as one of them is left as it was
     where the other is changed, and its values come out right there."""
     executor, rubric, step, _, tmp = worlds
-    for name, text, passes in (("micro_batches", MICRO_BATCHES, True), ("summand_data", SUMMAND_DATA, False)):
+    many = MICRO_BATCHES.replace("steps = 2 if local % 2 == 0", "steps = 8 if local % 8 == 0")
+    assert many != MICRO_BATCHES and step.global_batch_size // step.world_size % 8 == 0, step
+    for name, text, passes, worlds in (("micro_batches", MICRO_BATCHES, True, 2), ("eight", many, True, 3),
+                                       ("summand_data", SUMMAND_DATA, False, None)):
         before, matter = executor.worlds, {}
         outcome = judge_check(executor, _code(tmp, name, REFERENCE.read_text() + text), step, rubric, tmp,
                               ["data_parallel"], matter=matter)["data_parallel"]
         assert outcome.status == (Status.PASSED if passes else Status.FAILED), (name, outcome.message)
-        if passes:
-            assert executor.worlds == before + 3 and matter == {("data_parallel", "step"): ""}, "a world for each call"
+        if passes:   # a world for each call, at most MOVE_WORLDS
+            assert executor.worlds == before + 1 + worlds and matter == {("data_parallel", "step"): ""}, name
         else:
             assert "values came out right even when what its all-reduces returned for the weight's gradient" \
                 in outcome.comm_message, outcome.message

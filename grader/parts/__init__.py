@@ -94,16 +94,20 @@ def sent_budget(part_id: str, check: dict, world_size: int) -> dict:
     (grader.rerun.rank.hooks, for grader.verdict.carried), at a check mapping of a world of
     `world_size` ranks: for each collective the part's moves call at the check's kind
     ("all_reduce", "all_gather", "reduce_scatter"), twice what they send (a reduce-scatter sends p
-    shares of what it moves) and a margin. None ({}) at one rank, or for a part that says nothing
-    it carries."""
+    shares of what it moves) and a margin; a part's one all-reduced move up to MICRO_BATCHES times.
+    None ({}) at one rank, or for a part that says nothing it carries."""
     part, kind, p = BY_ID[part_id], kind_of(check), world_size
     if p <= 1 or not part.carried.get(kind):
         return {}
     sizes = lambda name: p if name == "world_size" else int(check.get(name) or 0)   # noqa: E731 - a lookup
     sent = {}
-    for m in (m for m in part.moves if m.kind == kind):
+    moves = [m for m in part.moves if m.kind == kind]
+    for m in moves:
         sent[m.collective] = sent.get(m.collective, 0) + move_values(m, sizes) * (p if m.collective == "reduce_scatter" else 1)
-    return {collective: 2 * values + SENT_MARGIN for collective, values in sent.items()}
+    budget = {collective: 2 * values + SENT_MARGIN for collective, values in sent.items()}
+    if [m.collective for m in moves] == ["all_reduce"]:   # a gradient, perhaps reduced micro-batch by micro-batch
+        budget["all_reduce"] = max(budget["all_reduce"], min(SENT_MAX, MICRO_BATCHES * sent["all_reduce"] + SENT_MARGIN))
+    return budget
 
 
 def sent_stride(part_id: str, check: dict, world_size: int) -> int:
@@ -114,6 +118,9 @@ def sent_stride(part_id: str, check: dict, world_size: int) -> int:
 
 
 SENT_MAX, SENT_MARGIN = 1 << 16, 4096
+# A part's one all-reduced move is read whole in up to this many calls (a gradient all-reduced
+# micro-batch by micro-batch), within SENT_MAX: the sum of the calls of its size is then its sum.
+MICRO_BATCHES = 16
 # How the handout's run logs a part unprefixed on rank 0 (`handout_log`): the initial and the updated
 # weight compared (they must differ), or the updated weight against the expected one.
 CHANGED, MATCHES = "changed", "matches"
