@@ -100,20 +100,6 @@ OTHER_FORMS = (
      "    def forward(ctx, logits, targets, world_size, rank, ignore_index):\n        ctx.valid = targets != ignore_index"))
 
 
-def test_a_vocab_parallel_loss_in_other_right_forms_carries_what_it_must(worlds):
-    executor, rubric, checks, tmp = worlds
-    text = REFERENCE.read_text()
-    for old, new in OTHER_FORMS:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path = tmp / "other-forms.py"
-    path.write_text(text)
-    for name in ("backward-2", "layer-backward-2"):   # no logit shift: the loss stays finite without the max
-        outcome = judge_check(executor, prepare_code(path), checks[name], rubric, tmp, ["vocab_parallel"],
-                              matter={})["vocab_parallel"]
-        assert outcome.status == Status.PASSED, (name, outcome.message)
-
-
 # Part 6 shifted by one maximum for the whole batch (not each token's), all-reducing the target's
 # softmax numerator (its exponential) in place of its logit: the same loss, the same calls.
 NUMERATOR = (
@@ -123,16 +109,19 @@ NUMERATOR = (
      "        picked = all_reduce_vocab(torch.where(owned, picked.exp(), torch.zeros_like(picked)), dist.ReduceOp.SUM).log()"))
 
 
-def test_a_vocab_parallel_loss_shifted_by_one_maximum_that_reduces_the_targets_exponential_passes(worlds):
-    executor, rubric, checks, tmp = worlds
+@pytest.mark.parametrize("forms, checks", [(OTHER_FORMS, ("backward-2", "layer-backward-2")),   # finite without the max
+                                           (NUMERATOR, ("backward-2", "layer-backward-4"))],
+                         ids=["unshifted", "numerator"])
+def test_a_vocab_parallel_loss_in_other_right_forms_carries_what_it_must(worlds, forms, checks):
+    executor, rubric, all_checks, tmp = worlds
     text = REFERENCE.read_text()
-    for old, new in NUMERATOR:
+    for old, new in forms:
         assert text.count(old) == 1, old
         text = text.replace(old, new)
-    path = tmp / "numerator.py"
+    path = tmp / f"forms-{len(forms)}.py"
     path.write_text(text)
-    for name in ("backward-2", "layer-backward-4"):
-        outcome = judge_check(executor, prepare_code(path), checks[name], rubric, tmp, ["vocab_parallel"],
+    for name in checks:
+        outcome = judge_check(executor, prepare_code(path), all_checks[name], rubric, tmp, ["vocab_parallel"],
                               matter={})["vocab_parallel"]
         assert outcome.status == Status.PASSED, (name, outcome.message)
 
