@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import re
 import types
 import typing
 from enum import Enum
@@ -190,7 +191,8 @@ def _scalar(kind, value, where: str, error, key: bool):
             raise error(f"{where}: expected a whole number, got {_shown(value)}")
         return value
     if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                isinstance(value, int) and abs(value) > FLOAT_MAX:   # a whole number past any float
             raise error(f"{where}: expected a number, got {_shown(value)}")
         return float(value)
     if kind is str:
@@ -235,4 +237,20 @@ def plain(value, finite: bool = False):
         return {str(plain(k, finite)): plain(v, finite) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v, finite) for v in value]
+    return value
+
+
+FLOAT_MAX = int(1.7976931348623157e308)
+SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(value):
+    """`value` (JSON read, or a part of it) with every lone surrogate of its strings, keys too,
+    replaced by U+FFFD: a page, CSV or log written from it cannot fail on it."""
+    if isinstance(value, str):
+        return SURROGATES.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): without_lone_surrogates(v) for k, v in value.items()}
     return value

@@ -241,3 +241,21 @@ def test_a_supervisor_the_kernel_killed_for_its_worlds_memory_reports_out_of_mem
         lost = killed_report(job, "the world's supervisor", code, out_of_memory=kills)
         assert lost.abort.reason == protocol.StopReason.RANK_DIED, (code, kills)
         assert lost.abort.detail == f"the world's supervisor ended with {code}"
+
+
+def test_what_no_reader_can_take_is_the_senders_malformed_message_never_the_readers_failure():
+    """A number too long to read (Python 3.11's limit of 4300 digits), a whole number past any float,
+    text with lone surrogates, an empty tensor: each a rank can put on its pipe. The first two are
+    malformed messages (ChannelError, the rank's), the others read as they can be written."""
+    import json
+    import torch
+    with pytest.raises(channel.ChannelError):
+        channel._message(b'{"type": "done", "n": ' + b"9" * 5000 + b"}")
+    result = protocol.encode(protocol.Result(part="baseline", status=protocol.RankStatus.OK, seconds=1.0))
+    result["seconds"] = 10 ** 400
+    with pytest.raises(channel.ChannelError):
+        protocol.decode(json.loads(json.dumps(result)), protocol.RANK_MESSAGES)
+    read = channel._message(json.dumps({"type": "done", "text": "boom \udc80 \U0001F600"}).encode())
+    assert read["text"] == "boom \ufffd \U0001F600"
+    for empty in (torch.empty(0), torch.empty(3, 0)):
+        assert channel.decode_tensor(channel.encode_tensor(empty)).shape == empty.shape

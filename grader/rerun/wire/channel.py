@@ -15,10 +15,12 @@ another world's.
 import base64
 import functools
 import json
-import re
 import os
+import re
 import struct
 import zlib
+
+from grader.typed import without_lone_surrogates
 
 
 MAX_MESSAGE_BYTES = 16 << 20
@@ -89,19 +91,6 @@ def send_framed(fd: int, world: int, message: dict = None, body: bytes = None) -
 # A lone UTF-16 surrogate written as a JSON escape (any case): what a hand-in's exception text may
 # hold, and no file's encoding can write.
 LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def without_lone_surrogates(value):
-    """`value` (a decoded message, or a part of it) with every lone surrogate of its strings, keys
-    too, replaced by U+FFFD: a grader's page, CSV or log written from it cannot fail on it."""
-    if isinstance(value, str):
-        return SURROGATES.sub("\ufffd", value)
-    if isinstance(value, list):
-        return [without_lone_surrogates(v) for v in value]
-    if isinstance(value, dict):
-        return {without_lone_surrogates(k): without_lone_surrogates(v) for k, v in value.items()}
-    return value
 
 
 def _message(body: bytes) -> dict:
@@ -109,7 +98,7 @@ def _message(body: bytes) -> dict:
         message = json.loads(body)
         if LONE_SURROGATE.search(body):   # a pair of escapes is one character once read: what stays is lone
             message = without_lone_surrogates(message)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:   # not UTF-8, not JSON, or a number too long to read (Python 3.11's limit)
         raise ChannelError(f"message is not JSON ({e})") from e
     except RecursionError:   # nested deeper than the parser's stack: a frame no sender of ours writes
         raise ChannelError("message is nested too deep to read") from None
@@ -184,7 +173,7 @@ class FramedReader:
         self._searched = 1    # the buffer before this offset holds no other frame's mark
         self.skipped = 0
 
-    def without_lone_surrogates(self, start: int):
+    def _whole(self, start: int):
         """(world, body, end) of a whole, intact frame at `start`; None if there is none (yet)."""
         if len(self._buffer) < start + FRAME.size:
             return None
@@ -201,7 +190,7 @@ class FramedReader:
             return self._buffer[start:start + len(MARK)] != MARK[:len(self._buffer) - start]
         mark, _, length, _ = FRAME.unpack_from(self._buffer, start)
         return mark != MARK or length > MAX_MESSAGE_BYTES or \
-            (len(self._buffer) >= start + FRAME.size + length and self.without_lone_surrogates(start) is None)
+            (len(self._buffer) >= start + FRAME.size + length and self._whole(start) is None)
 
     def _drop_to_next_frame(self) -> bool:
         """Drop the bytes before the next whole frame after the start; whether there was one. (A
@@ -209,7 +198,7 @@ class FramedReader:
         at = self._buffer.find(MARK, max(1, self._searched))
         pending = None          # the first mark whose frame may still be completed
         while at != -1:
-            if self.without_lone_surrogates(at) is not None:
+            if self._whole(at) is not None:
                 del self._buffer[:at]
                 self._searched, self.skipped = 1, self.skipped + 1
                 return True
@@ -223,7 +212,7 @@ class FramedReader:
         self._buffer += data
         pairs = []
         while self._buffer:
-            frame = self.without_lone_surrogates(0)
+            frame = self._whole(0)
             if frame is None:
                 if self._drop_to_next_frame():
                     continue
@@ -308,6 +297,8 @@ def decode_tensor(encoded):
         raise ChannelError("tensor data is not base64") from e
     if len(raw) != 8 * numel:
         raise ChannelError(f"tensor data has {len(raw)} bytes, shape {shape} needs {8 * numel}")
+    if not raw:   # torch reads no tensor from an empty buffer
+        return torch.zeros(shape, dtype=torch.float64)
     return torch.frombuffer(bytearray(raw), dtype=torch.float64).reshape(shape).clone()
 
 
