@@ -341,3 +341,11 @@ def test_a_source_inside_a_zip_names_the_zips_edge_once():
     assert innermost(inside(inside("bulk.zip", "a/b.zip"), "x/y.py")) == "x/y.py"
     assert innermost(inside("bulk.zip", "evil › alice_1_2_h.zip")) == "evil > alice_1_2_h.zip"   # never a false edge
     assert innermost("alice.zip") == "alice.zip"
+
+
+def test_a_canvas_upload_numbered_past_any_count_sorts_without_a_failure():
+    """Canvas keeps an upload's own name: "assignment4-<5000 digits>.py" is no resubmission count
+    Python can read (4300 digits at most); it sorts as a file of its own, never stopping intake."""
+    from grader.intake.download import _resubmission
+    assert _resubmission("mallory_3_9_assignment4-" + "1" * 5000 + ".py")[0] == 0
+    assert _resubmission("mallory_3_9_assignment4-2.py")[0] == 2

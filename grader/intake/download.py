@@ -46,7 +46,7 @@ from grader.intake.listing import MAX_MEMBER_BYTES, BlobError, DownloadError, Li
 from grader.lmss import LMSS, Lms
 
 GRADESCOPE_FOLDER = re.compile(r"^submission_\d+$")
-RESUBMITTED = re.compile(r"^(?P<stem>.+)-(?P<n>\d+)(?P<ext>\.[^.]+)$")   # Canvas's "assignment4-1.py"
+RESUBMITTED = re.compile(r"^(?P<stem>.+)-(?P<n>\d{1,9})(?P<ext>\.[^.]+)$")   # Canvas's "assignment4-1.py"
 CODE_NAMES = ("assignment4.py", "utils.py")
 
 @dataclass
