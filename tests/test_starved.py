@@ -63,6 +63,9 @@ def test_the_rule_on_the_cases_its_docstring_names():
     assert not starved(CpuTime(run=3.62, wait=25.0, cores=2), 1.5, 4)            # a loop given a seventh
     assert not starved(CpuTime(run=0.06, wait=0.53, cores=2), 1.5, 4)            # 4 ranks slow to start, then asleep
     assert starved(None, clock, 4)                                               # times the kernel does not keep
+    # Asleep at the timeout, whatever its threads waited before (queued at load, or in the part before)
+    assert not starved(CpuTime(run=0.6, wait=6.0, cores=2, busy=0.0), clock, 4)
+    assert starved(CpuTime(run=0.6, wait=6.0, cores=2, busy=0.09), clock, 4)
     assert "could not be read" in said(None) and "ran 0.6 s and waited 6 s for a CPU, on 2 cores" in \
         said(CpuTime(run=0.6, wait=6.0, cores=2))
 
@@ -112,6 +115,28 @@ def test_threads_a_rank_makes_queued_behind_each_other_are_not_a_machine_that_ke
         os.waitpid(pid, 0)
     assert cpu.run > 0.5 and cpu.wait <= 1.5, cpu
     assert not starved(cpu, 0.3, 1), cpu
+
+
+def test_a_processs_threads_are_read_twice_and_say_whether_they_are_still_at_work():
+    """A process asleep however long it waited before is not busy in the window after the timeout;
+    one that spins is."""
+    import hashlib
+    for spinning in (False, True):
+        pid = os.fork()
+        if pid == 0:
+            if spinning:
+                block = bytes(1 << 16)
+                while True:
+                    hashlib.sha256(block).digest()
+            time.sleep(60)
+            os._exit(0)
+        try:
+            time.sleep(0.3)
+            cpu = cpu_time([pid])
+        finally:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert (cpu.busy >= 0.05) == spinning, (spinning, cpu)
 
 
 def test_a_worlds_cgroup_at_its_limit_makes_its_memory_stalls_its_own(tmp_path):

@@ -8,8 +8,8 @@ ready to run but waited for a CPU (/proc/PID/task/TID/schedstat, in nanoseconds:
 slices). At a part's timeout the world's leader adds them up over every thread of its ranks
 (`cpu_time`), and the grader decides (`starved`):
 
-    starved  =  (wait >= clock x min(ranks, cores) / 4   and   (run < clock x min(ranks, cores) / 4
-                                                             or wait >= KEPT_OUT x run))
+    starved  =  (busy   and   wait >= clock x min(ranks, cores) / 4
+                        and   (run < clock x min(ranks, cores) / 4   or   wait >= KEPT_OUT x run))
                 or   (disk > 0   and   short)
 
 Both times are sums over the ranks, measured against what the world could have used at once:
@@ -19,7 +19,10 @@ its own would otherwise read as a machine that kept them out). Ranks that each w
 of a second to start a part and then slept are not starved by it, however many ranks add their
 waits up.
 
-- a rank asleep, or waiting in a collective: it neither runs nor waits for the CPU. Not starved.
+- a rank asleep, or waiting in a collective: it neither runs nor waits for the CPU. Not starved,
+  however long it waited before it fell asleep (threads that queued at load, or in the part
+  before): `busy` says whether its threads ran or were ready to in a short window (WINDOW) after
+  the timeout, for at least half of it.
 - a loop that never ends: it runs (with more ranks than cores its ranks wait for each other, and
   beside another world of the batch for that one too, but they ran at least a quarter of what the
   cores could give them: half of it on a machine that holds two such worlds). Not starved.
@@ -50,6 +53,7 @@ nothing, and the grader's report says so (`SOURCE`).
 """
 
 import os
+import time
 from typing import Optional
 
 from grader.rerun.wire.protocol import CpuTime
@@ -62,15 +66,37 @@ READABLE = os.path.exists(SOURCE)
 def cpu_time(pids: list, cgroups: list = ()) -> Optional[CpuTime]:
     """The time every thread of processes `pids` (as this /proc numbers them) ran, and the time each
     of them waited for a CPU, in seconds (by its thread that waited most: its own threads queued
-    behind each other are not the machine's doing), and the cores this process may use; None where
-    one of them cannot be read. A thread that ended meanwhile is passed by. `cgroups`: the world's,
-    whose memory at its limit makes its stalls its own, not the machine's (`short`)."""
+    behind each other are not the machine's doing), and the cores this process may use; then, WINDOW
+    later, how much of that window its threads were running or ready to (`busy`: none, for threads
+    asleep however long they waited before). None where one of them cannot be read. A thread that
+    ended meanwhile is passed by. `cgroups`: the world's, whose memory at its limit makes its stalls
+    its own, not the machine's (`short`)."""
+    first = _threads(pids)
+    if first is None:
+        return None
+    time.sleep(WINDOW)
+    then = _threads(pids)
+    if then is None:
+        return None
+    run = sum(ran for ran, _, _ in first.values())
+    wait = sum(max([0] + [waited for (pid, _), (_, waited, _) in first.items() if pid == p]) for p in pids)
+    busy = sum(sum(then[t][:2]) - sum(first[t][:2]) for t in then.keys() & first.keys())
+    disk = sum(state == b"D" for _, _, state in first.values())
+    return CpuTime(run=round(run / 1e9, 3), wait=round(wait / 1e9, 3), cores=len(os.sched_getaffinity(0)), disk=disk,
+                   short=bool(disk) and short_of_memory() and not at_its_limit(cgroups), busy=round(busy / 1e9, 3))
+
+
+WINDOW = 0.1   # seconds between the two readings of a world's threads at a timeout
+
+
+def _threads(pids: list) -> Optional[dict]:
+    """(pid, tid) -> (ns run, ns waited for a CPU, state) of every thread of `pids` now; None where
+    none are given or one of them cannot be read (a thread that ended as it was read is passed by)."""
     if not pids:
         return None
-    run = wait = disk = 0
+    found = {}
     try:
         for pid in pids:
-            waits = [0]
             for tid in os.listdir(f"/proc/{pid}/task"):
                 try:
                     with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
@@ -79,13 +105,10 @@ def cpu_time(pids: list, cgroups: list = ()) -> Optional[CpuTime]:
                         state = f.read().rsplit(b")", 1)[1].split()[0]
                 except (FileNotFoundError, ProcessLookupError):
                     continue   # the thread ended since the folder was listed
-                run, disk = run + int(ran), disk + (state == b"D")
-                waits.append(int(waited))
-            wait += max(waits)
+                found[pid, tid] = (int(ran), int(waited), state)
     except (OSError, ValueError, IndexError):
         return None
-    return CpuTime(run=round(run / 1e9, 3), wait=round(wait / 1e9, 3), cores=len(os.sched_getaffinity(0)), disk=disk,
-                   short=bool(disk) and short_of_memory() and not at_its_limit(cgroups))
+    return found
 
 
 def at_its_limit(cgroups: list) -> bool:
@@ -130,7 +153,9 @@ def starved(cpu: Optional[CpuTime], clock: float, ranks: int) -> bool:
     if cpu is None:
         return True
     share = clock * min(ranks, max(cpu.cores, 1)) / 4   # a quarter of what the world could use at once
-    return (cpu.wait >= share and (cpu.run < share or cpu.wait >= KEPT_OUT * cpu.run)) or (cpu.disk > 0 and cpu.short)
+    wants = cpu.busy is None or cpu.busy >= WINDOW / 2   # still at work: not asleep since, whatever it waited before
+    return (wants and cpu.wait >= share and (cpu.run < share or cpu.wait >= KEPT_OUT * cpu.run)) or \
+        (cpu.disk > 0 and cpu.short)
 
 
 def said(cpu: Optional[CpuTime]) -> str:

@@ -225,6 +225,7 @@ class CpuTime:
     cores: int
     disk: int = 0
     short: bool = False   # memory stalled tasks (PSI) or little was left: what makes pages be read back
+    busy: Optional[float] = None   # seconds its threads ran or were ready to in a short window after
 
 
 @dataclass
