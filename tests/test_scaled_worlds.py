@@ -589,13 +589,18 @@ def test_a_move_found_as_the_sum_of_calls_is_changed_one_call_at_a_time(worlds):
     executor, rubric, step, _, tmp = worlds
     many = MICRO_BATCHES.replace("steps = 2 if local % 2 == 0", "steps = 8 if local % 8 == 0")
     assert many != MICRO_BATCHES and step.global_batch_size // step.world_size % 8 == 0, step
-    for name, text, passes, worlds in (("micro_batches", MICRO_BATCHES, True, 2), ("eight", many, True, 3),
-                                       ("summand_data", SUMMAND_DATA, False, None)):
+    with_count = MICRO_BATCHES.replace(   # each micro-batch's gradient and a count in one call
+        "        grad = model.W.grad.clone()\n        dist.all_reduce(grad, op=dist.ReduceOp.SUM)\n        total += grad\n",
+        "        both = torch.cat([model.W.grad.reshape(-1), torch.ones(1)])\n"
+        "        dist.all_reduce(both, op=dist.ReduceOp.SUM)\n        total += both[:-1].view_as(total)\n")
+    assert with_count != MICRO_BATCHES
+    for name, text, passes, worlds in (("micro_batches", MICRO_BATCHES, True, 2), ("eight", many, True, 8),
+                                       ("with_count", with_count, True, 2), ("summand_data", SUMMAND_DATA, False, None)):
         before, matter = executor.worlds, {}
         outcome = judge_check(executor, _code(tmp, name, REFERENCE.read_text() + text), step, rubric, tmp,
                               ["data_parallel"], matter=matter)["data_parallel"]
         assert outcome.status == (Status.PASSED if passes else Status.FAILED), (name, outcome.message)
-        if passes:   # a world for each call, at most MOVE_WORLDS
+        if passes:   # a world for each call
             assert executor.worlds == before + 1 + worlds and matter == {("data_parallel", "step"): ""}, name
         else:
             assert "values came out right even when what its all-reduces returned for the weight's gradient" \

@@ -151,17 +151,21 @@ def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, ve
                 comm.unshown(judged[p], p, check, say, failed.message)
 
 
-MOVE_WORLDS = 3   # worlds that each change one move of a part at one check (of those it has, drawn)
+MOVE_WORLDS = 3   # moves of a part changed each alone at one check (of those it has, drawn)
 
 
 def _rounds(part_id: str, check, run, exp) -> list:
     """[(the index of the move changed alone, or None: all; its targets, or None: every call
-    whole)], one per scaled world the part needs at `check`. More moves than MOVE_WORLDS: a few,
-    drawn afresh at every check, so no move is known to be left as it was."""
+    whole)], one per scaled world the part needs at `check`. A part of more moves than MOVE_WORLDS
+    has a few of them drawn afresh at every check, so no move is known to be left as it was; a move
+    that is the sum of several calls (micro-batches) has a world for each of them, so that no call
+    of data posing as one of them goes unchanged for want of a draw."""
     each = carried.move_targets(part_id, check, run, exp)
     if not each:
         return [(None, None)]
-    return each if len(each) <= MOVE_WORLDS else sorted(random.sample(each, MOVE_WORLDS), key=lambda m: m[0])
+    moves = sorted({j for j, _ in each})
+    drawn = moves if len(moves) <= MOVE_WORLDS else random.sample(moves, MOVE_WORLDS)
+    return [(j, t) for j, t in each if j in drawn]
 
 
 def _run_again(executor, code, check, rubric, scratch, parts: list, verdict, deadline=None) -> dict:

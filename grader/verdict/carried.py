@@ -15,8 +15,9 @@ rank handed its calls of the move's collective, in call order and end to end:
 
 found by normalized cross-correlation (an FFT over v), then checked. Any nonzero factor c: a
 gradient of a summed or a mean loss, divided by the world size before or after the call, alike; e
-as it is or transposed (a layer on nn.Linear holds [out, in]); or e the sum of the calls of e's size
-(a gradient all-reduced micro-batch by micro-batch), or e interleaved value by value with up to
+as it is or transposed (a layer on nn.Linear holds [out, in]); or e the sum of 2 to MICRO_BATCHES calls
+of one size, each holding its share at one place (a gradient all-reduced micro-batch by micro-batch,
+with its loss or not), or e interleaved value by value with up to
 INTERLEAVED - 1 other moves in one call (a softmax's sums and target logits fused as
 `torch.stack((sums, logits), dim=-1)`: e is then a run of every q-th value). Where a move has several right forms (a sum of
 exponentials shifted by each token's maximum or not, a target's logit less it or not, a slice of
@@ -36,7 +37,7 @@ import itertools
 
 import torch
 
-from grader.parts import BY_ID, WHOLE_CALL, sent_budget, sent_stride
+from grader.parts import BY_ID, MICRO_BATCHES, WHOLE_CALL, sent_budget, sent_stride
 from grader.results import Status
 from grader.verdict.comm import GATHERS, SAID, SCATTERS, SUMMING, failed_for, short_name
 from grader.verdict.say import Say
@@ -117,11 +118,25 @@ def _found(sent: list, want, stride: int = 1, every: bool = False, fused: bool =
             starts = _proportional(whole[first::q], sought)
             if starts is not None:
                 return [(first + q * k, sought.numel(), q) for k in starts]
-        ends = list(itertools.accumulate(s.numel() for s in sent))
-        alike = [(end - s.numel(), s) for end, s in zip(ends, sent) if s.numel() == flat.numel()]
-        if not fused and stride == 1 and len(alike) > 1 and \
-                _proportional(torch.stack([s for _, s in alike]).sum(0), flat) is not None:
-            return [Summand((start, s.numel(), 1)) for start, s in alike]
+        summed = None if fused or stride != 1 else _summed(sent, flat)
+        if summed:
+            return summed
+    return None
+
+
+def _summed(sent: list, flat):
+    """Where `flat` is the sum of several calls alike (2 to MICRO_BATCHES of them, of one size, each
+    handing its share of the move at one place in it, beside what else it carries: a micro-batch's
+    gradient, with its loss or not): a Summand run in each; None where no calls sum to it."""
+    ends = list(itertools.accumulate(s.numel() for s in sent))
+    by_size = {}
+    for end, s in zip(ends, sent):
+        if s.numel() >= flat.numel():
+            by_size.setdefault(s.numel(), []).append((end - s.numel(), s))
+    for alike in (calls for calls in by_size.values() if 1 < len(calls) <= MICRO_BATCHES):
+        starts = _proportional(torch.stack([s for _, s in alike]).sum(0), flat)
+        if starts is not None:
+            return [Summand((start + starts[0], flat.numel(), 1)) for start, _ in alike]
     return None
 
 
