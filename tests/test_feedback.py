@@ -144,20 +144,22 @@ def graded(reference_run, tmp_path_factory):
     assert shape != REF and cuda != REF
     for name, code in (("shape_bug", shape), ("hostile", hostile()), ("cuda_rank", cuda)):
         write_zip(inbox / f"{name}.zip", _handin(code, reference_run))
-    # Its name holds a byte no encoding reads (a download unpacked by a tool of another locale), its
-    # exceptions lone surrogates and a fence of their own.
-    write_zip(inbox / os.fsdecode(b"odd_text_\xff.zip"), _handin(REF.replace(START, START + ODD_TEXT), reference_run))
     out = tmp / "out"
     grade_batch([inbox], out, jobs=2, rubric_path=fast_rubric(tmp), progress=False)
     results = {p.parent.name: json.loads(p.read_text()) for p in result_files(out)}
     return out, results, tmp
 
 
-def test_odd_text_in_a_name_or_an_exception_costs_no_page_and_breaks_no_fence(graded):
-    """A file name with an undecodable byte and exceptions with lone surrogates: the batch writes every
-    page, the hand-in gets its result (the odd characters replaced), and the exception's backticks do
-    not end the fence its traceback is shown in."""
-    out, results, _ = graded
+@pytest.mark.timeout(900)
+def test_odd_text_in_a_name_or_an_exception_costs_no_page_and_breaks_no_fence(reference_run, tmp_path):
+    """A file name with an undecodable byte (a download unpacked by a tool of another locale) and an
+    exception with lone surrogates: the batch writes every page, the hand-in gets its result (the odd
+    characters replaced), and the exception's backticks do not end the fence its traceback is in."""
+    inbox, out = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    write_zip(inbox / os.fsdecode(b"odd_text_\xff.zip"), _handin(REF.replace(START, START + ODD_TEXT), reference_run))
+    grade_batch([inbox], out, jobs=1, rubric_path=fast_rubric(tmp_path), progress=False)
+    results = {p.parent.name: json.loads(p.read_text()) for p in result_files(out)}
     odd = next(key for key in results if key.startswith("odd_text"))
     assert results[odd]["status"] == "graded", results[odd]
     assert results[odd]["parts"]["data_parallel"]["checks"][0]["status"] == "crashed"

@@ -81,7 +81,7 @@ def test_check_names_the_part_each_mutant_breaks(name, executor, public_rubric, 
         assert f"public checks: {', '.join(broken)}" in text
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)   # a course's Parts 5-8 on too, each move in a scaled world of its own
 def test_check_of_a_folder_reads_the_newest_log_beside_it_and_flags_a_stale_one(
         executor, public_rubric, reference_run_files, tmp_path, monkeypatch):
     folder = tmp_path / "assignment_4"
@@ -98,7 +98,7 @@ def test_check_of_a_folder_reads_the_newest_log_beside_it_and_flags_a_stale_one(
     assert not report.passed and any("the log does not count" in p for p in report.problems)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)   # a course's Parts 5-8 on too, each move in a scaled world of its own
 def test_check_takes_the_log_it_is_given_whatever_its_name_and_says_so(executor, public_rubric, reference_run, tmp_path,
                                                                        monkeypatch):
     """`check --log slurm-<id>.out`: Slurm's default file, both streams in it, no .err beside it (the
@@ -116,7 +116,7 @@ def test_check_takes_the_log_it_is_given_whatever_its_name_and_says_so(executor,
     assert "files:   assignment4.py, utils.py, slurm-5151.out (stdout and stderr)" in format_report(report)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)   # a course's Parts 5-8 on too, each move in a scaled world of its own
 def test_an_f_left_out_fails_check_at_the_layers_backward(executor, public_rubric, reference_run, tmp_path):
     """f left out (X = X: identity forward and backward): the step never needs the gradient of X and
     passes; the public backward check, the layer alone at the default sizes, fails, and says so."""
