@@ -129,7 +129,7 @@ def _collectives_matter(executor, code, check, rubric, scratch, judged: dict, ve
     for p in (p for p in passed if matter.get((p, check.kind))):
         comm.independent(judged[p], p, check, say, shown_at=matter[p, check.kind])
     unknown = [p for p in passed if (p, check.kind) not in matter or (check.hidden and not matter[p, check.kind])]
-    rounds = {p: _rounds(p, check, *judged_on[p]) if p in (judged_on or {}) else [None] for p in unknown}
+    rounds = {p: _rounds(p, check, *judged_on[p]) if p in (judged_on or {}) else [(None, None)] for p in unknown}
     shown = {p: [] for p in unknown}   # part -> (move's index or None, its outcome in the world that changed it)
     for j in range(max(map(len, rounds.values()), default=0)):
         now = [p for p in unknown if j < len(rounds[p]) and not any(o.status == Status.PASSED for _, o, _ in shown[p])]
