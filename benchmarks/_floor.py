@@ -1,5 +1,6 @@
 """The fork-and-gloo floor a world is measured against: `world_size` ranks forked from a warm
-process (torch imported, one step taken), each joining gloo over a file store and all-reducing
+process (torch imported, one step taken), each joining gloo over the store a world's ranks join
+over (grader.rerun.rank.store: rank 0 serves it on a socket the parent opened) and all-reducing
 once, then exiting. What a world of the warm executor cannot do without; benchmarks/world_layers.py
 and benchmarks/grading_throughput.py divide by it. A helper, not a benchmark (its name starts with _).
 
@@ -11,14 +12,13 @@ grader's layers cost.
 
 import datetime
 import os
-import shutil
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
+from grader.rerun.rank import store as rendezvous
 from grader.rerun.rank import worker
 from grader.rerun.sandbox import environment
 
@@ -43,27 +43,29 @@ def fork_gloo_floor(repeats: int = 20, world_size: int = 4, work=None, cpu: dict
     environment.fold_into_huge_pages()
     times, busy = [], busy_seconds()
     for _ in range(repeats):
-        store = tempfile.mkdtemp(prefix="a4-floor-")
         started = time.perf_counter()
         pids = []
+        listener = rendezvous.listen(world_size)
+        port = listener.getsockname()[1]
         for rank in range(world_size):
             pid = os.fork()
             if pid == 0:
                 code = 1   # a rank that failed ends too, never going on as a copy of this process
                 try:
                     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
-                    dist.init_process_group("gloo", store=dist.FileStore(f"{store}/s", world_size), rank=rank,
+                    os.dup2(listener.fileno(), rendezvous.FD)
+                    dist.init_process_group("gloo", store=rendezvous.join(rank, world_size, port, "", 30), rank=rank,
                                             world_size=world_size, timeout=datetime.timedelta(seconds=30))
                     work() if work else dist.all_reduce(torch.ones(4))
                     code = 0
                 finally:
                     os._exit(code)
             pids.append(pid)
+        listener.close()
         codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
         times.append(time.perf_counter() - started)
         if any(codes):   # a floor whose ranks did not do the work would measure less than it
             raise RuntimeError(f"a rank of the floor's world failed (exit codes {codes})")
-        shutil.rmtree(store, ignore_errors=True)
     if cpu is not None and busy is not None:
         cpu["per_world"] = (busy_seconds() - busy) / repeats
     return statistics.median(times)

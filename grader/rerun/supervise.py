@@ -2,7 +2,8 @@
 
 `supervise` drives every rank through the job's parts: when a rank is ready, and each time it
 reports a part, it is sent the next part to run (Run, on its data pipe, with the part's data
-(grader.rerun.wire.secret) and a fresh token), or Finish. It reads every rank's messages
+(grader.rerun.wire.secret) and a fresh token), or, once every rank has reported every part, Finish
+(rank 0 serves the world's store until it ends). It reads every rank's messages
 (grader.rerun.wire.protocol) from its own pipe and decides:
 
 - all ranks reported every part and said done: the world is complete;
@@ -49,6 +50,7 @@ class _Watch:
         self.orders, self.secrets = orders, secrets
         self.ranks = set(fds)
         self.joined, self.ready, self.done, self.closed = set(), set(), set(), set()
+        self.through = set()    # ranks that reported every part, waiting for Finish
         self.gave_up = set()    # ranks that reported a failed collective and then ended on purpose
         # What each rank may send next: "joined", "nothing" until every rank joined, then "loading",
         # "load" (Ready or LoadFailed), ("result", i, token) for part i, "done", "nothing".
@@ -144,18 +146,21 @@ class _Watch:
                 self.order(each, protocol.Load())
 
     def send_next(self, rank: int, index: int) -> None:
-        """Start part `index` on `rank` (Finish when there is none)."""
+        """Start part `index` on `rank`; where there is none, Finish, once every rank is through:
+        rank 0 serves the world's store (grader.rerun.rank.store), which a rank still in its last
+        part may be using, so no rank ends before the others are done."""
         if index < len(self.parts):
             part = self.parts[index]
             token = os.urandom(16).hex()
             self.expecting[rank] = ("result", index, token)
             self.part_started.setdefault(part, time.monotonic())
             from grader.rerun.wire.secret import view   # torch's, loaded in the world that runs this
-            message = protocol.Run(part=part, token=token, data=view(self.secrets[part], rank))
-        else:
-            self.expecting[rank] = "done"
-            message = protocol.Finish()
-        self.order(rank, message)
+            return self.order(rank, protocol.Run(part=part, token=token, data=view(self.secrets[part], rank)))
+        self.expecting[rank] = "done"
+        self.through.add(rank)
+        if len(self.through) == self.size:
+            for each in sorted(self.through):
+                self.order(each, protocol.Finish())
 
     def order(self, rank: int, message) -> None:
         try:

@@ -15,6 +15,7 @@ so a part that crashes or hangs costs only that part.
 """
 
 import dataclasses
+import fcntl
 import os
 import signal
 import time
@@ -24,6 +25,7 @@ from grader.rerun.wire import protocol
 from grader.rerun.wire.protocol import Abort, StopReason, WorldJob, WorldReport
 from grader.rerun import starved
 from grader.rerun.supervise import draw_secrets, supervise
+from grader.rerun.rank import store as rendezvous
 from grader.rerun.rank import syscalls
 from grader.rerun.rank.source import compiled_blob
 from grader.limits import Limits
@@ -46,15 +48,17 @@ def _close_inherited(keep: int) -> None:
 
 
 def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, prepared: dict, nproc: int = 0,
-              isolation=None) -> tuple:
+              isolation=None, listener=None) -> tuple:
     """Fork rank `rank` into process group `pgid` (0: a new group); return (pid, read end of its
     result pipe, write end of its data pipe). `nproc`: its RLIMIT_NPROC (grader.rerun.sandbox.tasks); where
     the world has namespaces of its own (`isolation.per_rank`), the rank gets a view of its own
-    (grader.rerun.sandbox.scratch.rank_view)."""
+    (grader.rerun.sandbox.scratch.rank_view). `listener`: the world's store's socket
+    (grader.rerun.rank.store), which rank 0 serves as its fd store.FD and the others connect to."""
     from grader.rerun.sandbox import environment
     from grader.rerun.rank import worker
     read_fd, write_fd = os.pipe()
     data_read, data_write = os.pipe()
+    port = listener.getsockname()[1] if listener else 0
     pid = os.fork()
     if pid == 0:  # the rank
         try:
@@ -70,14 +74,18 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             os.dup2(devnull, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)
+            # the result pipe is fd 3, the data pipe fd 4, rank 0's store socket fd 5; every other descriptor is closed
+            serves = fcntl.fcntl(listener.fileno(), fcntl.F_DUPFD, 16) if rank == 0 and listener else None
             if data_read == 3:
                 data_read = os.dup(data_read)
-            os.dup2(write_fd, 3)  # the result pipe is fd 3, the data pipe fd 4; every other descriptor is closed
+            os.dup2(write_fd, 3)
             os.dup2(data_read, 4)
-            _close_inherited(4)
+            if serves is not None:
+                os.dup2(serves, rendezvous.FD)
+            _close_inherited(4 if serves is None else rendezvous.FD)
             private = isolation is not None and isolation.per_rank
             if private:
-                own = [job.store, os.path.join(job.work_dir, f"rank{rank}.calls")]
+                own = ([] if listener else [job.store]) + [os.path.join(job.work_dir, f"rank{rank}.calls")]
                 scratch.rank_view(job.work_dir, job.code_dir, own, limits.tmp_mb, isolation.id_range <= 1, nproc)
             else:   # the machine's /tmp is shared: what tempfile makes goes into the world's folder, removed with it
                 os.environ["TMPDIR"] = job.work_dir
@@ -87,7 +95,7 @@ def fork_rank(job: WorldJob, rank: int, pgid: int, uid: int, limits: Limits, pre
             if isolation is not None and isolation.refused:
                 syscalls.refuse()
             environment.hold_rank()
-            worker.rank_main(job, rank, 3, prepared, 4)
+            worker.rank_main(job, rank, 3, prepared, 4, port)
         finally:
             os._exit(4)
     os.close(write_fd)
@@ -117,12 +125,13 @@ def run_world(job: WorldJob, uid: int, limits: Limits, read_key=None, isolation=
                              machine_visible=isolation is None or not isolation.processes)
     pids, fds, orders = [], {}, {}
     pgid = 0
-    for path in [job.store] + [os.path.join(job.work_dir, f"rank{rank}.calls") for rank in range(job.world_size)]:
+    for path in [os.path.join(job.work_dir, f"rank{rank}.calls") for rank in range(job.world_size)]:
         _own_file(path, uid)   # the files a rank writes beside its code: made here, each bound into its rank's view
-    for rank in range(job.world_size):
-        pid, fds[rank], orders[rank] = fork_rank(job, rank, pgid, uid, limits, prepared, nproc, isolation)
-        pgid = pgid or pid
-        pids.append(pid)
+    with rendezvous.listen(job.world_size) as listener:   # in the world's network namespace; rank 0 keeps it
+        for rank in range(job.world_size):
+            pid, fds[rank], orders[rank] = fork_rank(job, rank, pgid, uid, limits, prepared, nproc, isolation, listener)
+            pgid = pgid or pid
+            pids.append(pid)
     outputs = [os.path.join(job.work_dir, f"rank{rank}.out") for rank in range(job.world_size)]
     forked = round(time.monotonic() - began, 4)
     key = read_key() if read_key else None   # only now: no rank holds it

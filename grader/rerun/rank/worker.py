@@ -43,6 +43,7 @@ from grader.rerun.sandbox import environment
 from grader.rerun.rank.errors import collective_failed, said, text_of
 from grader.rerun.rank.source import compile_assignment, compile_source, from_blob, run_module
 from grader.rerun.rank import collectives
+from grader.rerun.rank import store as rendezvous
 from grader.rerun.rank.hooks import CommRecorder, CudaOnCpu, disarm_cuda_calls, keep_the_world, wrap_collectives
 from grader.rerun.wire.protocol import ErrorInfo, RankStatus
 
@@ -205,10 +206,10 @@ def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
                           SLURM_PROCID=str(node), SLURM_LOCALID="0")
 
 
-def _join(job: protocol.WorldJob, rank: int, report) -> bool:
-    """Join the world's gloo process group; report Joined, or InfraError (then False)."""
+def _join(job: protocol.WorldJob, rank: int, report, store_port: int) -> bool:
+    """Join the world's gloo process group (grader.rerun.rank.store); report Joined, or InfraError (then False)."""
     try:
-        store = dist.FileStore(job.store, job.world_size)
+        store = rendezvous.join(rank, job.world_size, store_port, job.store, job.pg_timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=job.world_size,
                                 timeout=datetime.timedelta(seconds=job.pg_timeout))
     except Exception as e:  # noqa: BLE001 - nothing of the hand-in has run yet
@@ -270,8 +271,10 @@ def _serve(module, job: protocol.WorldJob, rank: int, comm: CommRecorder, served
         report(protocol.Done())
 
 
-def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None, data_fd: int = 4) -> None:
-    """The whole life of one rank. Never returns: the process ends with os._exit.
+def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None, data_fd: int = 4,
+              store_port: int = 0) -> None:
+    """The whole life of one rank. Never returns: the process ends with os._exit. `store_port`: the
+    world's TCP store's (grader.rerun.rank.store; 0: its file store, under torchrun).
 
     Messages: Joined (gloo is up), then, once Load is read from `data_fd` (every rank has joined),
     Loading (the hand-in's code runs from here on), Ready, then a Result per Run read from
@@ -288,7 +291,7 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
     try:
         torch.set_num_threads(1)
         _clean_environment(job, rank)
-        if not _join(job, rank, report):
+        if not _join(job, rank, report, store_port):
             os._exit(0)
         comm = CommRecorder(progress=os.path.join(job.work_dir, f"rank{rank}.calls"))
         comm.install()

@@ -90,8 +90,8 @@ def rank_view(work_dir: str, code_dir: str, shared: list, tmp_mb: int, own_user:
     """In a rank, before it drops its capabilities: a mount and an IPC namespace of its own, so that
     ranks share no writable file system, no SysV or POSIX shared memory, no message queue. Its
     /tmp and /dev/shm are new (`fresh`); in its /tmp, the world's folder (its working folder) is
-    made again, with only the code (read only) and the files of `shared` (the gloo store, the
-    rank's own progress file) bound in; every other mount is read only.
+    made again, with only the code (read only) and the files of `shared` (the rank's own progress
+    file) bound in; every other mount is read only.
 
     No rank may reach another's files through /proc (/proc/PID/root, cwd, fd: each needs the right
     to trace it). Ranks under a user id of the world's (root) are not dumpable (grader.rerun.sandbox.namespaces
