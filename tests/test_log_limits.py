@@ -66,7 +66,9 @@ def test_a_pathological_err_still_says_what_it_says():
     assert slurm.slurm and slurm.slurm[0].endswith("... (cut)") and "slurm_time_limit" not in slurm.flag_codes()
     oom = parse_err(b"oom_kill " * (MB // 9) + b"\n")
     assert oom.oom and len(oom.oom[0]) <= logtext.LINE_CHARS + len("... (cut)")
-    assert parse_log(b"[srun] rank=0 host=n1 [srun] " * 1000 + b"[srun] host=n2\n" + REFERENCE).nodes >= 2
+    srun = parse_log(b"[srun] rank=0 host=n1 [srun] " * 1000 + b"[srun] host=n2\n" + REFERENCE)
+    # both hosts are read, and as the local run's header says 1 node, they are no node evidence
+    assert srun.nodes is None and "'[srun] ... host=' lines name 2 hosts" in srun.flags[-1].message
 
 
 def test_a_log_over_the_byte_limit_is_read_head_and_tail_and_says_it_was_cut(tmp_path):

@@ -12,6 +12,7 @@ one, so "False" with a max diff > 0 is its passing outcome. Prefixes students in
 from __future__ import annotations
 
 import math
+from bisect import bisect
 from collections import Counter
 
 from grader.evidence.logtext import (
@@ -25,8 +26,6 @@ from grader.evidence.logtext import (
     LINE_CHARS,
     SLURM_JOB_ID,
     SLURM_MARK,
-    SRUN,
-    SRUN_HOST,
     Budget,
     Dialect,
     LogReport,
@@ -37,11 +36,12 @@ from grader.evidence.logtext import (
     as_bytes,
     clip,
     cut_flag,
-    line_at,
+    nodes_disagree,
     number,
     part_of_prefix,
     ranks_text,
     squash,
+    srun_hosts,
     timeout_flag,
 )
 from grader.parts import BY_ID, CHANGED, PART_IDS
@@ -132,11 +132,12 @@ def _judge(part, claims, expected, handout_baseline) -> PartEvidence:
     return ev
 
 
-def parse_log(data: bytes | str, min_world_size: int | None = None) -> LogReport:
-    """What a run's stdout claims: dialect, world size, every part on every rank, and flags."""
+def parse_log(data: bytes | str, min_world_size: int | None = None, code_sha256: str = "") -> LogReport:
+    """What a run's stdout claims: dialect, world size, every part on every rank, and flags. With
+    `code_sha256` among the log's fingerprints, only the run of that code counts (`_own_run`)."""
     report = LogReport()
     try:
-        _parse_log(data, min_world_size, report, Budget())
+        _parse_log(data, min_world_size, report, Budget(), code_sha256)
     except LogTimeout:      # this hand-in loses its log's evidence, nobody else waits
         report = LogReport()
         timeout_flag(report, "log")
@@ -145,7 +146,7 @@ def parse_log(data: bytes | str, min_world_size: int | None = None) -> LogReport
     return report
 
 
-def _parse_log(data, min_world_size, report: LogReport, budget: Budget) -> None:
+def _parse_log(data, min_world_size, report: LogReport, budget: Budget, code: str) -> None:
     raw = as_bytes(data)
     if not raw:
         return add_flag(report, "empty", "The log is empty: hand in the .log file of a complete run.")
@@ -155,6 +156,13 @@ def _parse_log(data, min_world_size, report: LogReport, budget: Budget) -> None:
         add_flag(report, "binary", "The log is not text: hand in the .log file the job wrote.")
     claims, inits, job_lines = CLAIM.findall(raw), INIT.findall(raw), JOB.findall(raw)
     budget.check()
+    report.init_ranks = [int(t[0]) for t in inits]
+    report.fingerprints = list(dict.fromkeys(t[7].decode() for t in inits if t[7]))
+    dropped = []
+    if code and code in report.fingerprints:   # the lines of the run of this code, and its [Job] lines
+        report.claims_of = code
+        claims, dropped, inits, job_lines = _own_run(raw, code.encode())
+        budget.check()
 
     for line in dict.fromkeys(job_lines):   # header and footer; a later run's values win
         for key, value in KEY_VALUE.findall(line.decode("utf-8", "replace")):
@@ -163,9 +171,7 @@ def _parse_log(data, min_world_size, report: LogReport, budget: Budget) -> None:
     statuses = [m.group(1).decode() for line in job_lines if (m := JOB_STATUS.match(line))]
     footer_missing = sum(1 for line in job_lines if line.startswith(b"id=")) > len(statuses)
     header_ws = int(report.job["world_size"]) if report.job.get("world_size", "").isdigit() else None
-    report.init_ranks = [int(t[0]) for t in inits]
     report.done_ranks = [int(c[2]) for c in claims if c[6]]
-    report.fingerprints = list(dict.fromkeys(t[7].decode() for t in inits if t[7]))
     report.hosts = {int(t[0]): (t[2] or t[8]).decode("utf-8", "replace") for t in inits}
     budget.check()
     report.backends = list(dict.fromkeys(t[4].decode() for t in inits if t[4]))
@@ -194,35 +200,74 @@ def _parse_log(data, min_world_size, report: LogReport, budget: Budget) -> None:
         report.parts[p] = _judge(p, per[p], [0] if handout else everyone, changed)
     _log_flags(report, inits, stated, header_ws, min_world_size, statuses, footer_missing,
                evidence=bool(inits or claims or job_lines))
+    if dropped:
+        _other_code(report, dropped, code)
+
+
+def _own_run(raw: bytes, code: bytes) -> tuple:
+    """(claims, claims dropped, init lines, [Job] lines) of the runs of `code` in the log. A rank's
+    line belongs to the run that rank's last init line before it opened (ranks' lines interleave,
+    each rank's in order), until another job's header ("[Job] id=") or the rank's done ends it; a
+    [Job] line to the job whose header it follows."""
+    opened, inits, own_jobs = {}, [], set()
+    for m in INIT.finditer(raw):
+        at = opened.setdefault(int(m.group(1)), ([], []))
+        at[0].append(m.start())
+        at[1].append(m.group(8) == code)
+        if m.group(8) == code:
+            inits.append(m.groups())
+            own_jobs.add(m.start())
+    job_lines = [(m.start(), m.group(1)) for m in JOB.finditer(raw)]
+    headers = [at for at, line in job_lines if line.startswith(b"id=")]
+    own_jobs = {bisect(headers, at) for at in own_jobs}
+    jobs = [line for at, line in job_lines if bisect(headers, at) in own_jobs]
+    claims, dropped, ended = [], [], {}   # ended: rank -> the init line whose run its done closed
+    for m in CLAIM.finditer(raw):
+        pos, own = opened.get(rank := int(m.group(3)), ((), ()))
+        i = bisect(pos, m.start()) - 1
+        live = i >= 0 and own[i] and bisect(headers, pos[i]) == bisect(headers, m.start()) and ended.get(rank) != i
+        (claims if live else dropped).append(m.groups())
+        ended[rank] = i if i >= 0 and m.group(7) else ended.get(rank)
+    return claims, dropped, inits, jobs
+
+
+def _other_code(report: LogReport, dropped, code: str) -> None:
+    """Say which parts' lines came from a run of other code (or from no run's init line)."""
+    prefixes = list(dict.fromkeys(c[1].decode("utf-8", "replace") for c in dropped if c[1] and not c[6]))
+    for p in {part_of_prefix(x) for x in prefixes} - {None}:
+        if p in report.parts and not report.parts[p].passed:
+            report.parts[p].message += " (its lines from a run of other code in this log do not count)"
+    said = ", ".join(f"[{x}]" for x in prefixes[:6]) or "'done'"
+    add_flag(report, "other_code_lines", f"Lines of this log ({said}) come from a run of other code than the "
+             f"assignment4.py handed in (another code sha256, or none, on their rank's init line): they earn "
+             f"nothing; only the lines of the run of this code (code sha256 {code[:12]}...) count.")
 
 
 def _origin(raw: bytes, report: LogReport, inits) -> None:
-    """How many nodes the run had, and what shows it was a Slurm job."""
+    """How many nodes the run had, and what shows it was a Slurm job: read from the job's own lines
+    (the [Job] header; without one, the lines a cluster's job script prints before any rank's line),
+    never from what the code printed: a header that says local (or nnodes=1) stands, and hosts named
+    elsewhere must agree with it and with the init lines' hosts, or no node count is given."""
     hosts = {(t[2] or t[8]).decode("utf-8", "replace") for t in inits} - {"N/A", "", "None"}
-    hosts |= _srun_hosts(raw)
-    nnodes = report.job.get("nnodes", "")
-    report.nodes = len(hosts) if hosts else int(nnodes) if nnodes.isdigit() else None
-    job_id = report.job.get("id", "")
-    mark = SLURM_MARK.search(raw) if b"SLURM_JOB_ID=" in raw or b"[s" in raw else None
+    named = {t[2].decode("utf-8", "replace") for t in inits if t[2]} - {"N/A", "None"}
+    printed, nnodes, job_id = srun_hosts(raw), report.job.get("nnodes", ""), report.job.get("id", "")
+    header_n = int(nnodes) if nnodes.isdigit() else None
+    if problem := nodes_disagree(hosts, named, printed, header_n):
+        add_flag(report, "nodes_mismatch", f"The log disagrees with itself on the run's nodes ({problem}): its "
+                 "node count is not taken as evidence.")
+    else:
+        report.nodes = len(hosts) if hosts else len(printed) if printed else header_n
+    first = raw.find(b"Rank ")   # the first rank's line: an init line or a claim
+    script = b"" if report.job or problem else raw[:first if first >= 0 else len(raw)]   # the job script's
+    mark = SLURM_MARK.search(script) if b"SLURM_JOB_ID=" in script or b"[s" in script else None
     if SLURM_JOB_ID.fullmatch(job_id):
         report.slurm = f"Slurm job {job_id}"
+    elif job_id.startswith("local") or header_n == 1:
+        return   # the job script said so: nothing the code printed overrides it
     elif mark:
         report.slurm = f"Slurm job {mark.group(1).decode()}" if mark.group(1) else "the job script's own lines"
-    elif not job_id.startswith("local") and any((t[1] or t[8]).isdigit() for t in inits):
+    elif any((t[1] or t[8]).isdigit() for t in inits):
         report.slurm = "Slurm's node ids on the init lines"
-
-
-def _srun_hosts(raw: bytes) -> set:
-    """The hosts of "[srun] rank=0 host=node1 ..." lines: the first host= after each "[srun]" of a
-    line, each line split once."""
-    hosts, pos = set(), 0
-    while (at := raw.find(SRUN, pos)) >= 0:
-        start, end = line_at(raw, at, at)
-        for stretch in raw[at:end].split(SRUN)[1:]:
-            if m := SRUN_HOST.search(stretch):
-                hosts.add(m.group(1).decode("utf-8", "replace"))
-        pos = end + 1
-    return hosts
 
 
 def _log_flags(report, inits, stated, header_ws, min_ws, statuses, footer_missing, evidence):

@@ -133,6 +133,7 @@ class LogReport(_Result):
     init_ranks: list[int] = field(default_factory=list)        # in order, duplicates kept
     done_ranks: list[int] = field(default_factory=list)
     fingerprints: list[str] = field(default_factory=list)      # distinct code sha256, in order
+    claims_of: str = ""                # the code sha256 whose run's lines the parts hold ("": all)
     hosts: dict[int, str] = field(default_factory=dict)        # rank -> host (ours) or node id (handout's)
     backends: list[str] = field(default_factory=list)          # distinct backends of the init lines
     job: dict[str, str] = field(default_factory=dict)          # [Job] header and footer fields
@@ -271,3 +272,30 @@ def clip_line(b: bytes, n: int = LINE_CHARS) -> str:
     """A line quoted from a log: decoded, at most `n` characters, "... (cut)" when it was longer."""
     text = b[:4 * n].decode("utf-8", "replace")
     return text if len(text) <= n and len(b) <= 4 * n else text[:n] + "... (cut)"
+
+
+def nodes_disagree(hosts: set, named: set, printed: set, header_n) -> str:
+    """Why the init lines' hosts, hosts printed as "[srun] ... host=" and the header's nnodes do not
+    agree ("" when they do)."""
+    if header_n is not None and len(hosts) > header_n:
+        return f"the job header says nnodes={header_n}, the init lines name {len(hosts)} hosts"
+    if header_n is not None and len(printed) > header_n:
+        return f"the job header says nnodes={header_n}, '[srun] ... host=' lines name {len(printed)} hosts"
+    if printed and hosts and (len(printed) != len(hosts)
+                              or not {h.split('.')[0] for h in named} <= {h.split('.')[0] for h in printed}):
+        return (f"'[srun] ... host=' lines name {', '.join(sorted(printed)[:4])}, the init lines "
+                f"{', '.join(sorted(hosts)[:4])}")
+    return ""
+
+
+def srun_hosts(raw: bytes) -> set:
+    """The hosts of "[srun] rank=0 host=node1 ..." lines: the first host= after each "[srun]" of a
+    line, each line split once."""
+    hosts, pos = set(), 0
+    while (at := raw.find(SRUN, pos)) >= 0:
+        start, end = line_at(raw, at, at)
+        for stretch in raw[at:end].split(SRUN)[1:]:
+            if m := SRUN_HOST.search(stretch):
+                hosts.add(m.group(1).decode("utf-8", "replace"))
+        pos = end + 1
+    return hosts

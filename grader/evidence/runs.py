@@ -129,10 +129,11 @@ def _name_key(path: Path) -> tuple:
     return (max(digits) if digits else -1, path.name)
 
 
-def runs_in(files, newest=_name_key, min_world_size: int = 4, loose: bool = True) -> list:
+def runs_in(files, newest=_name_key, min_world_size: int = 4, loose: bool = True, code_sha256: str = "") -> list:
     """The runs among `files` (paths), each stdout paired with its stderr, parsed; unordered.
     `loose`: a lone stdout and a lone stderr of other names are one run (in a hand-in; not in a
-    folder of the student's, where they may be two jobs' halves)."""
+    folder of the student's, where they may be two jobs' halves). `code_sha256`: a log's parts are
+    read from the lines of the run of that code only (parse_log)."""
     heads = {p: _head(p) for p in files}
     stdouts = [p for p in files if is_stdout(p, heads[p])]
     stderrs = [p for p in files if p not in stdouts and is_stderr(p, heads[p])]
@@ -144,7 +145,7 @@ def runs_in(files, newest=_name_key, min_world_size: int = 4, loose: bool = True
             err = stderrs[0]
         if err is None and (out.suffix.lower() != ".log" or any(m in heads[out] for m in ERR_MARKERS)):
             err = out
-        found.append(Run(log=out, err=err, report=parse_log(read_log(out), min_world_size=min_world_size),
+        found.append(Run(log=out, err=err, report=parse_log(read_log(out), min_world_size, code_sha256),
                          newest=newest(out)))
     return found
 
@@ -187,7 +188,7 @@ def describe(run: Run, code_sha256: str) -> str:
 def choose(files, code_sha256: str = "", rule: LogRule = None, newest=_name_key, loose: bool = True) -> Choice:
     """The run that counts among `files` (see the module docstring), and the note that says why."""
     rule = rule or LogRule()
-    found = runs_in(list(files), newest, rule.min_world_size, loose)
+    found = runs_in(list(files), newest, rule.min_world_size, loose, code_sha256)
     if not found:
         return Choice()
     found.sort(key=lambda r: _rank(r, code_sha256, rule), reverse=True)

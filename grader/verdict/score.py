@@ -8,7 +8,7 @@ Per part:
   score_decimals; each check's outcome carries the points it earned);
 - log points: the part's `log` points when the .log shows it matching on every rank of a run the
   rubric counts (world size, and where the course asks for them, nodes and a Slurm job), written
-  by the code handed in, and the grader's re-run at the first public check agrees (a log is
+  by the code handed in (in a log of several runs, the lines of that code's run alone), and the grader's re-run at the first public check agrees (a log is
   evidence, never the verdict).
 Penalties for missing or modified files come off the total, which never goes below zero.
 """
@@ -34,6 +34,11 @@ def log_validity(log, code_sha256: str, rubric) -> tuple:
         notes.append("the .log was written by different code than the assignment4.py handed in "
                      f"(the log's code sha256 {log.fingerprints[0][:12]}..., the file's {code_sha256[:12]}...): "
                      "hand in the log of a run of this very file")
+        usable = False
+    elif len(log.fingerprints) > 1 and getattr(log, "claims_of", "") != code_sha256:
+        flags.append("log_claims_untied")   # read without this code's sha256: every run's lines in the parts
+        notes.append("the .log holds runs of several versions of the code and its parts were not read from the "
+                     "run of this assignment4.py alone: no points for log evidence")
         usable = False
     for code, problem in rule_problems(log, rule_of(rubric)):
         flags.append(code)
