@@ -21,6 +21,10 @@ never paired. What each kind means:
   they hold beyond the base: the skeleton with the expected answers typed in is what every
   student who types them writes (weak: shown beside other evidence, never listed alone); a
   file with lines of its own (comments count: they are typed, not converged on) is strong.
+
+What a student can plant in their own log from public facts (another's job header in a log that
+contradicts theirs, another's code sha256 beside one's own) is no evidence against the other:
+grader.integrity.facts says what it is, moderate, against the log that holds it.
 """
 
 from __future__ import annotations
@@ -31,13 +35,15 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from grader import kit
+from grader.integrity import facts as log_claims   # what a log claims, against what it prints
 from grader.integrity.code import class_template, without
 from grader.integrity.similar import MIN_TOKENS, code_cut, similar_pairs
 from grader.results import ToDict
 
 STRONG, MODERATE, WEAK = "strong", "moderate", "weak"   # weak: shown beside other evidence, never listed alone
 KINDS = {"same_run": "the same run", "same_wrong_weight": "the same wrong behaviour",
-         "same_code": "the same code beyond the skeleton", "same_sha256": "the same code sha256"}
+         "same_code": "the same code beyond the skeleton", "same_sha256": "the same code sha256",
+         log_claims.CONTRADICTION: "a log at odds with itself or the other"}   # against one log, not a shared thing
 SHOWN_LINES = 12   # lines of shared code shown per hand-in
 SHA_OWN_LINES = 5  # byte-identical files with this many lines of their own (comments too) are strong evidence
 # What is counted, not listed, when more than `common` hand-ins share it.
@@ -70,8 +76,9 @@ class Pair(ToDict):
 
     @property
     def strength(self) -> str:
-        """strong: one strong piece of evidence, or two kinds of it (weak evidence does not count)."""
-        kinds = {e.kind for e in self.evidence if e.strength != WEAK}
+        """strong: one strong piece of evidence, or two kinds of it (weak evidence, and a log at odds
+        with itself or the other, which counts against one log, do not count)."""
+        kinds = {e.kind for e in self.evidence if e.strength != WEAK and e.kind != log_claims.CONTRADICTION}
         return STRONG if any(e.strength == STRONG for e in self.evidence) or len(kinds) > 1 else MODERATE
 
     def to_dict(self) -> dict:
@@ -154,9 +161,10 @@ def same_run(p: _Pairs) -> None:
             if f.job.get("id") and f.job.get("started") else None
     for _, group in p.groups(job, "", capped=False):
         for x, y in combinations(group, 2):
-            if not p.has(x, y, "same_run", ".log bytes"):
-                p.add(x, y, Evidence("same_run", STRONG, f"the same Slurm job: {_job_text(x)}",
-                                     [_job_text(x)], [_job_text(y)]))
+            if p.has(x, y, "same_run", ".log bytes"):
+                continue
+            kind, strong, said = log_claims.job_evidence(x, y, _job_text(x))   # a header is public: typed, not run
+            p.add(x, y, Evidence(kind, STRONG if strong else MODERATE, said, [_job_text(x)], [_job_text(y)]))
     def claims(f):
         return hashlib.sha256("\n".join(f.claims).encode()).hexdigest() \
             if f.claims_run_specific and len(f.claims) > 1 else None
@@ -249,7 +257,12 @@ def same_sha256(p: _Pairs) -> None:
     for digest, group in holders.items():
         strength, why = _sha_strength(next((f for f in group if f.code_sha256 == digest and f.code), None))
         for x, y in combinations(group, 2):
-            if not p.has(x, y, "same_sha256"):
+            planted = [f for f in (x, y) if log_claims.mixed(f, digest)]
+            if planted and not p.has(x, y, log_claims.CONTRADICTION, short(digest)):
+                p.add(x, y, Evidence(log_claims.CONTRADICTION, MODERATE, log_claims.mixed_summary(
+                    digest, planted, [f for f in (x, y) if not log_claims.mixed(f, digest)]),
+                    [f"{role(x, digest)}: {digest}"], [f"{role(y, digest)}: {digest}"]))
+            elif not planted and not p.has(x, y, "same_sha256"):
                 p.add(x, y, Evidence("same_sha256", strength, f"code sha256 {short(digest)} is {x.student}: "
                                      f"{role(x, digest)}; {y.student}: {role(y, digest)} ({why})",
                                      [f"{role(x, digest)}: {digest}"], [f"{role(y, digest)}: {digest}"]))

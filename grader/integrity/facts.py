@@ -6,6 +6,19 @@ time, the code sha256 of the init lines) and, per failing check, the digest of t
 (`weight_digest`, where the grader records it). The hand-in's files give the bytes of its .log and
 .err, the comparisons the run printed in the order it printed them, and its code. Hand-ins are
 unpacked with grader.intake.handin, exactly as `grade` unpacks them, into a temporary folder.
+
+What a log claims is only as good as what else it prints: a Slurm job's id, nodes and start time
+are public (sacct shows them), and a log's code sha256 is printed for anyone who reads that log,
+so a student can type either into their own log and frame whoever they belong to. Hence:
+
+- two logs with the same job header are one run (strong) only when what they print agrees: the
+  same comparisons (one maybe a prefix of the other) in the run's own order, or with the same
+  code sha256s (`job_evidence`). Logs of one job that contradict each other cannot both be its
+  output: one of them claims a job it did not run, reported as such (moderate), never as the same
+  run; a header with nothing on both sides to compare is the header only (moderate);
+- a code sha256 one log prints beside other code sha256s (a log of mixed fingerprints), and that
+  is not its hand-in's own assignment4.py, counts against the log that holds both, not as the
+  other student's copying (`mixed`, moderate).
 """
 
 from __future__ import annotations
@@ -26,6 +39,8 @@ from grader.integrity.code import Base, OwnCode, own_code, own_lines
 from grader.names import result_files, student_of
 from grader.results import ToDict
 
+CONTRADICTION = "contradiction"   # the kind of evidence a planted claim is (grader.integrity.evidence)
+NOT_A_DIGEST = {"", "unknown"}
 MAX_CODE_BYTES = 512 * 1024   # more of assignment4.py than this is not compared (the reference is 17 KB)
 # Diagnoses (grader.verdict.compare.diagnose) that name no usual mistake: a wrong weight the grader
 # could not explain. Two hand-ins sharing one of these share something rare.
@@ -176,3 +191,43 @@ def read_facts(result: dict, handin, base: Base, rubric) -> HandinFacts:
         facts.own = own_code(facts.code, base)
         facts.own_lines = own_lines(facts.code, base)
     return facts
+
+
+# --- what a log claims, against what it and the other log print --------------------------------
+
+def job_evidence(x, y, job: str) -> tuple:
+    """(kind, strong, summary) of the logs of x and y, which carry the same job header (`job`, in
+    words): the same run (strong) when what they print agrees, the same comparisons in the run's own
+    order, or with the same code sha256s; a contradiction when it does not; else only the header,
+    which is public (moderate)."""
+    cx, cy = x.claims, y.claims
+    fx, fy = set(x.log_code_sha256) - NOT_A_DIGEST, set(y.log_code_sha256) - NOT_A_DIGEST
+    consistent = bool(cx and cy) and cx[:len(cy)] == cy[:len(cx)]
+    ordered = consistent and x.claims_run_specific and y.claims_run_specific
+    why = ("they print different comparisons (or the same ones in another order)" if cx and cy and not consistent
+           else "their init lines print different code sha256s" if fx and fy and fx != fy and not ordered else "")
+    if why:
+        return CONTRADICTION, False, (f"the same Slurm job header ({job}) in two logs that contradict each "
+                                      f"other: {why}. One run cannot have printed both, so one of the two logs "
+                                      f"claims a job it did not run (sacct says whose job it was); a job header "
+                                      f"is public, and this is not evidence of a shared run")
+    if ordered or (consistent and fx and fx == fy):
+        return "same_run", True, f"the same Slurm job: {job}"
+    return "same_run", False, (f"the same Slurm job header ({job}), and nothing else the two logs print shows one "
+                               f"run (no comparisons or code sha256s on both sides to compare): a job header is "
+                               f"public (sacct shows it)")
+
+
+def mixed(f, digest: str) -> bool:
+    """`digest` is only in f's log, beside other code sha256s: not its assignment4.py, and its log
+    mixes fingerprints (a code sha256 typed or pasted in beside its own)."""
+    prints = set(f.log_code_sha256) - NOT_A_DIGEST
+    return f.code_sha256 != digest and digest in prints and len(prints) > 1
+
+
+def mixed_summary(digest: str, holders: list, others: list) -> str:
+    names = " and ".join(f.student for f in holders)
+    other = " and ".join(f"{f.student}'s" for f in others) or "the other's"
+    return (f"code sha256 {digest[:12]}... is printed in {names}'s log beside other code sha256s (a log of mixed "
+            f"fingerprints, which one run does not print): this counts against {names}'s log, which holds "
+            f"both, not as {other} copying; a code sha256 printed in a log can be typed into another")

@@ -21,7 +21,8 @@ VERDICT = ("**This is evidence for a person to weigh, never a verdict.** Each pa
            "together as the course allows, a run or a file a TA shared, one student under two ids. Look at "
            "both hand-ins, ask, and decide. Nothing here changes a grade.")
 MEANING = {
-    "same_run": "identical `.log` or `.err` bytes, the same Slurm job (id, nodes, start time), or the same "
+    "same_run": "identical `.log` or `.err` bytes, the same Slurm job (id, nodes, start time) in "
+                "logs that agree (a job header alone is public: moderate), or the same "
                 "comparisons printed in the same order by several ranks: one run's output in two hand-ins.",
     "same_wrong_weight": "a failing part returned the same wrong weight at the same check of the grader's "
                          "re-run. Right answers agree by design; a wrong weight the grader cannot name is "
@@ -38,6 +39,11 @@ MEANING = {
                    "of two student ids (the untouched skeleton is left out). Strong only when the file has lines "
                    "of its own: the skeleton with the expected answers typed in is what everyone who types them "
                    "writes (weak, shown only beside other evidence).",
+    "contradiction": "what a student can type into their own log from public facts, and that the log itself "
+                     "contradicts: the same Slurm job header in two logs whose contents disagree (one run cannot "
+                     "print both: one log claims a job it did not run), or another hand-in's code sha256 printed "
+                     "in a log beside other code sha256s (it counts against the log that holds both). Moderate at "
+                     "most, never the same run or the other's copying, and not a second kind of evidence.",
 }
 
 
@@ -92,7 +98,7 @@ def integrity_markdown(report: IntegrityReport) -> str:
              "## What each kind of evidence means", ""]
     lines += [f"- **{KINDS[kind]}**: {MEANING[kind]}" for kind in KINDS]
     lines += ["", "A pair is strong when one piece of its evidence is, or when it has two kinds of it (weak "
-              "evidence does not count). The "
+              "evidence, and a log at odds with itself or the other, do not count). The "
               "code's base (what every hand-in may hold): " + ", ".join(f"`{b}`" for b in report.base) + ".", ""]
     if report.wrong_checks and not report.weight_digests:
         lines += [f"*The wrong behaviour was not compared:* {report.wrong_checks} check(s) failed on a wrong "
