@@ -8,8 +8,11 @@ leader, interrupt or stop every process they can. Beside them: the frame bounds 
 of a zip that cannot be unpacked, and the zygote's command line.
 """
 
+import errno
+import io
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -200,6 +203,42 @@ def test_a_zip_that_cannot_be_unpacked_says_so_without_the_graders_scratch_path(
     said = str(refused.value)
     assert said.startswith("alice.zip: ") and "cannot be unpacked" in said, said
     assert str(tmp_path) not in said and "scratch-a4-grade" not in said, said
+
+
+def test_a_member_whose_compressed_data_is_corrupt_is_the_hand_ins_refusal(tmp_path):
+    """zlib's own error (a deflate stream damaged in the middle, its header intact) names the member:
+    the hand-in is invalid, never a grader error."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("assignment4.py", "x = 1\n" * 2000)
+    data = bytearray(buffer.getvalue())
+    start = 30 + len("assignment4.py") + 10   # past the local header, inside the compressed stream
+    data[start:start + 20] = bytes(b ^ 0xFF for b in data[start:start + 20])
+    with pytest.raises(HandinError, match=r"^alice\.zip: assignment4\.py cannot be unpacked \(Error -3"):
+        extract_zip(bytes(data), tmp_path, "alice.zip", load_rubric().files)
+
+
+def test_the_graders_own_disk_failing_is_not_the_hand_ins(tmp_path):
+    """Writing a hand-in past what the grader's process may write (its RLIMIT_FSIZE, as a full disk
+    would) raises the grader's own OSError, not a refusal of the student's zip."""
+    with zipfile.ZipFile(tmp_path / "alice.zip", "w") as z:
+        z.writestr("assignment4.py", "x = 1\n" * 20_000)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        try:
+            extract_zip((tmp_path / "alice.zip").read_bytes(), tmp_path / "out", "alice.zip", load_rubric().files)
+            said = "nothing"
+        except BaseException as e:  # noqa: BLE001 - the parent asserts on what it was
+            said = f"{type(e).__name__} {getattr(e, 'errno', '')}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    said = os.read(read, 200).decode()
+    os.waitpid(pid, 0)
+    assert said == f"OSError {errno.EFBIG}", said
 
 
 @pytest.mark.timeout(300)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from grader.intake import download
-from grader.intake.handin import Handin, safe_id, student_id
+from grader.intake.handin import Handin, student_id
 from grader.intake.listing import folder_digest
 from grader.intake.listing import JUNK, MAX_MEMBER_BYTES, Blob, BlobError, DownloadError, Listing, files_digest
 from grader.lmss import LMSS
-from grader.names import inside
+from grader.names import inside, lms_key
 
 
 @dataclass
@@ -85,7 +85,7 @@ def _from_entry(entry) -> Handin:
     """The hand-in of one student of an LMS download: its one zip, or its loose files, where they are."""
     blob = entry.single_zip
     return Handin(name=next(iter(entry.where.values())) if blob is not None else entry.name,
-                  student=safe_id(entry.student), sha256=entry.sha256, zip_file=blob,
+                  student=lms_key(entry.student), sha256=entry.sha256, zip_file=blob,
                   files=None if blob is not None else entry.files, lms=entry.lms, upload=entry.upload,
                   submitted_at=entry.submitted_at, late=entry.late, also=entry.also)
 
@@ -93,7 +93,7 @@ def _from_entry(entry) -> Handin:
 def _add_download(found: Found, path: Path, shape) -> None:
     """The students of an LMS download: one hand-in each, a refusal for each one that cannot be read."""
     found.handins.extend(_from_entry(e) for e in shape.entries if not e.error)
-    found.unreadable.extend(Unreadable(e.name, safe_id(e.student), "", e.error) for e in shape.entries if e.error)
+    found.unreadable.extend(Unreadable(e.name, lms_key(e.student), "", e.error) for e in shape.entries if e.error)
     found.strays.extend(shape.strays)
     found.shapes.append(f"{path}: a {LMSS[shape.lms].title} download of {len(shape.entries)} hand-in(s)"
                         + (f", {len(shape.strays)} file(s) that fit no student" if shape.strays else ""))

@@ -17,14 +17,15 @@ import io
 import re
 import stat
 import zipfile
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from grader.evidence import runs as run_logs
-from grader.intake.listing import CHUNK, JUNK, MAX_MEMBER_BYTES, Blob, BlobError, zip_entries
+from grader.intake.listing import CHUNK, JUNK, MAX_MEMBER_BYTES, Blob, BlobError, said, zip_entries
 from grader.lmss import id_regex
-from grader.names import inside, innermost
+from grader.names import inside, innermost, safe_id
 
 
 class HandinError(ValueError):
@@ -89,12 +90,6 @@ def id_match(name: str, pattern: str):
     return match if match and match.group("id") else None
 
 
-def safe_id(ident: str) -> str:
-    """An id as a folder name: only `A-Za-z0-9._@+-`, leading with a letter or digit (never `.`, nor
-    what a shell or a spreadsheet reads as an option or a formula), never empty."""
-    return re.sub(r"[^A-Za-z0-9._@+-]+", "_", ident).lstrip("._@+-").rstrip("._")[:100] or "unnamed"
-
-
 def student_id(name: str, pattern: str) -> str:
     """The id in a hand-in's name (for a zip in a bulk download, its path there) by `pattern`'s `id`
     group; a name that does not match keeps its whole name (summary.md lists those)."""
@@ -131,11 +126,6 @@ def _safe_name(info: zipfile.ZipInfo, zip_name: str) -> str:
     return raw
 
 
-def _said(e: BaseException) -> str:
-    """What went wrong, without the grader's own paths (an OSError names the file it was writing,
-    in the grader's scratch folder): what the student may read."""
-    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-
 
 def _refuse_members(name: str, count: int, limits) -> None:
     if count > limits.max_members:
@@ -152,7 +142,7 @@ def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
     try:
         z = zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
-        raise HandinError(f"{zip_name}: not a readable zip file ({_said(e)}); ask for the hand-in again") from e
+        raise HandinError(f"{zip_name}: not a readable zip file ({said(e)}); ask for the hand-in again") from e
     infos = z.infolist()
     _refuse_members(zip_name, len(infos), limits)
     dropped, total = [], 0
@@ -183,9 +173,9 @@ def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
                                               f"({limits.max_member_mb:g} MB a file, {limits.max_total_mb:g} MB "
                                               f"in all): a zip bomb, or files that do not belong in it")
                         out.write(chunk)
-            except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, RuntimeError,
+            except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, RuntimeError,
                     NotImplementedError) as e:
-                raise HandinError(f"{zip_name}: {name} cannot be unpacked ({_said(e)})") from e
+                raise HandinError(f"{zip_name}: {name} cannot be unpacked ({said(e)})") from e
     notes = []
     if dropped:
         shown = sorted({PurePosixPath(d).parts[0] if "__MACOSX" in d else PurePosixPath(d).name for d in dropped})
@@ -195,31 +185,32 @@ def extract_zip(data, dest: Path, zip_name: str, limits) -> list:
 
 def write_files(files: dict, dest: Path, name: str, limits) -> None:
     """Write a hand-in given as loose files (name -> Blob or bytes) into `dest` within `limits`, each
-    read as it is written."""
+    read as it is written; a name no file may have there refuses the hand-in, as in a zip."""
     _refuse_members(name, len(files), limits)
     total, dest = 0, dest.resolve()
-    over = HandinError(f"{name}: more than the limits allow ({limits.max_member_mb:g} MB a file, "
-                       f"{limits.max_total_mb:g} MB in all)")
     for member, data in sorted(files.items()):
         info = zipfile.ZipInfo(member)
         info.flag_bits |= 0x800
         member = _safe_name(info, name)
         if JUNK.search(member):
             continue
-        target = (dest / member).resolve()
+        target, written = (dest / member).resolve(), 0
         if dest not in target.parents:
             raise HandinError(f"{name}: the file {member!r} would be written outside the hand-in; refused")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        written = 0
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)   # fails where a file has the folder's name
             with open(target, "wb") as out:
                 for chunk in [data] if isinstance(data, bytes) else data.chunks():
                     written, total = written + len(chunk), total + len(chunk)
                     if written > limits.max_member_mb * (1 << 20) or total > limits.max_total_mb * (1 << 20):
-                        raise over
+                        raise HandinError(f"{name}: more than the limits allow ({limits.max_member_mb:g} MB a "
+                                          f"file, {limits.max_total_mb:g} MB in all)")
                     out.write(chunk)
         except BlobError as e:
             raise HandinError(f"{name}: {member} {e}; grade it again, or ask for the hand-in again") from None
+        except OSError as e:   # as in a zip: a name no file may have (both a file and a folder, over 255 bytes)
+            raise HandinError(f"{name}: {member} cannot be written ({said(e)}; a file and a folder of one name, "
+                              f"or a name over 255 bytes, cannot be); rename it and hand it in again") from None
 
 
 def _strip_single_folder(root: Path) -> list:

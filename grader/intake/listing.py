@@ -8,6 +8,7 @@ then that member alone), so a batch's memory does not grow with the download. Di
 as the bytes stream past (`digest`, `files_digest`), with the same results as hashing the bytes whole.
 """
 
+import errno
 import hashlib
 import io
 import re
@@ -255,3 +256,16 @@ def folder_digest(folder: Path) -> str:
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
         h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+# A name no file may have where the hand-in is written: a file and a folder of one name, one over 255 bytes
+NAMING = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL)
+
+
+def said(e: BaseException) -> str:
+    """What went wrong unpacking or writing a hand-in, without the grader's own paths (an OSError
+    names the file it was writing, in the grader's scratch folder): what the student may read.
+    An OSError of the grader's own disk (full, not writable) is not the hand-in's: raised as it is."""
+    if isinstance(e, OSError) and e.errno is not None and e.errno not in NAMING:
+        raise e
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
