@@ -13,7 +13,7 @@ room (tests/test_layout.py holds the map to that):
                  outline (a hand-in's code parsed where a limit holds: a child process's, or a
                  deep stack under the size caps),
                  results (statuses and result dataclasses, where a batch keeps them, and whether a
-                 batch could be graded at all: its canary, OUT/canary.json), names (where a hand-in's results live in OUT; names
+                 batch could be graded at all: its canary, OUT/canary.json), names (where a hand-in's results live in OUT, under a key made of its id; names
                  from a download made inert), lmss (every LMS, one record each: its download's names
                  and reader, its grade file's filler, what the kit says of it), typed (dataclasses from plain data and back: the one
                  validator), plots (figures by matplotlib, loaded only to draw; the lab's bandwidth
@@ -44,13 +44,15 @@ room (tests/test_layout.py holds the map to that):
                  and channel frames them, bounds holds what a rank sends back to its part's size,
                  secret derives each part's data by its layout (model_data: the optional Part 7's
                  tiny transformer), hidden keeps a hidden check's results free of a rank's words;
-                 rank/, what runs inside a rank: worker loads the code (source) and runs what the
+                 rank/, what runs inside a rank: store is where a world's ranks meet to join
+                 gloo, worker loads the code (source) and runs what the
                  part's record says at the check's kind (a step, a layer alone), wrapped in hooks
                  (its spy reads each call by collectives, every way a collective is reached, the
                  dispatcher's ops too), and errors says what the hand-in raised; syscalls refuses
                  every rank the calls that make memory no Pss shows
     intake/      from the paths a TA gives to hand-ins: find (which paths are downloads, which
-                 hand-ins), download (whose each file of an LMS download is), listing (a folder's or
+                 hand-ins), download (whose each file of an LMS download is; attempts: Blackboard's,
+                 one hand-in per attempt), listing (a folder's or
                  a zip's files, each read from disk only when used), handin (unpack safely, locate
                  the code and the runs)
     evidence/    the logs, as evidence and never the verdict: runs (a run's stdout and stderr,

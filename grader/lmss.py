@@ -76,10 +76,14 @@ LMSS = {lms.name: lms for lms in (
         rest=r"(?P<plugin>[a-z]+)(?:_(?P<orig>.*))?$",
         times="grader.grades.lms.moodle:read_moodle_times",
         feedback_goes="upload it in Moodle: Grading action > Upload multiple feedback files in a zip"),
-    Lms("blackboard", "Blackboard", f"{_INTAKE}:read_blackboard", "grader.grades.lms.blackboard:fill_blackboard",
+    Lms("blackboard", "Blackboard", "grader.intake.attempts:read_blackboard", "grader.grades.lms.blackboard:fill_blackboard",
         "GRADE_CENTER.csv (or .xls)", "upload it in Blackboard: Grade Center > Work Offline > Upload (its Feedback to "
         "Learner column carries the feedback)", per_assignment=True, feedback_column="Feedback to Learner",
-        names=r"^(?P<assignment>[^/]+)_(?P<id>[^_/]+)_attempt_(?P<date>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)",
+        # The first "_attempt_<date>" is Blackboard's (the file's own name comes after it): neither the
+        # assignment nor the username runs past it. Where the assignment ends the reader decides, once
+        # for the whole download (grader.intake.attempts).
+        names=r"^(?P<assignment>(?:(?!_attempt_\d{4}-)[^/])+?)_(?P<id>(?:(?!_attempt_\d{4}-)[^/])+)"
+              r"_attempt_(?P<date>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)",
         rest=r"(?:_(?P<orig>.+)|(?P<txt>\.txt))$"),
     Lms("gradescope", "Gradescope", f"{_INTAKE}:read_gradescope", "grader.grades.lms.gradescope:fill_gradescope",
         "GRADES.csv", "Gradescope imports no grade file: keep it wherever the course keeps its grades",

@@ -2,8 +2,9 @@
 
 Per-student output lives under OUT/students/<key>/ (grading.json, feedback.md, results.json,
 download.json), so no student id, whatever a download names it, can be `grades.csv`, `summary.md`
-or one of the grader's own folders. A key is a student id (grader.intake.handin.student_id: only
-`A-Za-z0-9._@+-`, leading with a letter or digit), or `<id>~<sha256[:8]>` for a further hand-in.
+or one of the grader's own folders. A key is a student id (`safe_id`: only `A-Za-z0-9._@+-`,
+leading with a letter or digit; an LMS's id it had to change with a hash of the id, `lms_key`), or
+`<id>~<sha256[:8]>` for a further hand-in.
 
 Names come from students (file and folder names in a download): before one is written into
 Markdown or CSV it goes through `inert` (Markdown: control characters removed, Markdown's
@@ -14,6 +15,7 @@ A hand-in's source (grading.json's `source`, grades.csv's, every page's) names w
 a file or folder name, and inside a zip `inside`'s rendering, `bulk.zip › folder/alice.zip`.
 """
 
+import hashlib
 import re
 import unicodedata
 from pathlib import Path
@@ -24,6 +26,21 @@ INSIDE = " › "          # between a zip and a file in it, in a hand-in's sourc
 MARKDOWN = re.compile(r"([\\`*\[\]<>#!|~])")   # what can start markup anywhere in a line (not `_`: ids have it)
 LINE_START = re.compile(r"^(\s*)([-+=])")   # what starts a list item or underlines a heading
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def safe_id(ident: str) -> str:
+    """An id as a folder name: only `A-Za-z0-9._@+-`, leading with a letter or digit (never `.`, nor
+    what a shell or a spreadsheet reads as an option or a formula), never empty."""
+    return re.sub(r"[^A-Za-z0-9._@+-]+", "_", ident).lstrip("._@+-").rstrip("._")[:100] or "unnamed"
+
+
+def lms_key(raw: str) -> str:
+    """The key (folder name, the gradebook's student) of an id an LMS download gives: `safe_id`'s,
+    and where that had to change the id, a hash of the id and a closing `_` (which no id kept as it
+    is ends with) after it: two ids ("2400001" and "2400001.") are never one student's, whichever
+    download or run each comes in. Files back to the LMS name the student as the LMS did."""
+    key = safe_id(raw)
+    return key if key == raw else f"{key[:80]}_{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}_"
 
 
 def students_dir(out) -> Path:

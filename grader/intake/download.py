@@ -18,21 +18,23 @@ The LMSs name their downloads so (`ORIG` is the file's name as the student uploa
   `..._assignsubmission_onlinetext_/onlinetext.html`. Under blind marking `Full Name` is
   `Participant`. `id` is the participant id (the grading worksheet's `Participant 12345`).
 - **Gradescope** (Review grades > Export submissions): a folder `assignment_N_export/` holding
-  `submission_metadata.yml` and a folder `submission_M/` per submission; the metadata maps
-  `submission_M` to `:submitters:` (each with `:name:`, `:sid:`, `:email:`) and `:created_at:`, the
-  submission time. The id is the first submitter's sid, else email; the others of a group are kept.
+  `submission_metadata.yml` (that one, at its top) and a folder `submission_M/` per submission; the
+  metadata maps `submission_M` to `:submitters:` (`:name:`, `:sid:`, `:email:`) and `:created_at:`,
+  the time. The id is the first submitter's sid, else email; the others of a group are kept.
 - **Blackboard** (Grade Center > Assignment File Download): per attempt, files
   `Assignment_user_attempt_YYYY-MM-DD-HH-MM-SS_ORIG` and one `Assignment_user_attempt_DATE.txt`
-  (name, date submitted, the list of files); the attempt's date is its submission time (in the
-  server's zone, which the name does not carry). Several attempts of one student are several
-  hand-ins; the latest counts (`latest_attempt`), and the earlier ones are no duplicate.
+  (`Name: First Last (user)`, ...). `DATE` and `user` are the name's first `_attempt_<date>` and
+  what precedes it after `Assignment`, one for the whole download (the receipts' or, read one way
+  only, the names' common start); a name that does not fit, or whose receipt names another user, is
+  a `Stray` (grader.intake.attempts reads them). DATE is the submission time (the server's zone);
+  the latest attempt counts (`latest_attempt`).
 - **A plain folder of hand-ins**: each zip, and each folder holding assignment4.py, is one
   hand-in, its id from its name by `files.student_id_pattern`.
 
 Each LMS's patterns (`names`, `marker`) and reader are its record in grader.lmss, which the
 readers here (`read_canvas` ...) are named by; a download of a file or a folder per student, named
 by a pattern alone, needs no reader of its own (`read_named`). The LMS is recognised from the
-names (its `marker` file, else the one whose pattern most top-level names match), or named
+names (its `marker` file at the top, else the one whose pattern most top-level names match), or named
 (`grade --lms`). A file that fits no student is a `Stray`: said, never graded as anybody. A download
 lists at most MAX_FILES files; a member over MAX_MEMBER_BYTES is that student's refusal, named.
 """
@@ -87,9 +89,7 @@ class Shape:
 def _orig(name: str) -> str:
     """A Canvas file name without its resubmission suffix, when it is one of the code's names."""
     match = RESUBMITTED.match(name)
-    if match and match["stem"] + match["ext"] in CODE_NAMES:
-        return match["stem"] + match["ext"]
-    return name
+    return match["stem"] + match["ext"] if match and match["stem"] + match["ext"] in CODE_NAMES else name
 
 
 def _resubmission(rel: str) -> tuple:
@@ -98,7 +98,8 @@ def _resubmission(rel: str) -> tuple:
     return (int(match["n"]) if match and match["stem"].rsplit("_", 1)[-1] + match["ext"] in CODE_NAMES else 0, rel)
 
 
-def _add(entry: Entry, name: str, listing: Listing, rel: str, notes: list) -> None:
+def add_file(entry: Entry, name: str, listing: Listing, rel: str, notes: list) -> None:
+    """File `rel` of the listing as `name` of the student's hand-in (a second of one name: a Stray in `notes`)."""
     if name in entry.files:
         notes.append(Stray(listing.where(rel), f"{listing.where(rel)}: a second file named {name} for "
                            f"{entry.student}; kept this one, left out {entry.where[name]}"))
@@ -122,7 +123,7 @@ def read_canvas(listing: Listing, lms: Lms) -> Shape:
         name = _orig(match["orig"])
         if name != match["orig"]:
             entry.files.pop(name, None)   # Canvas renamed an upload of the same name: the later one counts
-        _add(entry, name, listing, rel, shape.strays)
+        add_file(entry, name, listing, rel, shape.strays)
     shape.entries = list(entries.values())
     return shape
 
@@ -139,29 +140,8 @@ def read_moodle(listing: Listing, lms: Lms) -> Shape:
             continue
         folder = f"{match['name']}_{match['id']}_assignsubmission_file_"
         entry = entries.setdefault(match["id"], Entry(match["id"], listing.where(folder), lms.name, upload=folder))
-        _add(entry, inside or match["orig"], listing, rel, shape.strays)
+        add_file(entry, inside or match["orig"], listing, rel, shape.strays)
     shape.entries = list(entries.values())
-    return shape
-
-
-def read_blackboard(listing: Listing, lms: Lms) -> Shape:
-    shape, entries = Shape(lms.name), {}
-    for rel in listing.paths:
-        match = lms.match(rel) if "/" not in rel else None
-        if not match:
-            shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not named as {lms.title} names "
-                                      f"an attempt's file (Assignment_user_attempt_date_name); not graded"))
-            continue
-        date = match["date"]
-        when = f"{date[:10]}T{date[11:].replace('-', ':')}"
-        attempt = f"{match['assignment']}_{match['id']}_attempt_{date}"
-        entry = entries.setdefault((match["id"], date), Entry(match["id"], listing.where(attempt), lms.name,
-                                                              upload=attempt, submitted_at=when))
-        if not match["txt"]:
-            _add(entry, match["orig"], listing, rel, shape.strays)
-    shape.entries = [e for e in entries.values() if e.files]
-    shape.strays += [Stray(e.name, f"{e.name}.txt: an attempt with no file; nothing to grade")
-                     for e in entries.values() if not e.files]
     return shape
 
 
@@ -185,15 +165,13 @@ def _gradescope_metadata(text: str, where: str) -> dict:
 
 def read_gradescope(listing: Listing, lms: Lms) -> Shape:
     shape = Shape(lms.name)
-    meta = next(rel for rel in listing.paths if PurePosixPath(rel).name == lms.marker)
-    base = str(PurePosixPath(meta).parent)
-    base = "" if base == "." else base + "/"
+    meta = lms.marker   # at the export's top (read_shape checked it is there), never a submission's own
     known = _gradescope_metadata(listing.read(meta).decode("utf-8", "replace"), listing.where(meta))
     entries = {}
     for rel in listing.paths:
         if rel == meta:
             continue
-        parts = PurePosixPath(rel[len(base):]).parts if rel.startswith(base) else ()
+        parts = PurePosixPath(rel).parts
         if len(parts) < 2 or not GRADESCOPE_FOLDER.match(parts[0]):
             shape.strays.append(Stray(listing.where(rel), f"{listing.where(rel)}: not in a submission_N folder of "
                                       f"the export; not graded"))
@@ -201,25 +179,25 @@ def read_gradescope(listing: Listing, lms: Lms) -> Shape:
         folder = parts[0]
         if folder not in entries:
             ids, when = known.get(folder, ([], ""))
-            entries[folder] = Entry(ids[0] if ids else folder, listing.where(base + folder), lms.name,
+            entries[folder] = Entry(ids[0] if ids else folder, listing.where(folder), lms.name,
                                     upload=folder, submitted_at=when, also=ids[1:])
             if not ids:
-                shape.strays.append(Stray(listing.where(base + folder), f"{listing.where(base + folder)}: not in "
+                shape.strays.append(Stray(listing.where(folder), f"{listing.where(folder)}: not in "
                                           f"{lms.marker} (or no sid or email): graded under the folder's name"))
-        _add(entries[folder], "/".join(parts[1:]), listing, rel, shape.strays)
+        add_file(entries[folder], "/".join(parts[1:]), listing, rel, shape.strays)
     shape.entries = list(entries.values())
     return shape
 
 
 def _marked(listing: Listing, lms: Lms) -> bool:
-    """Whether the listing holds the file only `lms`'s downloads hold."""
-    return bool(lms.marker) and any(PurePosixPath(rel).name == lms.marker for rel in listing.paths)
+    """Whether `lms`'s marker is at the listing's top (read_shape took off a wrapping folder); deeper, a student's."""
+    return bool(lms.marker) and lms.marker in listing.paths
 
 
 def recognise(listing: Listing, lms: str = None) -> str:
-    """The LMS whose names the listing's top-level names are, or "" for none."""
-    if lms:
-        return lms
+    """The LMS of the listing's top-level names (or `lms`); "" for none, and where the code is at the top (one hand-in)."""
+    if lms or "assignment4.py" in listing.paths:
+        return lms or ""
     marked = [one.name for one in LMSS.values() if _marked(listing, one)]
     if marked:
         return marked[0]
@@ -264,7 +242,7 @@ def read_named(listing: Listing, lms: Lms) -> Shape:
         upload = top[:match.start("orig")] if orig else top
         entry = entries.setdefault(match["id"], Entry(match["id"], listing.where(upload), lms.name, upload=upload,
                                                       late=bool(match.groupdict().get("late"))))
-        _add(entry, inside or orig, listing, rel, shape.strays)
+        add_file(entry, inside or orig, listing, rel, shape.strays)
     shape.entries = list(entries.values())
     return shape
 

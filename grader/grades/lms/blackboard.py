@@ -20,8 +20,9 @@ Username (the id in the Assignment File Download's names), else by Student ID.
 import re
 from pathlib import Path
 
-from grader.grades.lms.sheet import Filled, LmsError, match_row, read_sheet
+from grader.grades.lms.sheet import Filled, LmsError, ids_of, match_row, read_sheet
 from grader.grades.statement import as_html, cell, statement
+from grader.names import cell as inert_cell
 
 COLUMN = re.compile(r"^(?P<title>.*?) \[Total Pts: (?P<upto>up to )?(?P<points>[\d.,]+) (?P<display>[^\]]+)\] "
                     r"\|(?P<id>\d+)$")
@@ -69,11 +70,14 @@ def fill_blackboard(download: Path, book, assignment: str = None, feedback: dict
         filled.notes.append(f"{download}: downloaded without its comments; the upload adds them (download the "
                             f"column alone with 'Include comments for this Column' to see them as Blackboard does)")
     grades, seen, out = {r.student: r for r in book.rows}, set(), [names]
-    keys = [sheet.index(h) for h in ("Username", "Student ID") if sheet.index(h) is not None]
-    for row in sheet.body():
+    kinds = {h: (lambda row, i=sheet.index(h): row[i])
+             for h in ("Username", "Student ID") if sheet.index(h) is not None}
+    body = sheet.body()
+    for row, key in zip(body, ids_of(filled, body, kinds, grades)):
         take = {h: row[sheet.index(h)] if sheet.index(h) is not None else "" for h in names}
+        take.update({h: inert_cell(take[h]) for h in ("Last Name", "First Name") if h in take})
         who = row[sheet.index("Username")].strip()
-        found = match_row(filled, [row[i].strip() for i in keys if row[i].strip()], grades, seen, who)
+        found = match_row(filled, key, grades, seen, who)
         if found is not None:
             take[header] = cell(found.final, book.max_score, points)
             filled.points[found.student] = points

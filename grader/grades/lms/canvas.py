@@ -6,8 +6,9 @@ Gradebook), a CSV with `Student, ID, SIS User ID, SIS Login ID, Section` (in tha
 assignment's column `Title (assignment id)`, and its rows as exported: `Points Possible` (and any
 other row without an ID, such as `Manual Posting`) kept as they are, Canvas's test student left
 out. Only those columns are written, so an import changes nothing else. A student is matched by
-SIS User ID, SIS Login ID, Integration ID or Canvas ID (the id in the bulk download's names).
-UTF-8, with the byte-order mark when the export had one.
+Canvas ID (the id in the bulk download's names), SIS User ID, SIS Login ID or Integration ID, each
+kind only against ids of its own kind (grader.grades.lms.sheet.ids_of). The Student cell goes
+through grader.names.cell. UTF-8, with the byte-order mark when the export had one.
 
 **Submission times**: the bulk download says only `LATE`. Two ways to the times:
 
@@ -26,11 +27,12 @@ Each submission's `submitted_at` counts for its `user_id` (the id of the downloa
 import re
 from pathlib import Path
 
-from grader.grades.lms.sheet import Filled, LmsError, match_row, number, read_sheet
+from grader.grades.lms.sheet import Filled, LmsError, ids_of, match_row, number, read_sheet
 from grader.grades.sources import read_canvas_submissions
 from grader.grades.statement import cell
+from grader.names import cell as inert_cell
 
-IDS = ("SIS User ID", "SIS Login ID", "Integration ID", "ID")
+IDS = ("ID", "SIS User ID", "SIS Login ID", "Integration ID")   # the download's own (Canvas ID) first
 REQUIRED = ("Student", "ID", "SIS User ID", "SIS Login ID")
 OPTIONAL = ("Integration ID", "Root Account")
 TEST_STUDENT = "Student, Test"
@@ -59,11 +61,12 @@ def fill_canvas(export: Path, book, assignment: str = None, **_) -> tuple:
     column = _column(sheet, assignment)
     names = list(REQUIRED) + [h for h in OPTIONAL if h in header] + ["Section", column]
     keep = [sheet.index(h) for h in names]
-    ids = [sheet.index(h) for h in IDS if h in header]
     filled = Filled("canvas", "", column)
     grades, seen, out = {r.student: r for r in book.rows}, set(), [names]
     student, ident, at, points = sheet.index("Student"), sheet.index("ID"), sheet.index(column), None
-    for row in sheet.body():
+    body = sheet.body()
+    keys = ids_of(filled, body, {h: (lambda row, i=sheet.index(h): row[i]) for h in IDS if h in header}, grades)
+    for row, key in zip(body, keys):
         take = [row[i] if i is not None else "" for i in keep]
         name = row[student].strip()
         if not row[ident].strip():   # Points Possible, Manual Posting: as exported
@@ -72,7 +75,8 @@ def fill_canvas(export: Path, book, assignment: str = None, **_) -> tuple:
             continue
         if name == TEST_STUDENT:
             continue
-        match = match_row(filled, [row[i].strip() for i in ids if row[i].strip()], grades, seen, name)
+        take[0] = inert_cell(take[0])   # Student: a display name, never a formula
+        match = match_row(filled, key, grades, seen, name)
         if match is not None:
             take[-1] = cell(match.final, book.max_score, points)
             filled.points[match.student] = points

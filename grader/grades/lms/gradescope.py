@@ -18,11 +18,13 @@ the deadline's).
 from datetime import datetime
 from pathlib import Path
 
-from grader.grades.lms.sheet import Filled, LmsError, match_row, number, read_sheet
+from grader.grades.lms.sheet import Filled, LmsError, ids_of, match_row, number, read_sheet
 from grader.grades.sources import Submission
 from grader.grades.statement import cell
+from grader.names import cell as inert_cell
 
-IDS = ("SID", "Email")
+IDS = ("SID", "Email")   # the download's id: the first submitter's sid, else email
+NAMES = ("Name", "First Name", "Last Name")
 TIME = "Submission Time"
 TIME_FORMATS = ("%Y-%m-%d %H:%M:%S %z", "%Y-%m-%d %H:%M:%S.%f %z", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S%z")
 
@@ -69,9 +71,14 @@ def fill_gradescope(export: Path, book, **_) -> tuple:
     name = sheet.index("Name") if sheet.index("Name") is not None else sheet.index("Last Name")
     filled = Filled("gradescope", "", "Total Score")
     grades, seen, out = {r.student: r for r in book.rows}, set(), [sheet.rows[0]]
-    for row in sheet.body():
+    kinds = {"SID, else Email": lambda row: next((row[i].strip() for i in keys if row[i].strip()), "")}
+    kinds |= {"Email": (lambda row, i=sheet.index("Email"): row[i])} if sheet.index("Email") is not None else {}
+    body, named = sheet.body(), [sheet.index(h) for h in NAMES if sheet.index(h) is not None]
+    for row, key in zip(body, ids_of(filled, body, kinds, grades)):
         who = row[name].strip() if name is not None else row[keys[-1]].strip()
-        match = match_row(filled, [row[i].strip() for i in keys if row[i].strip()], grades, seen, who)
+        for i in named:
+            row[i] = inert_cell(row[i])
+        match = match_row(filled, key, grades, seen, who)
         if match is not None:
             points = number(row[most])
             row[total] = cell(match.final, book.max_score, points)

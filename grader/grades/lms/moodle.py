@@ -4,10 +4,12 @@ The worksheet (View all submissions > Grading action > Download grading workshee
 `Identifier, Full name, Email address, Status, Grade, Maximum Grade, Grade can be changed, Last
 modified (submission), Last modified (grade), Feedback comments`; Moodle's upload (Grading
 action > Upload grading worksheet) finds each row by its `Identifier` (`Participant 12345`), so
-every column and row is written back as it came, `Identifier` untouched. A student is matched by
-the number in `Participant 12345` (the id in Moodle's bulk-download names), ID number, username
-or email. `Grade` gets the final grade scaled to the row's `Maximum Grade`; a row Moodle says
-cannot be changed (locked, or overridden in the gradebook) is kept and reported. With feedback,
+every column and row is written back as it came, `Identifier` untouched, `Full name` through
+grader.names.cell. A student is matched by the number in `Participant 12345` (the id in Moodle's
+bulk-download names), ID number, username or email, each kind only against ids of its own kind
+(grader.grades.lms.sheet.ids_of).
+`Grade` gets the final grade scaled to the row's `Maximum Grade`; a row Moodle says cannot be
+changed (locked, or overridden in the gradebook) is kept and reported. With feedback,
 `Feedback comments` gets the student's grade statement (grader.grades.statement.text): the grade
 that row shows, and why it differs from the autograde.
 
@@ -19,7 +21,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from grader.grades.lms.sheet import Filled, LmsError, match_row, number, read_sheet
+from grader.grades.lms.sheet import Filled, LmsError, ids_of, match_row, number, read_sheet
 from grader.grades.sources import Submission
 from grader.grades.statement import cell, statement, text
 from grader.names import cell as inert_cell
@@ -66,16 +68,19 @@ def fill_moodle(worksheet: Path, book, feedback: dict = None, **_) -> tuple:
     ident, grade, most = sheet.index("Identifier"), sheet.index("Grade"), sheet.index("Maximum Grade")
     can, comments = sheet.index("Grade can be changed"), sheet.index("Feedback comments")
     comments = comments if feedback is not None else None
-    ids = [sheet.index(h) for h in IDS if sheet.index(h) is not None]
     filled = Filled("moodle", "", "Grade" if comments is None else "Grade, Feedback comments")
     if feedback is not None and comments is None:
         filled.notes.append(f"{worksheet}: no Feedback comments column (the assignment's feedback comments "
                             f"are off): grades only")
     grades, seen, out = {r.student: r for r in book.rows}, set(), [sheet.rows[0]]
-    for row in sheet.body():
+    kinds = {"Participant": lambda row: re.sub(r"^\D+", "", row[ident].strip())}
+    kinds |= {h: (lambda row, i=sheet.index(h): row[i]) for h in IDS if sheet.index(h) is not None}
+    body, named = sheet.body(), sheet.index("Full name")
+    for row, key in zip(body, ids_of(filled, body, kinds, grades)):
         who = row[ident].strip()
-        keys = [re.sub(r"^\D+", "", who)] + [row[i].strip() for i in ids if row[i].strip()]
-        match = match_row(filled, keys, grades, seen, who)
+        if named is not None:
+            row[named] = inert_cell(row[named])
+        match = match_row(filled, key, grades, seen, who)
         if match is not None and can is not None and row[can].strip().lower() == "no":
             filled.kept.append(f"{who} ({match.student}): Moodle says the grade cannot be changed (locked "
                                f"or overridden in the gradebook)")

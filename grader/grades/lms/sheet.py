@@ -5,6 +5,9 @@ carry one), and Blackboard's Grade Center also as tab-delimited "XLS" text in UT
 remembers how it came (encoding, mark, delimiter) and is written back the same way, so the LMS
 that made it reads its import as it reads its own export. Every cell that came from a name goes
 through grader.names.cell (never a formula).
+
+Each kind of id is matched only against ids of its own kind (`ids_of`): one student's SIS id may
+be the same digits as another's Canvas id.
 """
 
 import csv
@@ -12,6 +15,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.names import lms_key
 from grader.results import ToDict
 
 BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
@@ -91,9 +95,43 @@ def number(text: str):
         return None
 
 
+def ids_of(filled: Filled, rows: list, kinds: dict, grades: dict) -> list:
+    """The gradebook student each of `rows` is ("" for none). `kinds` maps each kind of id the LMS
+    file has (the download's own first) to how a row gives it. A gradebook id is of the kind of id
+    the file holds it as, and is matched only there: an SIS id that is the same text as another
+    student's Canvas id is not that student. An id the file holds as two kinds, in two rows, is
+    taken as the kind most of the gradebook's other ids are (a tie: the earlier kind), and said."""
+    order, where = list(kinds), {}   # gradebook id -> [(kind, row)] where the file holds it
+    for kind, give in kinds.items():
+        for i, row in enumerate(rows):
+            if student := keyed(give(row), grades):
+                where.setdefault(student, []).append((kind, i))
+    plain = [spots[0][0] for spots in where.values() if len({i for _, i in spots}) == 1]
+    keys = [""] * len(rows)
+    for student, spots in sorted(where.items(), key=lambda item: order.index(item[1][0][0])):
+        kind, i = min(spots, key=lambda spot: (-plain.count(spot[0]), order.index(spot[0]), spot[1]))
+        others = sorted({k for k, j in spots if j != i})
+        if others:
+            filled.notes.append(f"{student}: the {kind} of one row and the {' and '.join(others)} of another; "
+                                f"matched as {kind}, the kind of id the gradebook's other students are")
+        if keys[i]:
+            filled.notes.append(f"{student}: its row is already {keys[i]}'s; not filled")
+        else:
+            keys[i] = student
+    return keys
+
+
+def keyed(cell: str, grades: dict) -> str:
+    """The gradebook's student an id cell of the LMS's file names ("" for none): the id as it is, or
+    as intake keyed an id that safe_id had to change (grader.names.lms_key: `o'neil@...`)."""
+    raw = cell.strip()
+    return raw if raw in grades else lms_key(raw) if raw and lms_key(raw) in grades else ""
+
+
 def match_row(filled: Filled, keys: list, grades: dict, seen: set, who: str):
     """The gradebook row of the LMS row with ids `keys` (in the order they are tried), or None (then
     it is reported: not in the gradebook, or no final grade yet)."""
+    keys = [keys] if isinstance(keys, str) else keys
     match = next((grades[k] for k in keys if k in grades), None)
     if match is None:
         filled.kept.append(f"{who}: no graded hand-in and not on the roster, so no grade of theirs")
