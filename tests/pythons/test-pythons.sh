@@ -13,7 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 read -r -a versions <<<"${A4_PYTHONS:-3.10 3.11 3.12 3.13}"   # A4_PYTHONS="3.12": only those
 tests=(tests/test_logs.py tests/test_log_limits.py tests/test_course_rubric.py tests/test_gradebook.py
        tests/test_handin.py tests/test_download.py tests/test_report.py tests/test_integrity.py tests/test_cli.py
-       tests/test_layout.py tests/test_docs.py tests/test_parse_bomb.py)
+       tests/test_layout.py tests/test_docs.py tests/test_parse_bomb.py tests/test_lms_names.py
+       tests/test_log_origin.py tests/test_lms_ids.py tests/test_integrity_framing.py)
 export PYTHONDONTWRITEBYTECODE=1
 unset PYTHONPATH
 
