@@ -33,6 +33,9 @@ IN_STATE_D = """    import ctypes as _c, mmap as _m, os as _o
         _o.waitpid(_pid, 0)
 """
 LOOPS = "    while True:\n        pass\n"
+# What a student prints to find where a part hangs, neither line ended nor flushed: the rank is
+# killed, and its output must still hold it (grader.rerun.rank.worker writes each call through).
+PRINTS = "    print('before the loop', end='')\n    print('and on stderr', end='', file=__import__('sys').stderr)\n"
 
 
 def _seconds(detail: str, after: str) -> float:
@@ -153,7 +156,8 @@ def test_a_worlds_cgroup_at_its_limit_makes_its_memory_stalls_its_own(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of_the_cpu(tmp_path):
+def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of_the_cpu(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)   # as a TA's shell has it: the ranks' own buffering
     rubric = load_rubric()
     clock = 1.5
     clocked = dataclasses.replace(rubric, timeouts=dataclasses.replace(rubric.timeouts, part=clock))
@@ -175,7 +179,7 @@ def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of
         return run
 
     try:
-        asleep, looping, parked = (hung(body) for body in (SLEEPS, LOOPS, IN_STATE_D))
+        asleep, looping, parked = (hung(body) for body in (SLEEPS, PRINTS + LOOPS, IN_STATE_D))
     finally:
         executor.close()
     # Parked in state D on a machine with memory to spare: its own wait, not the disk's (the part
@@ -184,6 +188,7 @@ def test_a_rank_asleep_or_looping_alone_hung_and_its_message_says_what_it_had_of
     for run in (asleep, looping, parked):
         assert run.status.value == "timeout" and run.starved is False, (run.status, run.detail)
         assert f"still running after {clock:g} s" in run.detail and "waited" in run.detail, run.detail
+    assert "before the loop" in looping.output and "and on stderr" in looping.output, looping.output
     ran, slept = _seconds(looping.detail, "its ranks ran "), _seconds(asleep.detail, "its ranks ran ")
     # Looping ranks ran at least a quarter of what the cores could give; sleeping ones hardly at all.
     assert ran >= clock * cores / 4 and slept < clock / 4, (looping.detail, asleep.detail)

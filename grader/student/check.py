@@ -56,6 +56,7 @@ class CheckRow(ToDict):
     log: Status          # passed, failed, or not_run (no .log)
     message: str
     traceback: str = ""  # the end of the first failing check's traceback, when the part raised
+    printed: bool = False   # ... or the end of what its ranks printed, where none raised (a hang)
 
 
 @dataclass
@@ -97,8 +98,10 @@ def _row(part) -> CheckRow:
         message = f"passed {len(part.checks)} public checks; log: {part.log.message}"
     failed = next((o for o in part.checks if o.status != Status.PASSED and o.traceback.strip()), None)
     traceback = "\n".join(failed.traceback.strip().splitlines()[-TRACEBACK_LINES:]) if failed else ""
+    # a rank's traceback where one raised, else what the ranks printed (a hang, a rank killed)
+    printed = failed is not None and "Traceback (most recent call last)" not in failed.traceback
     return CheckRow(part=part.part, title=BY_ID[part.part].title, rerun=part.status, log=log, message=message,
-                    traceback=traceback)
+                    traceback=traceback, printed=printed)
 
 
 def _problems(result, rows, rubric) -> list:
@@ -256,11 +259,12 @@ def format_report(report: CheckReport) -> str:
         lines.append("")
     shown = {}
     for row in (r for r in report.rows if r.traceback and r.rerun != Status.NOT_IMPLEMENTED):
+        raised = not row.printed
         if row.traceback in shown:   # one traceback (code that does not load) is said once
-            lines += [f"{row.title}: the same traceback as {shown[row.traceback]}.", ""]
+            lines += [f"{row.title}: the same {'traceback' if raised else 'output'} as {shown[row.traceback]}.", ""]
             continue
         shown[row.traceback] = row.title.split(":")[0]
-        lines += [f"{row.title}, the end of its traceback:"] + [f"    {t}" for t in row.traceback.splitlines()] + [""]
+        lines += [f"{row.title}, the end of {'its traceback' if raised else 'what its ranks printed'}:"] + [f"    {t}" for t in row.traceback.splitlines()] + [""]
     if report.notes:
         lines += ["Notes:"] + [f"- {note}" for note in report.notes] + [""]
     lines += hidden_lines(report)

@@ -27,6 +27,7 @@ Hand-ins written to the handout word for word must run unchanged on a CPU-only m
 import datetime
 import errno
 import inspect
+import io
 import json
 import os
 import sys
@@ -206,6 +207,16 @@ def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
                           SLURM_PROCID=str(node), SLURM_LOCALID="0")
 
 
+def _unbuffered_output() -> None:
+    """The rank's stdout and stderr (its output file) written at each call: a rank that hangs is
+    killed, and what its Python still buffered (a file's stdout is block-buffered, stderr is
+    line-buffered) would be lost with it, the very lines a student prints to find where it hangs."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        raw = open(stream.fileno(), "wb", buffering=0, closefd=False)
+        setattr(sys, name, io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True))
+
+
 def _join(job: protocol.WorldJob, rank: int, report, store_port: int) -> bool:
     """Join the world's gloo process group (grader.rerun.rank.store); report Joined, or InfraError (then False)."""
     try:
@@ -291,6 +302,7 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
     try:
         torch.set_num_threads(1)
         _clean_environment(job, rank)
+        _unbuffered_output()
         if not _join(job, rank, report, store_port):
             os._exit(0)
         comm = CommRecorder(progress=os.path.join(job.work_dir, f"rank{rank}.calls"))
