@@ -14,12 +14,11 @@ import marshal
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from grader.rerun import compiled, ending
+from grader.rerun import compiled
 from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import WarmExecutor
 from grader.rerun.rank import worker
@@ -228,24 +227,33 @@ def test_the_zygote_keeps_its_memory_in_huge_pages_and_its_worlds_answer_the_sam
         executor.close()
 
 
-@pytest.mark.parametrize("descriptors", [True, False], ids=["pidfd", "polled"])
-def test_ranks_are_reaped_as_they_end_and_one_that_does_not_is_left_to_be_killed(descriptors, monkeypatch):
-    """The world's end reaps each rank the moment it exits (a process descriptor of each; polled
-    where the kernel or Python has none), with its exit code, and leaves one still running after the
-    grace to be killed."""
-    if not descriptors:
-        monkeypatch.delattr(os, "pidfd_open", raising=False)
-    pids = []
-    for code, linger in ((0, 0.0), (3, 0.05), (0, 30.0)):
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(linger)
-            os._exit(code)
-        pids.append(pid)
+# Each rank of the part starts a thread that reads whatever comes down the rank's data pipe (fd 4):
+# any order after the part would be taken from the worker.
+STEALS_ORDERS = ('def full_column_parallel_single_step(seed=42, device=None):\n',
+                 'def full_column_parallel_single_step(seed=42, device=None):\n'
+                 '    import os as _os, threading as _threading\n'
+                 '    _threading.Thread(target=lambda: [_os.read(4, 1 << 16) for _ in iter(int, 1)], daemon=True).start()\n')
+
+
+@pytest.mark.timeout(300)
+def test_a_world_ends_when_its_last_part_is_settled_whatever_its_ranks_then_do(tmp_path):
+    """Nothing is asked of a rank after its last result: its world ends, every rank at once, the
+    moment every part is settled, so ranks that would never take another order (here a thread steals
+    them) cost it no clock and its report no abort."""
+    source = REFERENCE.read_text()
+    assert source.count(STEALS_ORDERS[0]) == 1
+    path = tmp_path / "assignment4.py"
+    path.write_text(source.replace(*STEALS_ORDERS))
+    rubric = load_rubric()
+    executor = WarmExecutor("auto", rubric.limits)
+    reports = []
+    real = executor._run_world
+    executor._run_world = lambda job: reports.append(real(job)) or reports[-1]
     try:
-        started = time.monotonic()
-        codes = ending.reap_within(pids, 1.0)
-        assert codes == {0: 0, 1: 3} and time.monotonic() - started >= 1.0
+        runs = run_check(executor, prepare_code(path), rubric.default_check, rubric, tmp_path,
+                         parts=["baseline", "tensor_parallel"])
     finally:
-        os.kill(pids[2], 9)
-        os.waitpid(pids[2], 0)
+        executor.close()
+    assert {part: run.status.value for part, run in runs.items()} == {"baseline": "passed", "tensor_parallel": "passed"}
+    assert [(r.abort, r.completed) for r in reports] == [(None, ["baseline", "tensor_parallel"])]
+    assert "done" in reports[0].timeline and reports[0].timeline["ended"] >= reports[0].timeline["done"]

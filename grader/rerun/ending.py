@@ -1,13 +1,10 @@
-"""How a world's ranks end: each reaped the moment it exits, within a grace, and what is left
-killed with its process group (`end_ranks`, called by grader.rerun.supervise once the world is
-complete or must end), and what they left: what each wrote, and its record of its last part's
+"""How a world's ranks end: all together, killed with their process group the moment the world is
+complete or must end, and reaped (`end_ranks`, called by grader.rerun.supervise), and what they left: what each wrote, and its record of its last part's
 collectives.
 """
 
 import os
-import select
 import signal
-import time
 
 from grader.rerun.sandbox.scratch import left_file
 
@@ -55,40 +52,10 @@ def progress(work_dir: str, world_size: int) -> dict:
     return out
 
 
-def reap_within(pids: list, grace: float) -> dict:
-    """The exit codes (by rank) of the ranks `pids` that end within `grace` seconds, each reaped
-    the moment it ends: a process descriptor (pidfd_open, Linux 5.3) becomes readable when its
-    process exits. Where there is none, the ranks are polled every 5 ms."""
-    deadline, codes, watched = time.monotonic() + grace, {}, {}
-    try:
-        try:
-            for rank, pid in enumerate(pids):
-                watched[os.pidfd_open(pid)] = rank
-        except (AttributeError, OSError):   # an older kernel or Python
-            pass
-        while len(codes) < len(pids) and time.monotonic() < deadline:
-            left = deadline - time.monotonic()
-            waiting = [fd for fd, rank in watched.items() if rank not in codes]
-            if len(waiting) == len(pids) - len(codes):
-                select.select(waiting, [], [], left)
-            else:
-                time.sleep(min(0.005, max(left, 0.0)))
-            reaped = len(codes)
-            for rank, pid in enumerate(pids):
-                done, status = (0, 0) if rank in codes else os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[rank] = os.waitstatus_to_exitcode(status)
-            if len(codes) == reaped:   # readable, not yet reapable (its last thread still ending)
-                time.sleep(0.001)
-    finally:
-        for fd in watched:
-            os.close(fd)
-    return codes
-
-
-def end_ranks(pgid: int, pids: list, grace: float = 0.0) -> dict:
-    """Kill the world's process group and reap its ranks; return each rank's exit code (-signal)."""
-    codes = reap_within(pids, grace) if grace else {}
+def end_ranks(pgid: int, pids: list) -> dict:
+    """Kill the world's process group and reap its ranks; return each rank's exit code (-signal:
+    a rank that exited on its own, a hand-in's os._exit or a failed collective's, keeps its own)."""
+    codes = {}
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

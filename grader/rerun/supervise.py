@@ -2,11 +2,12 @@
 
 `supervise` drives every rank through the job's parts: when a rank is ready, and each time it
 reports a part, it is sent the next part to run (Run, on its data pipe, with the part's data
-(grader.rerun.wire.secret) and a fresh token), or, once every rank has reported every part, Finish
-(rank 0 serves the world's store until it ends). It reads every rank's messages
+(grader.rerun.wire.secret) and a fresh token). It reads every rank's messages
 (grader.rerun.wire.protocol) from its own pipe and decides:
 
-- all ranks reported every part and said done: the world is complete;
+- every part is settled (all ranks reported it, alike): the world is complete, and its ranks are
+  ended at once, all together (rank 0 serves the world's store): nothing of a rank's is waited
+  for after its last result, so a rank that would not end costs nothing;
 - a part's results disagree across ranks (ok on some, an error on others) or a collective failed:
   the ranks may be out of step, so the world is ended and the report says at which part;
 - a part raised on a rank (crashed, out of memory) and another rank has not reported it a tenth of
@@ -17,8 +18,8 @@ reports a part, it is sent the next part to run (Run, on its data pipe, with the
   the parts before it are settled, never the one they are still running;
 - a part runs past its wall clock, or a rank dies: likewise, naming the part (past the clock, with
   what the ranks had of the CPU: grader.rerun.starved). Every gap has a clock: loading
-  (world_start), each part from the moment a rank was sent it (part), and the end, after the last
-  part's results, until every rank says done (done); a world out of time keeps the parts it settled;
+  (world_start) and each part from the moment a rank was sent it (part); a world out of time keeps
+  the parts it settled;
 - the code does not load: the world ends before any part. Gloo that does not start is the
   machine's failure, believed only before the rank says it loads the hand-in's code; no rank is
   sent Load (its code loaded) before every rank joined, so no hand-in can end a rank under a peer
@@ -45,19 +46,18 @@ class _Watch:
         self.job, self.parts, self.size = job, job.parts, job.world_size
         self.started = time.monotonic()
         self.start_deadline = self.started + job.timeouts.world_start
-        self.timeline = {}      # when (s after the ranks were forked) every rank was ready, was done
+        self.timeline = {}      # when (s after the ranks were forked) every rank was ready, every part settled
         self.readers = {rank: channel.Reader() for rank in fds}
         self.orders, self.secrets = orders, secrets
         self.ranks = set(fds)
-        self.joined, self.ready, self.done, self.closed = set(), set(), set(), set()
-        self.through = set()    # ranks that reported every part, waiting for Finish
+        self.joined, self.ready, self.closed = set(), set(), set()
+        self.through = set()    # ranks that reported every part
         self.gave_up = set()    # ranks that reported a failed collective and then ended on purpose
         # What each rank may send next: "joined", "nothing" until every rank joined, then "loading",
-        # "load" (Ready or LoadFailed), ("result", i, token) for part i, "done", "nothing".
+        # "load" (Ready or LoadFailed), ("result", i, token) for part i, "nothing".
         self.expecting = {rank: "joined" for rank in fds}
         self.results = {p: {} for p in self.parts}
         self.part_started = {}
-        self.settled_at = None  # when the last part was settled (the done clock starts)
         self.failed_at = {}     # part -> when a rank first reported it failed on its own (FAILED_ALONE)
         self.skipped = []
         self.judged = 0         # parts[:judged] have a consistent result from every rank
@@ -81,15 +81,15 @@ class _Watch:
             if len(statuses) > 1:
                 return self.stop(StopReason.RANKS_DISAGREE, self.current, " / ".join(statuses))
             self.judged += 1
-        if self.judged == len(self.parts) and self.settled_at is None:
-            self.settled_at = time.monotonic()
+        if self.complete and "done" not in self.timeline:
+            self.timeline["done"] = round(time.monotonic() - self.started, 4)
         failed = self.abort is None and any(m.status in FAILED_ALONE for m in self.results.get(self.current, {}).values())
         if failed and self.current not in self.failed_at:   # not every rank has reported it, or it was judged above
             self.failed_at[self.current] = time.monotonic()
 
     @property
     def complete(self) -> bool:
-        return self.judged == len(self.parts) and len(self.done) == self.size
+        return self.judged == len(self.parts)
 
     def next_deadline(self, now: float):
         """The nearest wall clock, after stopping the world if one has run out."""
@@ -116,18 +116,11 @@ class _Watch:
                 late = sorted(self.ranks - set(self.results[self.current]))
                 self.stop(StopReason.RANK_FAILED, self.current, f"ranks {late} had not finished the part "
                                                                 f"{self.job.timeouts.part / PART_FACTOR:g} s after a rank failed it")
-        if self.settled_at is not None:
-            deadline = self.settled_at + self.job.timeouts.done
-            deadlines.append(deadline)
-            if now >= deadline:
-                late = sorted(self.ranks - self.done)
-                self.stop(StopReason.TIMEOUT, None, f"ranks {late} reported every part but did not end "
-                                                    f"within {self.job.timeouts.done:g} s")
         return min(deadlines) if deadlines else None
 
     def closed_pipe(self, rank: int) -> None:
         self.closed.add(rank)
-        if rank not in self.done and rank not in self.gave_up:
+        if rank not in self.through and rank not in self.gave_up:
             self.stop(StopReason.RANK_DIED, self.running(rank), f"rank {rank} exited before it finished")
 
     def running(self, rank: int):
@@ -146,9 +139,9 @@ class _Watch:
                 self.order(each, protocol.Load())
 
     def send_next(self, rank: int, index: int) -> None:
-        """Start part `index` on `rank`; where there is none, Finish, once every rank is through:
-        rank 0 serves the world's store (grader.rerun.rank.store), which a rank still in its last
-        part may be using, so no rank ends before the others are done."""
+        """Start part `index` on `rank`; where there is none, the rank is through: it waits, its
+        orders read, until the world ends all its ranks together (rank 0 serves the world's store,
+        grader.rerun.rank.store, which a rank still in its last part may be using)."""
         if index < len(self.parts):
             part = self.parts[index]
             token = os.urandom(16).hex()
@@ -156,11 +149,8 @@ class _Watch:
             self.part_started.setdefault(part, time.monotonic())
             from grader.rerun.wire.secret import view   # torch's, loaded in the world that runs this
             return self.order(rank, protocol.Run(part=part, token=token, data=view(self.secrets[part], rank)))
-        self.expecting[rank] = "done"
+        self.expecting[rank] = "nothing"
         self.through.add(rank)
-        if len(self.through) == self.size:
-            for each in sorted(self.through):
-                self.order(each, protocol.Finish())
 
     def order(self, rank: int, message) -> None:
         try:
@@ -210,7 +200,7 @@ class _Watch:
             else:
                 self.send_next(rank, want[1] + 1)
             return
-        allowed = {"joined": ("joined",), "loading": ("loading",), "load": ("ready", "load_failed"), "done": ("done",)}
+        allowed = {"joined": ("joined",), "loading": ("loading",), "load": ("ready", "load_failed")}
         if not isinstance(want, str) or kind not in allowed.get(want, ()):
             return self.forged(rank, f"sent {kind!r} out of order")
         if isinstance(message, protocol.Joined):
@@ -223,11 +213,6 @@ class _Watch:
                 self.timeline["ready"] = round(time.monotonic() - self.started, 4)
             self.skipped = message.skipped_lines
             self.send_next(rank, 0)
-        elif isinstance(message, protocol.Done):
-            self.expecting[rank] = "nothing"
-            self.done.add(rank)
-            if len(self.done) == self.size:
-                self.timeline["done"] = round(time.monotonic() - self.started, 4)
         elif isinstance(message, protocol.LoadFailed):
             self.expecting[rank] = "nothing"
             self.stop(StopReason.LOAD_FAILED, None, message.error.exception, error=message.error)
@@ -262,7 +247,7 @@ def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, sec
         deadline = watch.next_deadline(now)
         if watch.abort is not None:
             break
-        if len(watch.closed) == watch.size or (launcher_exited and launcher_exited() and len(watch.done) < watch.size
+        if len(watch.closed) == watch.size or (launcher_exited and launcher_exited()
                                                and not any(selector.select(timeout=0))):
             watch.stop(StopReason.RANK_DIED, watch.current, "the ranks exited before the world was complete")
             break
@@ -280,7 +265,7 @@ def supervise(job: WorldJob, fds: dict, orders: dict, pids: list, pgid: int, sec
         watch.abort.cpu = cpu_time() if cpu_time else None
         late = watch.ranks - set(watch.results[watch.abort.part])
         watch.abort.unread = [r for r in sorted(late) if channel.unread(orders[r])]
-    exit_codes = ending.end_ranks(pgid, pids, grace=0.5 if watch.abort is None else 0.0)
+    exit_codes = ending.end_ranks(pgid, pids)
     for fd in list(fds.values()) + list(orders.values()):
         os.close(fd)
     selector.close()

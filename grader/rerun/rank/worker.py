@@ -268,18 +268,17 @@ def _run_order(module, order: protocol.Run, job: protocol.WorldJob, rank: int, c
 
 def _serve(module, job: protocol.WorldJob, rank: int, comm: CommRecorder, served: dict, data_fd: int,
            report) -> None:
-    """Run each part the supervisor orders, a Result for each, then Done at Finish. Returns at
-    Finish or when the supervisor is gone; ends the process after a collective failed."""
+    """Run each part the supervisor orders, a Result for each. Returns when the supervisor is gone
+    (after its last part, a rank waits here until its world ends it); ends the process after a
+    collective failed."""
     while True:
         order = protocol.receive(data_fd, protocol.ORDERS)
         if not isinstance(order, protocol.Run):
-            break   # Finish, or the supervisor is gone
+            return   # the supervisor is gone
         result = _run_order(module, order, job, rank, comm, served)
         report(result)
         if result.status == RankStatus.DIST_ERROR:
             os._exit(0)
-    if order is not None:
-        report(protocol.Done())
 
 
 def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict = None, data_fd: int = 4,
@@ -289,7 +288,7 @@ def rank_main(job: protocol.WorldJob, rank: int, result_fd: int, prepared: dict 
 
     Messages: Joined (gloo is up), then, once Load is read from `data_fd` (every rank has joined),
     Loading (the hand-in's code runs from here on), Ready, then a Result per Run read from
-    `data_fd`, and Done at Finish."""
+    `data_fd`, until the world ends it."""
     me = os.getpid()
 
     def report(message):

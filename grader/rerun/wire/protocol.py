@@ -2,8 +2,8 @@
 
     grader (executor)  --Setup, WorldRequest, WorldJob, DataKey, Exit-->  zygote / world leader
     grader (executor)  <--Hello, WorldReport--            zygote / world leader
-    world supervisor   --Run (part, token, the part's data) / Finish-->  each rank (its data pipe)
-    world supervisor   <--Joined, Loading, Ready, Result..., Done / LoadFailed / InfraError--  each rank
+    world supervisor   --Load, Run (part, token, the part's data)-->  each rank (its data pipe)
+    world supervisor   <--Joined, Loading, Ready, Result... / LoadFailed / InfraError--  each rank
 
 A rank runs hand-in code, so what it sends is untrusted: `decode` checks the type tag and every
 field's type, refuses a key no field has (grader.typed), and raises ProtocolError on anything else;
@@ -69,7 +69,6 @@ class ErrorInfo:
 class Timeouts:
     world_start: float = WORLD_START_SECONDS
     part: float = PART_SECONDS         # each part, from the moment the supervisor starts it on a rank
-    done: float = 5.0                  # after the last part's result, until the rank says it is done
 
 
 @dataclass
@@ -161,12 +160,6 @@ class Run:
 
 
 @dataclass
-class Finish:
-    """Supervisor to rank: no part is left; say Done."""
-    TYPE: typing.ClassVar[str] = "finish"
-
-
-@dataclass
 class Joined:
     """Rank to supervisor: gloo is up; the rank waits for Load (the last message an infrastructure
     error may follow)."""
@@ -196,11 +189,6 @@ class Result:
     error: Optional[ErrorInfo] = None
     oversize: int = 0                  # the values of a returned tensor refused for its size
                                        # (grader.rerun.wire.bounds; then no tensor, status crashed)
-
-
-@dataclass
-class Done:
-    TYPE: typing.ClassVar[str] = "done"
 
 
 @dataclass
@@ -252,18 +240,18 @@ class WorldReport:
                                                              # JSON line each, written before each call
     skipped_lines: list[int] = field(default_factory=list)
     seconds: float = 0.0
-    # seconds: "forked" from the leader's start, "ready", "done", "ended" from the ranks' fork, "round_trip" the grader's
+    # seconds: "forked" from the leader's start, "ready", "done" (every part settled), "ended" from the ranks' fork, "round_trip" the grader's
     timeline: dict[str, float] = field(default_factory=dict)
     isolation: dict = field(default_factory=dict)
     secrets: dict[str, PartSecret] = field(default_factory=dict)   # part -> the data its ranks were served
     compiled: str = ""   # the leader's compile of a job that came without one, for the next world of that code
 
 
-Message = Union[Setup, WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Load, Run, Finish, Result, Done,
+Message = Union[Setup, WorldJob, WorldRequest, DataKey, Exit, Hello, Joined, Loading, Ready, Load, Run, Result,
                 LoadFailed, InfraError, WorldReport]
 TYPES = {cls.TYPE: cls for cls in typing.get_args(Message)}
-RANK_MESSAGES = (Joined, Loading, Ready, Result, Done, LoadFailed, InfraError)
-ORDERS = (Load, Run, Finish)   # what a rank reads on its data pipe
+RANK_MESSAGES = (Joined, Loading, Ready, Result, LoadFailed, InfraError)
+ORDERS = (Load, Run)   # what a rank reads on its data pipe
 
 
 def stopped(job: WorldJob, reason: StopReason, detail: str, part=None) -> WorldReport:
