@@ -208,12 +208,10 @@ def _clean_environment(job: protocol.WorldJob, rank: int) -> None:
 
 
 def _unbuffered_output() -> None:
-    """The rank's stdout and stderr (its output file) written at each call: a rank that hangs is
-    killed, and what its Python still buffered (a file's stdout is block-buffered, stderr is
-    line-buffered) would be lost with it, the very lines a student prints to find where it hangs."""
+    """stdout and stderr written at each call: a hung rank is killed, and what its Python buffered
+    would be lost with it, the very lines a student prints to find where it hangs."""
     for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        raw = open(stream.fileno(), "wb", buffering=0, closefd=False)
+        raw = open(getattr(sys, name).fileno(), "wb", buffering=0, closefd=False)
         setattr(sys, name, io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True))
 
 
@@ -268,9 +266,8 @@ def _run_order(module, order: protocol.Run, job: protocol.WorldJob, rank: int, c
 
 def _serve(module, job: protocol.WorldJob, rank: int, comm: CommRecorder, served: dict, data_fd: int,
            report) -> None:
-    """Run each part the supervisor orders, a Result for each. Returns when the supervisor is gone
-    (after its last part, a rank waits here until its world ends it); ends the process after a
-    collective failed."""
+    """Run each part the supervisor orders, a Result for each, until its world ends it (returns if
+    the supervisor is gone); ends the process after a collective failed."""
     while True:
         order = protocol.receive(data_fd, protocol.ORDERS)
         if not isinstance(order, protocol.Run):
