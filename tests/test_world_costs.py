@@ -257,3 +257,25 @@ def test_a_world_ends_when_its_last_part_is_settled_whatever_its_ranks_then_do(t
     assert {part: run.status.value for part, run in runs.items()} == {"baseline": "passed", "tensor_parallel": "passed"}
     assert [(r.abort, r.completed) for r in reports] == [(None, ["baseline", "tensor_parallel"])]
     assert "done" in reports[0].timeline and reports[0].timeline["ended"] >= reports[0].timeline["done"]
+
+
+@pytest.mark.timeout(300)
+def test_a_world_of_no_parts_loads_the_code_and_then_ends(tmp_path):
+    """Settled as soon as every rank loaded the code: code that loads ends its world whole, code
+    that raises as it loads ends it at loading."""
+    from grader.rerun.check import _world_job
+    from grader.rerun.wire.protocol import StopReason
+    rubric = load_rubric()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "assignment4.py").write_text("import a4_no_such_module\n" + REFERENCE.read_text())
+    executor = WarmExecutor("auto", rubric.limits)
+    try:
+        reports = [executor.run_world(_world_job(prepare_code(path), tmp_path / f"world{i}", rubric.default_check,
+                                                 rubric, []))
+                   for i, path in enumerate((REFERENCE, broken / "assignment4.py"))]
+    finally:
+        executor.close()
+    loaded, raised = reports
+    assert loaded.abort is None and loaded.completed == [] and "ready" in loaded.timeline, loaded.abort
+    assert raised.abort is not None and raised.abort.reason == StopReason.LOAD_FAILED, raised.abort

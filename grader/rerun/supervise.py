@@ -89,7 +89,8 @@ class _Watch:
 
     @property
     def complete(self) -> bool:
-        return self.judged == len(self.parts)
+        """Every part settled (every rank loaded the code: a world of no parts loads it, then ends)."""
+        return self.judged == len(self.parts) and len(self.ready) == self.size
 
     def next_deadline(self, now: float):
         """The nearest wall clock, after stopping the world if one has run out."""
