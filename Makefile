@@ -6,6 +6,8 @@
 #   make test-scale  batches at scale and through failure: job arrays, a killed grader, hangs, --jobs
 #   make test-student  the student's side: torchrun runs, the lab, check, package, the release
 #   make test-lms    every LMS there and back: downloads, gradebook, import and feedback files, report
+#   make test-optional  each optional part (5-8) graded in a batch with it on: the reference at every
+#                    check, the skeleton, each mistake
 #   make test-configs  where the course runs beyond this checkout and root: an ordinary user (useradd),
 #                    no user namespaces, a tight ulimit -u, a module Python, the kit installed elsewhere,
 #                    a student's fresh folder (marker configs)
@@ -36,7 +38,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 DEMO := build/demo
 RELEASE := build/release
 
-.PHONY: venv demo lint test test-hostile test-scale test-student test-lms test-configs test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
+.PHONY: venv demo lint test test-hostile test-scale test-student test-lms test-optional test-configs test-course test-slurm test-pythons test-cuda bench gpu-check skeleton release clean
 
 $(STAMP): $(REQUIREMENTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -84,7 +86,7 @@ lint: $(STAMP)
 
 # The suites with targets of their own (markers: tests/conftest.py's APART says what each holds),
 # so that make test stays under ten minutes on two cores; .ci/run runs every one of them.
-APART := slurm or course or configs or hostile or scale or student or lms
+APART := slurm or course or configs or hostile or scale or student or lms or optional
 PYTEST_FILES := $(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP) lint
@@ -105,6 +107,12 @@ test-scale: $(STAMP)
 # import and feedback files, the staff report, Gradescope's container.
 test-lms: $(STAMP)
 	@$(TIMED) $(PYTEST_FILES) -m "lms and not configs"
+
+# Each optional part (Parts 5-8, marker optional) graded in a batch with it on: the reference at every
+# check with its log and bonus, the skeleton, each of the part's mistakes with its diagnosis. Their
+# math against the reference's stays in make test.
+test-optional: $(STAMP)
+	@$(TIMED) $(PYTEST_FILES) -m "optional and not configs"
 
 # The student's side (marker student): torchrun runs on several ranks, the lab, check and package,
 # the Slurm job run locally, the release followed from a fresh copy.

@@ -137,6 +137,8 @@ APART = {
            "Gradescope); make test-lms runs them",
     "student": "the student's side (torchrun runs, the lab, check and package, the release from a fresh copy); "
                "make test-student runs them",
+    "optional": "the optional parts (5 to 8) each graded in a batch with it on (the reference at every check, the "
+                "skeleton, each mistake); make test-optional runs them",
 }
 def left_out(markexpr: str) -> list:
     """The markers of APART whose tests `-m markexpr` leaves out: the expression is false for a test

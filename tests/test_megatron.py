@@ -135,6 +135,7 @@ def graded_on(reference_run, tmp_path_factory):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.optional   # the part graded in a batch: make test-optional
 def test_the_reference_passes_part_5_at_every_check_with_its_log_and_bonus(graded_on):
     results, rubric, out = graded_on
     r = results["reference"]
@@ -147,12 +148,14 @@ def test_the_reference_passes_part_5_at_every_check_with_its_log_and_bonus(grade
     assert "megatron_mlp" in (out / "grades.csv").read_text().splitlines()[0]
 
 
+@pytest.mark.optional   # the part graded in a batch: make test-optional
 def test_the_skeleton_reports_part_5_not_implemented(graded_on):
     part = graded_on[0]["skeleton"]["parts"]["megatron_mlp"]
     assert part["status"] == "not_implemented" and "TODO in" in part["message"], part["message"]
 
 
 @pytest.mark.parametrize("name", MLP_MUTANTS)
+@pytest.mark.optional   # the part graded in a batch: make test-optional
 def test_each_part_5_mistake_fails_part_5_with_its_diagnosis_and_costs_nothing_else(graded_on, name):
     results, rubric, _ = graded_on
     mutant, r = MUTANTS[name], results[name]
@@ -169,6 +172,7 @@ def test_each_part_5_mistake_fails_part_5_with_its_diagnosis_and_costs_nothing_e
 
 
 @pytest.mark.parametrize("name", ["mlp_whole_on_every_rank", "mlp_whole_on_rank0_broadcast"])
+@pytest.mark.optional   # the part graded in a batch: make test-optional
 def test_a_part_5_step_taken_whole_on_one_rank_earns_nothing_of_the_step(graded_on, name):
     """Each rank's seed draws weights real in its own shards only: the single-device step on any one
     rank's full copy (recomputed on every rank, or on rank 0 and broadcast) fails every step check of
