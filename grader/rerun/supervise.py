@@ -140,9 +140,9 @@ class _Watch:
                 self.order(each, protocol.Load())
 
     def send_next(self, rank: int, index: int) -> None:
-        """Start part `index` on `rank`; where there is none, the rank is through: it waits, its
-        orders read, until the world ends all its ranks together (rank 0 serves the world's store,
-        grader.rerun.rank.store, which a rank still in its last part may be using)."""
+        """Start part `index` on `rank`; where there is none, the rank is through: it waits for an
+        order that does not come, until the world ends all its ranks together (rank 0 serves the
+        world's store, grader.rerun.rank.store, which a rank still in its last part may be using)."""
         if index < len(self.parts):
             part = self.parts[index]
             token = os.urandom(16).hex()
