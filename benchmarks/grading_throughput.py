@@ -2,6 +2,7 @@
 
     make bench [RUBRIC=benchmarks/part5.yaml]
     python benchmarks/grading_throughput.py [--handins 100] [--baseline-handins 6] [--jobs N] [--rubric FILE]
+                                            [--elsewhere 20,1] [--cuda-python PYTHON]
 
 Builds synthetic hand-ins from the test corpus (the reference, the skeleton and fast-failing
 mutants, each with a real run's log), grades them all with the warm executor and a few with the
@@ -11,6 +12,13 @@ against the fork-and-gloo floor measured on the spot; the grader's memory at the
 and its end, and the helpers' peak; and the log parser's speed on a 100 MB log. --jobs is the grader's
 own choice from this machine unless given (grader.limits.default_jobs). Not a test: the
 figures depend on the machine and on what else runs on it.
+
+Then the same, smaller (`--elsewhere`: 20 hand-ins, one reference among them by torchrun too),
+where TAs grade too, each configuration in a run of its own and each against its own torchrun and
+floor: as an ordinary user made for the run (as root, where useradd is at hand: benchmarks/_elsewhere.py), and with
+torch's CUDA build (`--cuda-python`, `.venv-cuda` as `make test-cuda` makes it) as this user and
+as an ordinary user; a table gives each one's hand-ins a minute, its ratio to torchrun and its
+time a world against its floor. A configuration that cannot be made here says why and is left out.
 
 It cannot lie: every hand-in's result is held against what the corpus says it must get (the
 reference every part passed and full marks, the skeleton every part not implemented, each mutant
@@ -27,7 +35,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,66 +47,12 @@ from grader.batch.run import grade_batch  # noqa: E402
 from grader.evidence.logfile import parse_log  # noqa: E402
 from grader.rubric import load_rubric  # noqa: E402
 from benchmarks._floor import fork_gloo_floor  # noqa: E402
+from benchmarks._elsewhere import CUDA_PYTHON, as_a_user, with_python  # noqa: E402
+from benchmarks._memory import MemorySampler  # noqa: E402
 from tests.corpus import MUTANTS as CORPUS, REFERENCE, Files, mutate, refingerprint, skeleton, write_zip  # noqa: E402
 
 MUTANTS = ["dp_summed", "acc_unscaled", "baseline_wrong_sign", "tp_own_shard_only", "baseline_no_step",
            "dp_no_allreduce", "tp_returns_shard", "acc_zero_grad_in_loop"]
-
-
-def memory_mb(pid="self", field="Rss") -> float:
-    """A process's resident memory (Rss), or its proportional share of pages shared with others (Pss)."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-class MemorySampler:
-    """Samples the grader's memory and that of the processes re-running hand-ins (the zygotes and
-    every rank forked from them, counted by proportional share since they share most pages)."""
-
-    def __init__(self):
-        self.grader, self.helpers = [], []
-        self.running = True
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _helpers(self) -> float:
-        """The re-run processes of this benchmark alone: on a shared machine other suites' zygotes
-        are in /proc too, and are not its own."""
-        parent, zygotes = {}, []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                parent[pid] = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-                if b"grader.rerun.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    zygotes.append(pid)
-            except (OSError, IndexError):
-                pass
-        return sum(memory_mb(pid, "Pss") for pid in zygotes if _descends(pid, str(os.getpid()), parent))
-
-    def _run(self):
-        while self.running:
-            self.grader.append(memory_mb())
-            self.helpers.append(self._helpers())
-            time.sleep(0.2)
-
-    def stop(self):
-        self.running = False
-        self.thread.join()
-
-
-def _descends(pid: str, ancestor: str, parent: dict) -> bool:
-    """Whether `pid` is `ancestor` or one of its descendants, by the parent ids in `parent`."""
-    for _ in range(64):
-        if pid == ancestor:
-            return True
-        if pid not in parent:
-            return False
-        pid = parent[pid]
-    return False
 
 
 def reference_log(tmp: Path) -> tuple:
@@ -187,38 +140,112 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=None,
                         help="hand-ins graded at once (default: the grader's own choice from this machine)")
     parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
+    parser.add_argument("--elsewhere", default="20,1", metavar="HANDINS,BASELINE",
+                        help="the hand-ins and the torchrun hand-ins of each other configuration (an ordinary "
+                             "user, torch's CUDA build); 0,0: none (default: %(default)s)")
+    parser.add_argument("--cuda-python", default=str(CUDA_PYTHON),
+                        help="a Python with torch's CUDA build, for the configurations with it (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print this configuration's figures as JSON, and "
+                        "nothing else (the run as an ordinary user, or with another torch)")
+    parser.add_argument("--user-too", action="store_true",
+                        help="with --json, as root: the same again as an ordinary user made for the run")
     args = parser.parse_args(argv)
     rubric = load_rubric(args.rubric)
     tmp = Path(tempfile.mkdtemp(prefix="a4-bench-"))
     try:
-        print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
-              f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / (1 << 30):.0f} GiB, "
-              f"Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
-              f"load average before: {os.getloadavg()[0]:.1f}")
+        if not args.json:
+            print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+                  f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / (1 << 30):.0f} GiB, "
+                  f"Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
+                  f"load average before: {os.getloadavg()[0]:.1f}")
         log, err = reference_log(tmp / "run")
         kinds = build_handins(tmp / "inbox", args.handins, log, err)
         floor = fork_gloo_floor()
         memory = MemorySampler()
         warm = grade(tmp / "inbox", tmp / "warm", args.jobs, "warm", args.rubric)
         memory.stop()
-        files = sorted(kinds)[: max(args.baseline_handins, 0)]
+        files = baseline_files(kinds, args.baseline_handins)
         # The baseline has no sandbox (torchrun starts its own processes): a plain process per rank.
         # None given (--baseline-handins 0): no baseline, and no ratio.
         cold = grade(tmp / "inbox", tmp / "torchrun", args.jobs, "torchrun", args.rubric, files, sandbox="off") \
             if files else None
+        wrong = wrong_results(tmp / "warm", kinds, rubric) + \
+            (wrong_results(tmp / "torchrun", {f: kinds[f] for f in files}, rubric) if cold else [])
+        if args.json:
+            mine = {configuration(): {"wrong": wrong} if wrong else figures(warm, cold, floor)}
+            print(json.dumps(mine | (elsewhere(args) if args.user_too else {})))
+            return 0
         print(f"hand-ins: {args.handins} (half the reference, a tenth the skeleton, the rest mutants), each re-run "
               f"at {len(rubric.checks)} checks ({', '.join(rubric.part_ids)}); {warm[0].jobs}")
         print(f"statuses:          {dict(sorted(warm[0].statuses.items()))}")
-        wrong = wrong_results(tmp / "warm", kinds, rubric) + \
-            (wrong_results(tmp / "torchrun", {f: kinds[f] for f in files}, rubric) if cold else [])
         if wrong:
             print(f"NO FIGURES: {len(wrong)} hand-in(s) did not get what the corpus says they must, so a rate "
                   f"would count failures as work done:", *wrong[:12], sep="\n  ")
             return 1
         report(args, warm, cold, floor, memory, log, tmp / "warm")
+        if args.elsewhere != "0,0" and not args.rubric:
+            return print_configurations({configuration(): figures(warm, cold, floor), **elsewhere(args)})
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def baseline_files(kinds: dict, n: int) -> list:
+    """The first `n` hand-ins, in name order, but the reference among them (a mutant comes first)."""
+    names = sorted(kinds)
+    chosen = names[:max(n, 0)]
+    if chosen and "reference" not in {kinds[f] for f in chosen}:
+        chosen[-1] = next(f for f in names if kinds[f] == "reference")
+    return chosen
+
+
+def configuration() -> str:
+    """Who grades and with which torch: "root, CPU build", "ordinary user, CUDA build"."""
+    return f"{'root' if os.geteuid() == 0 else 'ordinary user'}, {'CUDA' if torch.version.cuda else 'CPU'} build"
+
+
+def figures(warm_run, cold_run, floor: float) -> dict:
+    """One configuration's figures: hand-ins graded by each executor, hand-ins a minute, the time a
+    world (the batch's wall time over its worlds) and the fork-and-gloo floor."""
+    (warm, warm_s), cold = warm_run, cold_run or (None, None)
+    return {"handins": warm.graded, "rate": warm.graded / warm_s * 60, "world": warm_s / max(warm.worlds, 1),
+            "floor": floor, "jobs": warm.jobs.split(",")[0],
+            "baseline": cold[0].graded if cold[0] else 0,
+            "baseline_rate": cold[0].graded / cold[1] * 60 if cold[0] else None}
+
+
+def elsewhere(args) -> dict:
+    """The figures of the other configurations: as an ordinary user (as root), and, where torch's CUDA
+    build is installed, with it as this user (and as an ordinary user, as root)."""
+    # as the run with --user-too, the same hand-ins as its own; else the smaller run --elsewhere asks for
+    handins, baseline = (args.handins, args.baseline_handins) if args.json else args.elsewhere.split(",")
+    again = ["--handins", str(handins), "--baseline-handins", str(baseline)] + (["--jobs", str(args.jobs)] if args.jobs else [])
+    user = as_a_user(Path(__file__), again, "an ordinary user") if os.geteuid() == 0 else None
+    found = dict(user or {})   # keyed by the user's own configuration()
+    if not args.json:
+        found.update(with_python(args.cuda_python, Path(__file__), again + ["--user-too"], "torch's CUDA build") or {})
+    return found
+
+
+def print_configurations(found: dict) -> int:
+    """A line per configuration measured: its hand-ins a minute, torchrun's and their ratio, its time a
+    world against its floor. 1 where a configuration's results were not what the corpus says."""
+    print(f"{'configuration':26s} {'hand-ins':>9s} {'per min':>8s} {'torchrun':>9s} {'per min':>8s} {'ratio':>7s} "
+          f"{'world':>7s} {'floor':>7s} {'x floor':>7s}  jobs")
+    failed = 0
+    for name, got in found.items():
+        if "wrong" in got:
+            failed = 1
+            print(f"{name:26s} NO FIGURES: " + "; ".join(got["wrong"][:3]))
+            continue
+        ratio = f"{got['rate'] / got['baseline_rate']:6.1f}x" if got["baseline_rate"] else f"{'-':>7s}"
+        cold = f"{got['baseline_rate']:8.2f}" if got["baseline_rate"] else f"{'-':>8s}"
+        print(f"{name:26s} {got['handins']:9d} {got['rate']:8.1f} {got['baseline']:9d} {cold} {ratio} "
+              f"{got['world']:7.3f} {got['floor']:7.3f} {got['world'] / got['floor']:6.2f}x  {got['jobs']}")
+    print("each line measured side by side in one run of its own: the warm executor with the sandbox, torchrun "
+          "without, the floor (4 ranks forked from a warm process, joining gloo, one all-reduce) by the same "
+          "Python as the same user; world: the batch's wall time over its worlds")
+    return failed
 
 
 def report(args, warm_run, cold_run, floor: float, memory: MemorySampler, log: str, out: Path) -> None:

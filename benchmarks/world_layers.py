@@ -21,9 +21,7 @@ its own, and each rank a mount and IPC namespace of its own (docs/security.md); 
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ from grader.rerun.check import prepare_code, run_check
 from grader.rerun.executor import SandboxUnavailable, WarmExecutor
 from grader.rerun.sandbox.namespaces import scratch_dir
 from grader.rubric import load_rubric
+from benchmarks._elsewhere import CUDA_PYTHON, as_a_user, with_python
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "assignment_4" / "reference" / "assignment4.py"
@@ -82,41 +81,6 @@ def timelines(mode: str, worlds: int, rubric, cpu: dict = None) -> list:
     return [t for t in seen[WARM_UP:] if all(k in t for k in ("forked", "ready", "done", "ended", "round_trip"))]
 
 
-def as_a_user(worlds: int) -> list:
-    """The timelines of `worlds` sandboxed worlds graded by an ordinary user made for the run; [] where
-    none can be made here (not root, no useradd)."""
-    from tests import tas
-    if tas.available():
-        print(f"an ordinary user: not measured ({tas.available()})")
-        return []
-    ta = tas.ta_setup("user")
-    try:
-        (ta.kit / "benchmarks").mkdir()
-        for helper in (__file__, ROOT / "benchmarks" / "_floor.py"):
-            shutil.copy2(helper, ta.kit / "benchmarks")
-        done = ta.run([str(ta.python), "benchmarks/world_layers.py", "--worlds", str(worlds), "--json"], timeout=900)
-        if done.returncode != 0:
-            print(f"an ordinary user: failed ({done.stderr.strip()[-300:]})")
-            return []
-        return json.loads(done.stdout.splitlines()[-1])
-    finally:
-        tas.remove(ta)
-
-
-def with_python(python: str, worlds: int) -> dict:
-    """{"timelines", "floor"} of sandboxed worlds run by another Python (torch's CUDA build); {} and
-    why, printed, where it cannot run."""
-    if not python or not os.access(python, os.X_OK):
-        print(f"torch's CUDA build: not measured ({python or 'no Python given'} is not there: make test-cuda makes .venv-cuda)")
-        return {}
-    done = subprocess.run([python, __file__, "--worlds", str(worlds), "--json"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
-    if done.returncode != 0:
-        print(f"torch's CUDA build: failed ({done.stderr.strip()[-300:]})")
-        return {}
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 def print_table(columns: dict, floors: dict, cpus: dict, world_size: int, parts: int) -> None:
     """The layers of each column's worlds (medians, ms), its floors, its CPU a world and its ratios."""
     def ms(value) -> str:
@@ -150,7 +114,7 @@ def main() -> int:
     parser.add_argument("--rubric", help="a rubric read on top of grader/rubric.yaml, as grade's --rubric")
     parser.add_argument("--json", action="store_true",
                         help="print the sandbox's timelines and the floor as JSON, and nothing else")
-    parser.add_argument("--cuda-python", default=str(ROOT / ".venv-cuda" / "bin" / "python"),
+    parser.add_argument("--cuda-python", default=str(CUDA_PYTHON),
                         help="a Python with torch's CUDA build, for a column of its own (default: %(default)s)")
     args = parser.parse_args()
     rubric = load_rubric(args.rubric) if args.rubric else load_rubric()
@@ -185,8 +149,10 @@ def main() -> int:
         print(f"{name}: {len(columns[name])} worlds in {time.monotonic() - started:.1f} s")
     floors = dict.fromkeys(columns, both_floors())
     if os.geteuid() == 0 and not args.rubric:
-        for name, measured in (("user, sandbox", as_a_user(args.worlds)),
-                               ("CUDA, sandbox", with_python(args.cuda_python, args.worlds))):
+        again = ["--worlds", str(args.worlds)]
+        for name, measured in (("user, sandbox", as_a_user(Path(__file__), again, "an ordinary user", 900)),
+                               ("CUDA, sandbox", with_python(args.cuda_python, Path(__file__), again,
+                                                             "torch's CUDA build", 900))):
             if measured:
                 columns[name], floors[name], cpus[name] = measured["timelines"], measured, measured.get("cpu")
     print_table(columns, floors, cpus, check.world_size, len(parts))

@@ -80,6 +80,11 @@ def ta_setup(config: str) -> TA:
         venv, make = Path(f"/var/tmp/{user}-venv"), [f"/usr/bin/{version}"]
     subprocess.run(make + ["-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     link_tree(Path(sysconfig.get_paths()["purelib"]), venv / "lib" / version / "site-packages")
+    # torch's console script, as pip writes it into the venv it installs torch into
+    torchrun = venv / "bin" / "torchrun"
+    torchrun.write_text(f"#!{venv}/bin/python\nimport sys\nfrom torch.distributed.run import main\n"
+                        "sys.exit(main())\n")
+    torchrun.chmod(0o755)
     kit = home / "kit"
     kit.mkdir()
     for part in KIT_PARTS:

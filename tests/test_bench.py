@@ -62,3 +62,24 @@ def test_the_gpu_check_says_no_gpu_and_runs_nothing_without_one():
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no GPU" in done.stderr and "nothing was run" in done.stderr and "Traceback" not in done.stderr
     assert done.stdout.splitlines()[2].startswith("torch:") and "GPUs:     0" in done.stdout
+
+
+def test_the_torchrun_baseline_always_has_a_reference(bench):
+    kinds = {"s000_dp_summed.zip": "dp_summed", "s001_skeleton.zip": "skeleton", "s002_reference.zip": "reference"}
+    assert bench.baseline_files(kinds, 1) == ["s002_reference.zip"]
+    assert bench.baseline_files(kinds, 2) == ["s000_dp_summed.zip", "s002_reference.zip"]
+    assert bench.baseline_files(kinds, 3) == sorted(kinds)
+    assert bench.baseline_files(kinds, 0) == []
+
+
+def test_each_configuration_gets_its_line_and_one_that_went_wrong_gets_no_figures(bench, capsys):
+    measured = {"handins": 20, "rate": 30.0, "world": 0.07, "floor": 0.035, "jobs": "--jobs 1",
+                "baseline": 1, "baseline_rate": 0.5}
+    assert bench.print_configurations({"root, CPU build": measured,
+                                       "ordinary user, CPU build": dict(measured, baseline=0, baseline_rate=None)}) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("root, CPU build") and "60.0x" in lines[1] and "2.00x" in lines[1]
+    assert lines[2].startswith("ordinary user, CPU build") and "2.00x" in lines[2] and "60.0x" not in lines[2]
+    assert bench.print_configurations({"root, CUDA build": {"wrong": ["a.zip: no result"]}}) == 1
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith("root, CUDA build") and "NO FIGURES: a.zip: no result" in line
