@@ -149,8 +149,9 @@ test-pythons:
 test-cuda:
 	@$(TIMED) PYTHON=$(PYTHON) TEST_PROCESSES=$(TEST_PROCESSES) tests/cuda/test-cuda.sh
 
-# Every benchmark of benchmarks/ (grading throughput against torchrun, the integrity report over 500
-# hand-ins, the staff report's size and time, intake's memory on a 1 GB download), its figures written
+# Every benchmark of benchmarks/ (grading throughput against torchrun, as root and as a useradd user,
+# with torch's CPU build and, where make test-cuda made .venv-cuda, its CUDA build; the integrity report
+# over 500 hand-ins, the staff report's size and time, intake's memory on a 1 GB download), its figures written
 # into docs/figures.md (benchmarks/figures.py). RUBRIC=FILE: the benchmarks that take a rubric read it on
 # top of grader/rubric.yaml (benchmarks/part5.yaml turns Part 5 on). A benchmark that fails (the
 # throughput benchmark, when a hand-in's result is not what its corpus expects) fails make bench.
