@@ -156,9 +156,16 @@ def parsers() -> dict:
             "slurm.submit": {"": options(submit.build_parser())}}
 
 
+def benchmark_flags() -> set:
+    """The options the benchmarks' own parsers take (benchmarks/*.py; a doc names them alone)."""
+    return {flag for script in (ROOT / "benchmarks").glob("*.py")
+            for flag in re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", script.read_text())}
+
+
 def bad_commands(doc: Path, text: str = None) -> list:
     """Every `python -m grader` / `a4` / `python -m slurm.submit` command of `doc` that names a
-    command or a flag the parser does not have, and every flag named alone that no command takes."""
+    command or a flag the parser does not have, and every flag named alone that no command or
+    benchmark takes."""
     text = doc.read_text() if text is None else text
     known, bad = parsers(), []
     fenced = prose(text)[1]
@@ -179,7 +186,7 @@ def bad_commands(doc: Path, text: str = None) -> list:
                 flag = token.split("=")[0]
                 if re.fullmatch(r"--?[a-z][\w-]*", flag) and flag not in known[tool][command]:
                     bad.append(f"{tool} {command} {flag}".replace("  ", " "))
-    every = set().union(*known["grader"].values(), *known["slurm.submit"].values())
+    every = set().union(*known["grader"].values(), *known["slurm.submit"].values(), benchmark_flags())
     for span in spans:
         flag = span.split()[0].split("=")[0] if span.startswith("--") else None
         if flag and flag not in every and flag not in FOREIGN_FLAGS:
