@@ -41,7 +41,7 @@ echo "== test-cuda: torch $build (the CUDA build), $("$py" --version)"
 # The demo, then the tests, each whatever the other gave: a failure of one hides nothing of the other.
 demo() {
   rm -rf "$demo" && mkdir -p "$demo"
-  PATH="$PWD/$venv/bin:$PATH" slurm/run-local.sh --nproc 4 --out "$demo" assignment_4/reference/assignment4.py || return 1
+  PATH="$(cd "$venv" && pwd)/bin:$PATH" slurm/run-local.sh --nproc 4 --out "$demo" assignment_4/reference/assignment4.py || return 1
   local log full
   log=$(ls "$demo"/assignment4-*.log)
   "$py" -m grader check assignment_4/reference --log "$log" || { echo "test-cuda: check failed on the reference" >&2; return 1; }
