@@ -7,7 +7,6 @@ line; each helper returns them, or None and prints why it could not.
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -31,16 +30,8 @@ def as_a_user(script: Path, args: list, label: str, timeout: float = 1800):
     if tas.available():
         print(f"{label}: not measured ({tas.available()})")
         return None
-    ta = tas.ta_setup("user")
+    ta = tas.ta_setup("user", carry=CARRIED)
     try:
-        for part in CARRIED:
-            source, copy = ROOT / part, ta.kit / part
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():
-                shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-            else:
-                shutil.copy2(source, copy)
-        subprocess.run(["chown", "-R", f"{ta.user}:{ta.user}", str(ta.kit)], check=True)
         done = ta.run([str(ta.python), str(Path(script).relative_to(ROOT)), "--json", *args], timeout=timeout)
         if done.returncode != 0:
             print(f"{label}: failed ({done.stdout.strip()[-300:]} {done.stderr.strip()[-300:]})")

@@ -60,9 +60,10 @@ def link_tree(src: Path, dst: Path, ignore=None) -> None:
     shutil.copytree(src, dst, copy_function=link, symlinks=True, dirs_exist_ok=True, ignore=ignore)
 
 
-def ta_setup(config: str) -> TA:
+def ta_setup(config: str, carry: tuple = ()) -> TA:
     """config "user": the system's Python, a venv outside the home directory;
     "user_home": a Python copied into the private home directory and a venv beside it.
+    `carry`: more of the repository copied into the kit beside KIT_PARTS (a benchmark and its corpus).
     Hard-linked files stay root's (read only to the TA): only what the TA made is chowned."""
     user = f"a4ta{uuid.uuid4().hex[:6]}"
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True, capture_output=True)
@@ -87,7 +88,8 @@ def ta_setup(config: str) -> TA:
     torchrun.chmod(0o755)
     kit = home / "kit"
     kit.mkdir()
-    for part in KIT_PARTS:
+    for part in KIT_PARTS + tuple(carry):
+        (kit / part).parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / part).is_dir():
             shutil.copytree(ROOT / part, kit / part, ignore=shutil.ignore_patterns("__pycache__"))
         else:
