@@ -10,6 +10,7 @@
 #   3. the grading, sandbox (as root and as a useradd user), self-check and machines'
 #      configurations tests, and the pins of what the CUDA build brings.
 # Needs no GPU: re-runs stay on the CPU. The download is about 4.7 GB the first time.
+#   tests/cuda/test-cuda.sh --venv-only   step 1 alone: .ci/run makes the venv while other suites run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 python=${PYTHON:-python3}
@@ -37,6 +38,9 @@ if ! build=$("$py" -c 'import sys, torch; print(torch.__version__, torch.version
   exit 1
 fi
 echo "== test-cuda: torch $build (the CUDA build), $("$py" --version)"
+if [ "${1:-}" = --venv-only ]; then
+  exit 0
+fi
 
 # The demo, then the tests, each whatever the other gave: a failure of one hides nothing of the other.
 demo() {
