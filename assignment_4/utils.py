@@ -79,6 +79,13 @@ def init_distributed():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0)), dist.get_world_size()
 
+    # What a rank prints reaches the job's .log line by line: under Slurm stdout is a file, which
+    # Python writes in blocks of 8 KB, and a run killed at its time limit (a hang) would lose the
+    # last lines it printed, the ones that say where it stopped.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
+
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -116,6 +117,32 @@ def test_init_distributed_without_torchrun_makes_a_one_rank_world(tmp_path):
                         rf"\| world size 1 \| torch \S+ \| code sha256 {digest}", init)
     assert ready == "[Rank 0] All ranks ready!"
     assert result == "0 0 1 cpu gloo"
+
+
+def test_what_a_rank_prints_after_init_reaches_its_file_before_the_rank_is_killed(tmp_path):
+    """A job killed at its time limit (a hang) keeps every line its ranks printed: stdout to a file is
+    line-buffered once init_distributed ran, not written in 8 KB blocks at exit."""
+    script = tmp_path / "assignment4.py"
+    script.write_text(
+        f"import sys, time; sys.path.insert(0, {str(UTILS_DIR)!r})\n"
+        "from utils import init_distributed\n"
+        "init_distributed()\n"
+        "print('about to hang in part 3')\n"
+        "print('to stderr too', file=sys.stderr)\n"
+        "open('printed', 'w').close()\n"
+        "time.sleep(600)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PYTHONUNBUFFERED")}
+    with open(tmp_path / "job.log", "w") as out, open(tmp_path / "job.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=out, stderr=err, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "printed").exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            proc.kill()   # as Slurm's time limit ends a job that hangs
+            proc.wait()
+    assert (tmp_path / "job.log").read_text().splitlines()[-1] == "about to hang in part 3"
+    assert "to stderr too" in (tmp_path / "job.err").read_text()
 
 
 def test_init_distributed_refuses_an_unknown_backend(tmp_path):
