@@ -12,6 +12,10 @@
 # Needs no GPU: re-runs stay on the CPU. The download is about 4.7 GB the first time.
 #   tests/cuda/test-cuda.sh --venv-only   step 1 alone: .ci/run makes the venv while other suites run.
 set -euo pipefail
+case "${1:-}" in
+  ""|--venv-only) ;;
+  *) echo "usage: tests/cuda/test-cuda.sh [--venv-only] (make test-cuda runs it)" >&2; exit 2 ;;
+esac
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 python=${PYTHON:-python3}
 venv=${A4_CUDA_VENV:-.venv-cuda}
