@@ -81,10 +81,9 @@ def init_distributed():
 
     # What a rank prints reaches the job's .log line by line: under Slurm stdout is a file, which
     # Python writes in blocks of 8 KB, and a run killed at its time limit (a hang) would lose the
-    # last lines it printed, the ones that say where it stopped.
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(line_buffering=True)
+    # last lines it printed, the ones that say where it stopped. (stderr is line-buffered already.)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
 
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", 0))
